@@ -1,0 +1,30 @@
+"""The two kinds of user-facing failure, each with its exit code.
+
+The CLI turns these into a one-line message and an exit status; library users
+catch them like any exception.  Anything else escaping is a bug in amp_opt.
+"""
+
+from __future__ import annotations
+
+
+class AmpOptError(Exception):
+    """Base class of the errors amp_opt raises on purpose."""
+
+    exit_code = 1
+
+
+class InputError(AmpOptError, ValueError):
+    """Malformed instance, plan or option.  The message names the field."""
+
+    exit_code = 2
+
+    def __init__(self, field: str, problem: str):
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}" if field else problem)
+
+
+class InfeasibleError(AmpOptError):
+    """No plan satisfies the constraints.  The message says which one binds."""
+
+    exit_code = 3
