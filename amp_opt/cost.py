@@ -45,6 +45,15 @@ def iteration_time(n_micro: int, compute, p2p, allreduce) -> float:
     return float((n_micro - 1) * max(compute) + sum(compute) + sum(p2p) + max(allreduce))
 
 
+def hetero_link(instance, nodes) -> float:
+    """The hetero model's link rule (eq. H3, H4): intra-node bandwidth when every
+    group sits in one node, else the slowest inter-node link among the nodes."""
+    used = set(nodes)
+    if len(used) == 1:
+        return instance.nodes[next(iter(used))].intra_bandwidth
+    return min(instance.nodes[j].inter_bandwidth for j in used)
+
+
 class LayerSums:
     """Per-rank layer quantities at one tp degree, summed over any range [k, l)."""
 
@@ -55,11 +64,19 @@ class LayerSums:
         self.activation_memory = np.array([layer.activation_memory_bytes.at(tp) for layer in layers])
         self._params_prefix = np.concatenate([[0.0], np.cumsum(self.params)])
         self._act_mem_prefix = np.concatenate([[0.0], np.cumsum(self.activation_memory)])
-        ties: dict[str, list[int]] = {}
+        # A tie group's shared tensor is held once per stage: per rank, the smallest
+        # member's declared shared count (default: its whole params) split over tp.
+        groups: dict[str, list[int]] = {}
         for i, layer in enumerate(layers):
             if layer.tie is not None:
-                ties.setdefault(layer.tie, []).append(i)
-        self._ties = [np.array(members) for members in ties.values() if len(members) > 1]
+                groups.setdefault(layer.tie, []).append(i)
+        self._ties = []
+        for members in groups.values():
+            if len(members) > 1:
+                shared = min(
+                    layers[i].tied_params / tp if layers[i].tied_params is not None else self.params[i] for i in members
+                )
+                self._ties.append((np.array(members), min(shared, *(self.params[i] for i in members))))
 
     @classmethod
     def of(cls, instance, tp: int) -> "LayerSums":
@@ -72,10 +89,9 @@ class LayerSums:
         """Parameters per rank held by a stage of layers [k, l); tied tensors once."""
         k, l = np.asarray(k), np.asarray(l)
         total = self._params_prefix[l] - self._params_prefix[k]
-        for members in self._ties:
-            inside = (k[..., None] <= members) & (members < l[..., None])
-            held = np.where(inside, self.params[members], 0.0)
-            total = total - held.sum(axis=-1) + held.max(axis=-1)
+        for members, shared in self._ties:
+            inside = ((k[..., None] <= members) & (members < l[..., None])).sum(axis=-1)
+            total = total - np.maximum(inside - 1, 0) * shared
         return total
 
     def activation_memory_in(self, k, l):
@@ -167,20 +183,19 @@ class StageCosts:
         self._allreduce_factor = [2 * (d - 1) / d * per_param / self.ring_bandwidth(s) for s in range(self.pp)]
 
     def ring_bandwidth(self, s: int) -> float:
-        """Bytes/s of stage s's data-parallel ring: intra-node if it sits in one node."""
-        used = set(self.placement[s].nodes)
-        nodes = self.instance.nodes
-        if len(used) == 1:
-            return nodes[next(iter(used))].intra_bandwidth
-        return min(nodes[j].inter_bandwidth for j in used)
+        """Bytes/s of stage s's data-parallel ring (eq. H4)."""
+        return hetero_link(self.instance, self.placement[s].nodes)
 
     def boundary_bandwidth(self, s: int) -> float:
-        """Bytes/s between stage s and s+1: intra-node only if both sit in the same node."""
-        used = set(self.placement[s].nodes) | set(self.placement[s + 1].nodes)
-        nodes = self.instance.nodes
-        if len(used) == 1:
-            return nodes[next(iter(used))].intra_bandwidth
-        return min(nodes[j].inter_bandwidth for j in used)
+        """Bytes/s between stage s and s+1 (eq. H3)."""
+        return hetero_link(self.instance, self.placement[s].nodes + self.placement[s + 1].nodes)
+
+    def p2p_volume(self) -> np.ndarray:
+        """Per layer: what p2p_factor multiplies when a boundary follows the layer."""
+        return self._volume
+
+    def p2p_factor(self, s: int) -> float:
+        return self._p2p_factor[s]
 
     # -- memory (both models; only hetero enforces it) ------------------------
     def _init_memory(self):

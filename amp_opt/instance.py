@@ -52,6 +52,7 @@ class Layer:
     flops: float | None  # forward+backward FLOPs per sample, all tp ranks together
     tp_comm_bytes: float  # bytes all-reduced in the tp group per sample, fwd+bwd
     tie: str | None = None
+    tied_params: float | None = None  # count of the shared tensor, split over tp
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,7 @@ def _parse_model(model: Mapping, base_dir: Path, notes: list[str]) -> tuple[Laye
                 flops=float(raw["flops"]) if raw.get("flops") is not None else None,
                 tp_comm_bytes=float(raw.get("tp_comm_bytes", 0.0)),
                 tie=raw.get("tie"),
+                tied_params=float(raw["tied_params"]) if raw.get("tied_params") is not None else None,
             )
         )
     return tuple(layers)

@@ -1,0 +1,99 @@
+"""The exact stage DP equals brute force: on random tables, on the paper instances, with free grouping."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from amp_opt import evaluate, parse_instance
+from amp_opt.candidates import Candidate, candidates
+from amp_opt.cost import StageCosts
+from amp_opt.enumerate import candidate_graph
+from amp_opt.generate import generate_instance
+from amp_opt.grouping import free_graph, groupings, stages_of_path
+from amp_opt.partition import brute_force, fixed_placement_graph, make_graph, optimal_path, path_value
+from amp_opt.plan import Plan
+
+
+def random_graph(seed: int, L: int, p: int, states: int, n: int):
+    """A random layered graph: `states` states per stage, random kinds and p2p factors."""
+    rng = np.random.default_rng(seed)
+    K = max(1, states)
+    k, l = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+    per_layer = rng.random((K, L)) * rng.choice([0.1, 1.0, 10.0])
+    prefix = np.concatenate([np.zeros((K, 1)), np.cumsum(per_layer, axis=1)], axis=1)
+    compute = np.where(k < l, prefix[:, None, :] - prefix[:, :, None], np.inf)
+    params = np.concatenate([[0], np.cumsum(rng.random(L) * rng.choice([0, 1, 5]))])
+    coef = rng.random(K)
+    allreduce = np.where(k < l, coef[:, None, None] * (params[None, None, :] - params[None, :, None]), np.inf)
+    ratio = rng.random((p, K, L + 1, L + 1)) * rng.choice([0.5, 1.2, 3.0])
+    volume = np.concatenate([[0.0], rng.random(L)])
+    transitions = []
+    for s in range(p):
+        sources = [0] if s == 0 else list(range(states))
+        targets = list(range(states)) if s < p - 1 else [0]
+        trans = []
+        for src in sources:
+            for dst in targets:
+                if rng.random() < 0.7 or not trans:
+                    trans.append((src, int(rng.integers(K)), 0.0 if s == 0 else float(rng.random()), dst))
+        transitions.append(tuple(trans))
+    return make_graph(n, compute, allreduce, ratio, True, volume, transitions)
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 10**6), L=st.integers(1, 7), p=st.integers(1, 7), states=st.integers(1, 3),
+       n=st.sampled_from([1, 2, 3, 8, 64]))
+def test_dp_equals_brute_force_on_random_graphs(seed, L, p, states, n):
+    p = min(p, L)
+    g = random_graph(seed, L, p, states, n)
+    exact, brute = optimal_path(g), brute_force(g)
+    assert (exact is None) == (brute is None)
+    if exact is not None:
+        assert exact[0] == pytest.approx(brute[0], rel=1e-12, abs=1e-15)
+        assert path_value(g, exact[1]) == pytest.approx(exact[0], rel=1e-12)
+
+
+@pytest.mark.parametrize("model", ["amp", "hetero"])
+def test_dp_equals_brute_force_on_paper_candidates(paper_instances, model):
+    inst = paper_instances["het_cluster"]
+    for cand in candidates(inst):
+        if cand.pp > 4 or cand.micro_batch > 2:
+            continue  # brute force over C(29, pp-1) partitions stays small
+        graph, _ = candidate_graph(inst, cand, model, "rank-order")
+        exact, brute = optimal_path(graph), brute_force(graph)
+        assert (exact is None) == (brute is None)
+        if exact:
+            assert exact[0] == pytest.approx(brute[0], rel=1e-12)
+
+
+def tiny_instances():
+    """Small generated clusters: 2-3 nodes of 1-4 devices, 2 GPU types, 5-7 layers."""
+    for seed in range(6):
+        yield parse_instance(generate_instance(seed, nodes=2 + seed % 2, devices_per_node=(2, 4)[seed % 2],
+                                               device_types=2, layers=5 + seed % 3, global_batch=8))
+
+
+@pytest.mark.parametrize("instance", list(tiny_instances()), ids=lambda i: i.name)
+def test_free_grouping_equals_every_grouping(instance):
+    """The state DP over free groupings equals trying every grouping matrix with the exact partition."""
+    L = instance.num_layers
+    for cand in candidates(instance):
+        fg = free_graph(instance, cand)
+        exact = optimal_path(fg.graph)
+        best = None
+        for stages in groupings(instance, cand):
+            costs = StageCosts(instance, "hetero", cand.tp, cand.dp, cand.pp, cand.micro_batch, stages)
+            found = optimal_path(fixed_placement_graph(costs, L))
+            if found and (best is None or found[0] < best[0]):
+                best = found
+        assert (exact is None) == (best is None), cand
+        if exact is None:
+            continue
+        assert exact[0] == pytest.approx(best[0], rel=1e-12), cand
+        # The reconstructed devices score the same under the evaluator.
+        stages = stages_of_path(instance, cand, fg, exact[1].transitions)
+        plan = Plan(cand.tp, cand.dp, cand.pp, cand.micro_batch, exact[1].bounds, stages)
+        ev = evaluate(instance, plan, "hetero")
+        assert ev.feasible
+        assert ev.predicted_time == pytest.approx(exact[0], rel=1e-12)
