@@ -54,6 +54,11 @@ def hetero_link(instance, nodes) -> float:
     return min(instance.nodes[j].inter_bandwidth for j in used)
 
 
+def allreduce_factor(instance, dp: int, bandwidth: float) -> float:
+    """Seconds per parameter (per rank) of a ring allreduce over dp replicas (eq. H4)."""
+    return 2 * (dp - 1) / dp * instance.training.allreduce_bytes_per_param / bandwidth
+
+
 class LayerSums:
     """Per-rank layer quantities at one tp degree, summed over any range [k, l)."""
 
@@ -84,6 +89,11 @@ class LayerSums:
         if key not in instance.memo:
             instance.memo[key] = cls(instance, tp)
         return instance.memo[key]
+
+    @property
+    def ties(self) -> list[tuple[np.ndarray, float]]:
+        """(member layers, per-rank shared parameters) of every tie group."""
+        return self._ties
 
     def params_in(self, k, l):
         """Parameters per rank held by a stage of layers [k, l); tied tensors once."""
@@ -180,7 +190,7 @@ class StageCosts:
         self._p2p_factor = [1.0 / self.boundary_bandwidth(s) for s in range(self.pp - 1)] + [0.0]
         # H4: ring allreduce of the stage's gradients over its slowest link.
         per_param = inst.training.allreduce_bytes_per_param
-        self._allreduce_factor = [2 * (d - 1) / d * per_param / self.ring_bandwidth(s) for s in range(self.pp)]
+        self._allreduce_factor = [allreduce_factor(inst, d, self.ring_bandwidth(s)) for s in range(self.pp)]
 
     def ring_bandwidth(self, s: int) -> float:
         """Bytes/s of stage s's data-parallel ring (eq. H4)."""
@@ -225,12 +235,27 @@ class StageCosts:
 
     def memory(self, s: int, k, l):
         """Bytes per device of stage s for layers [k, l) under 1F1B (eq. H5)."""
-        in_flight = min(self.pp - s, self.n_micro)
         return (
             self.sums.params_in(k, l) * self._state_per_param
-            + in_flight * self.micro_batch * self.sums.activation_memory_in(k, l)
+            + self.in_flight(s) * self.micro_batch * self.sums.activation_memory_in(k, l)
             + self.instance.training.memory_reserve
         )
+
+    # -- per-layer coefficients, for the MIPs (sums of these are the terms above) ----
+    def layer_times(self, s: int) -> list[np.ndarray]:
+        """Per compute class present in stage s: seconds of each layer for one micro-batch."""
+        return [np.diff(prefix) for prefix in self._compute_prefixes[s]]
+
+    def allreduce_factor(self, s: int) -> float:
+        return self._allreduce_factor[s]
+
+    @property
+    def state_bytes_per_param(self) -> float:
+        return self._state_per_param
+
+    def in_flight(self, s: int) -> int:
+        """Micro-batches stage s keeps activations for under 1F1B."""
+        return min(self.pp - s, self.n_micro)
 
     def fits(self, s: int, k, l):
         return self.memory(s, k, l) <= self.capacity[s]

@@ -1,0 +1,175 @@
+"""The MIP solvers: the outer loop over candidates around one program per candidate.
+
+``formulations/mip.md`` states the program.  Outer choices (tp, dp, pp,
+micro-batch) are enumerated around it: there are few of them, each program is
+then smaller and tighter (w = n-1 and the memory in flight are constants), and
+candidates are pruned with the best objective found so far.  Every candidate
+first gets a fast incumbent from the exact stage DP on a few fixed node orders
+(AMP's rank order, fastest nodes first, slowest first), which seeds the
+program's hint and the cutoff.  The returned plans are re-scored by the
+evaluator.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..candidates import Candidate, candidates, why_empty
+from ..cost import StageCosts, evaluate
+from ..errors import InfeasibleError
+from ..partition import fixed_placement_graph, optimal_path
+from ..plan import Plan, rank_order_stages
+from ..result import SolverStats, SolveResult
+from .backends import resolution_for, solve_cbc, solve_cpsat
+from .formulation import build
+
+
+@dataclass
+class Incumbent:
+    value: float
+    bounds: tuple[int, ...]
+    stages: tuple
+
+
+def node_orders(instance, cand, placement: str) -> list[list[int]]:
+    """Node orders whose rank-order placement seeds the search."""
+    orders = [list(range(len(instance.nodes)))]
+    if placement == "free":
+        from ..profiles import layer_times
+
+        speed = [float(layer_times(instance, n.device_type, n.intra_bandwidth, cand.tp, cand.micro_batch).seconds.sum())
+                 for n in instance.nodes]
+        fast_first = sorted(range(len(speed)), key=lambda j: (speed[j], j))
+        orders += [fast_first, fast_first[::-1]]
+    return [o for i, o in enumerate(orders) if o not in orders[:i]]
+
+
+def stages_in_order(instance, cand, order: list[int]):
+    """Rank-order placement over the devices of the nodes taken in ``order``."""
+    devices = [dev for j in order for dev in range(instance.node_first_device[j],
+                                                   instance.node_first_device[j] + instance.nodes[j].devices)]
+    return tuple(tuple(tuple(devices[r] for r in group) for group in stage)
+                 for stage in rank_order_stages(cand.tp, cand.dp, cand.pp))
+
+
+def heuristic(instance, cand, cost_model: str, placement: str) -> Incumbent | None:
+    """The best exact partition over a few fixed placements."""
+    best = None
+    for order in node_orders(instance, cand, placement):
+        stages = stages_in_order(instance, cand, order)
+        costs = StageCosts(instance, cost_model, cand.tp, cand.dp, cand.pp, cand.micro_batch, stages)
+        found = optimal_path(fixed_placement_graph(costs, instance.num_layers))
+        if found and (best is None or found[0] < best.value):
+            best = Incumbent(found[0], found[1].bounds, stages)
+    return best
+
+
+def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int = 1,
+              time_limit: float | None = None, seed: int = 0, workers: int = 1, progress=None,
+              gap: float = 0.0) -> SolveResult:
+    """Solve every promising candidate's program with CP-SAT or CBC; exact unless stopped by time or gap."""
+    from ..enumerate import _infeasible_reason, _least_overfull, candidate_lower_bound
+
+    start = time.perf_counter()
+    deadline = None if time_limit is None else start + time_limit
+    cands = candidates(instance)
+    if not cands:
+        raise InfeasibleError(why_empty(instance))
+    lower = {c: candidate_lower_bound(instance, c, cost_model) for c in cands}
+
+    # Phase 1: incumbents from the DP, candidates in order of their lower bound.
+    incumbents: dict[Candidate, Incumbent] = {}
+    best = np.inf
+    for c in sorted(cands, key=lambda c: (lower[c], c)):
+        if lower[c] >= best or _out_of_time(deadline):
+            break
+        inc = heuristic(instance, c, cost_model, placement)
+        if inc is not None:
+            incumbents[c] = inc
+            best = min(best, inc.value)
+
+    # Phase 2: the programs, most promising first, each cut off at the k-th best value so far.
+    order = sorted(cands, key=lambda c: (incumbents[c].value if c in incumbents else np.inf, lower[c], c))
+    results: list[tuple[float, float, Candidate, Plan]] = []  # (evaluated, solver objective, candidate, plan)
+    cand_bound: dict[Candidate, float] = {}
+    sizes = {"variables": 0, "constraints": 0, "programs": 0}
+    closed = True
+    def kth_best(extra=()):
+        values = sorted([r[0] for r in results] + [incumbents[x].value for x in incumbents if x not in cand_bound]
+                        + list(extra))
+        return values[top_k - 1] if len(values) >= top_k else np.inf
+
+    for i, c in enumerate(order):
+        kth = kth_best()
+        if lower[c] >= kth:
+            cand_bound[c] = lower[c]
+            continue
+        if _out_of_time(deadline):
+            closed = False
+            cand_bound[c] = lower[c]
+            continue
+        form = build(instance, c, cost_model, placement, rank_order_stages(c.tp, c.dp, c.pp))
+        inc = incumbents.get(c)
+        if inc is not None:
+            form.hint_from(inc.bounds, inc.stages)
+        scale = inc.value if inc is not None else lower[c]
+        delta = resolution_for(scale)
+        tol = form.terms * delta + 1e-9 * scale
+        cutoff = kth * (1 + 1e-9) + tol if np.isfinite(kth) else None
+        remaining = None if deadline is None else max(0.05, deadline - time.perf_counter())
+        if solver == "cpsat":
+            out = solve_cpsat(form.model, delta, remaining, seed, workers, cutoff, gap)
+        else:
+            out = solve_cbc(form.model, remaining, seed, workers, cutoff, gap)
+        sizes["programs"] += 1
+        sizes["variables"] = max(sizes["variables"], form.model.size["variables"])
+        sizes["constraints"] = max(sizes["constraints"], form.model.size["constraints"])
+        if out.values is not None:
+            bounds, stages = form.decode(out.values)
+            plan = Plan(c.tp, c.dp, c.pp, c.micro_batch, bounds, stages)
+            ev = evaluate(instance, plan, cost_model)
+            if ev.feasible:
+                results.append((ev.predicted_time, out.objective, c, plan))
+        if out.status == "OPTIMAL":
+            cand_bound[c] = out.objective
+        elif out.status == "INFEASIBLE":
+            cand_bound[c] = cutoff if cutoff is not None else np.inf
+        else:
+            closed = False
+            cand_bound[c] = max(lower[c], out.bound if out.bound is not None else -np.inf)
+        if progress is not None:
+            progress(i + 1, len(order))
+
+    if not results:
+        tightest = None
+        for c in cands:
+            stages = rank_order_stages(c.tp, c.dp, c.pp)
+            costs = StageCosts(instance, cost_model, c.tp, c.dp, c.pp, c.micro_batch, stages)
+            tightest = _least_overfull(fixed_placement_graph(costs, instance.num_layers), c, lambda _: stages,
+                                       tightest)
+        if not closed:
+            raise InfeasibleError(f"no feasible plan found within the time limit of {time_limit} s")
+        raise InfeasibleError(_infeasible_reason(instance, cost_model, tightest))
+
+    results.sort(key=lambda r: (r[0], r[2]))
+    top = results[:top_k]
+    evaluations = tuple(evaluate(instance, plan, cost_model) for _, _, _, plan in top)
+    objective = top[0][1]
+    bound = min([objective] + [v for v in cand_bound.values()])
+    stats = SolverStats(
+        name=solver,
+        status="OPTIMAL" if closed and bound >= objective * (1 - 1e-6) else "FEASIBLE",
+        wall_time=time.perf_counter() - start,
+        objective=objective,
+        bound=min(bound, objective),
+        extra={"placement": placement, "candidates": len(cands), **sizes,
+               **({"time_resolution_relative": 1e-8} if solver == "cpsat" else {})},
+    )
+    return SolveResult(evaluations[0], evaluations, stats)
+
+
+def _out_of_time(deadline) -> bool:
+    return deadline is not None and time.perf_counter() >= deadline

@@ -1,0 +1,184 @@
+"""Hand a LinearModel to OR-Tools CP-SAT or to CBC (through PuLP's bundled binary).
+
+CP-SAT works on integers: every variable in seconds becomes an integer count of
+the resolution ``delta`` (about 1e-8 of the plan's time) and every row in seconds is divided by ``delta`` with
+its coefficients rounded; rows in bytes are rounded to whole bytes.  A rounded
+coefficient is off by at most delta/2, so the integer objective differs from
+the exact one by at most ``terms * delta / 2`` (``Formulation.terms``); the plan
+is always re-scored in floating point by the evaluator.
+
+CBC takes the model as written (continuous seconds).  It runs as a child
+process with a hard wall-clock limit enforced from outside (CBC does not stop
+during preprocessing), a fixed seed and one thread.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+
+from .model import BIN, INT, TIME, LinearModel
+
+
+@dataclass
+class Outcome:
+    status: str  # OPTIMAL, FEASIBLE, INFEASIBLE (no solution under the cutoff), UNKNOWN (no solution, no proof)
+    values: dict[int, float] | None
+    objective: float | None  # seconds
+    bound: float | None  # seconds, a lower bound of the program
+    wall_time: float
+
+
+def resolution_for(scale: float) -> float:
+    """CP-SAT's time unit: the power of ten just below 1e-8 of the problem's scale (seconds).
+
+    Finer units make CP-SAT's coefficients exceed ~1e10, where its linear
+    relaxation loses exactness (seen: a wrong "optimal" at 1e-10 relative).
+    """
+    return 10.0 ** math.floor(math.log10(max(scale, 1e-12) * 1e-8))
+
+
+def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: int, workers: int,
+                cutoff: float | None = None, gap: float = 0.0) -> Outcome:
+    """Solve with CP-SAT; ``cutoff`` (seconds) keeps only solutions at most that good."""
+    from ortools.sat.python import cp_model
+
+    start = time.perf_counter()
+    model = cp_model.CpModel()
+    xs = []
+    for v in lm.vars:
+        if v.kind == TIME:
+            xs.append(model.new_int_var(math.floor(v.lb / delta), math.ceil(v.ub / delta) + 1, v.name))
+        else:
+            xs.append(model.new_int_var(int(v.lb), int(v.ub), v.name))
+    for row in lm.rows:
+        terms, rhs = [], row.rhs
+        for i, c in row.coeffs.items():
+            if i < 0:
+                continue
+            if row.unit == "time" and lm.vars[i].kind != TIME:
+                c = c / delta
+            terms.append((int(round(c)), xs[i]))
+        if row.unit == "time":
+            rhs = rhs / delta
+        rhs = int(round(rhs))
+        expr = sum(c * x for c, x in terms if c != 0)
+        if isinstance(expr, int):  # no variables left
+            continue
+        if row.sense == "<=":
+            model.add(expr <= rhs)
+        elif row.sense == ">=":
+            model.add(expr >= rhs)
+        else:
+            model.add(expr == rhs)
+    objective = sum(int(round(c)) * xs[i] for i, c in lm.objective.items())
+    if cutoff is not None:
+        model.add(objective <= int(math.floor(cutoff / delta)))
+    model.minimize(objective)
+    for i, value in lm.hint.items():
+        v = lm.vars[i]
+        model.add_hint(xs[i], int(round(value / delta)) if v.kind == TIME else int(round(value)))
+
+    solver = cp_model.CpSolver()
+    params = solver.parameters
+    params.num_workers = workers
+    params.random_seed = seed
+    if workers == 1:
+        params.interleave_search = False
+    if time_limit is not None:
+        params.max_time_in_seconds = max(0.01, time_limit)
+    if gap > 0:
+        params.relative_gap_limit = gap
+    code = solver.solve(model)
+    name = solver.status_name(code)
+    wall = time.perf_counter() - start
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        values = {i: float(solver.value(x)) * (delta if lm.vars[i].kind == TIME else 1.0) for i, x in enumerate(xs)}
+        status = "OPTIMAL" if code == cp_model.OPTIMAL else "FEASIBLE"
+        return Outcome(status, values, solver.objective_value * delta, solver.best_objective_bound * delta, wall)
+    if code == cp_model.INFEASIBLE:
+        return Outcome("INFEASIBLE", None, None, None, wall)
+    if name == "MODEL_INVALID":
+        raise RuntimeError(f"CP-SAT rejected the model: {model.validate()}")
+    return Outcome("UNKNOWN", None, None, None, wall)
+
+
+def cbc_path() -> str:
+    import pulp
+
+    return pulp.PULP_CBC_CMD(msg=False).path
+
+
+def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int,
+              cutoff: float | None = None, gap: float = 0.0) -> Outcome:
+    """Solve with CBC in a child process killed at the time limit."""
+    import pulp
+
+    start = time.perf_counter()
+    prob = pulp.LpProblem("amp_opt", pulp.LpMinimize)
+    xs = []
+    for i, v in enumerate(lm.vars):
+        cat = pulp.LpBinary if v.kind == BIN else (pulp.LpInteger if v.kind == INT else pulp.LpContinuous)
+        xs.append(pulp.LpVariable(f"v{i}", lowBound=v.lb, upBound=v.ub, cat=cat))
+    for k, row in enumerate(lm.rows):
+        expr = pulp.lpSum(c * xs[i] for i, c in row.coeffs.items() if i >= 0)
+        if row.sense == "<=":
+            prob += expr <= row.rhs, f"r{k}"
+        elif row.sense == ">=":
+            prob += expr >= row.rhs, f"r{k}"
+        else:
+            prob += expr == row.rhs, f"r{k}"
+    objective = pulp.lpSum(c * xs[i] for i, c in lm.objective.items())
+    prob += objective
+    if cutoff is not None:
+        prob += objective <= cutoff, "cutoff"
+    for i, value in lm.hint.items():
+        xs[i].setInitialValue(value)
+
+    with tempfile.TemporaryDirectory(prefix="amp_opt_cbc_") as tmp:
+        mps, sol, mst = (os.path.join(tmp, f"model.{ext}") for ext in ("mps", "sol", "mst"))
+        vs, var_names, con_names, _ = prob.writeMPS(mps, rename=1)
+        solver = pulp.PULP_CBC_CMD(msg=False)
+        args = [cbc_path(), mps]
+        if lm.hint:
+            solver.writesol(mst, prob, vs, var_names, con_names)
+            args += ["-mips", mst]
+        args += ["-randomSeed", str(seed), "-threads", str(workers)]
+        if time_limit is not None:
+            args += ["-sec", f"{max(0.1, time_limit):.3f}"]
+        if gap > 0:
+            args += ["-ratioGap", str(gap)]
+        args += ["-timeMode", "elapsed", "-solve", "-printingOptions", "all", "-solution", sol]
+        try:
+            run = subprocess.run(args, capture_output=True, text=True,
+                                 timeout=None if time_limit is None else time_limit + 5.0)
+            log = run.stdout
+        except subprocess.TimeoutExpired as exc:  # stuck in preprocessing: the limit is enforced here
+            log = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            return Outcome("UNKNOWN", None, None, _lower_bound(log), time.perf_counter() - start)
+        wall = time.perf_counter() - start
+        if "infeasible" in log.lower() and "Result - " in log and "Optimal" not in log:
+            return Outcome("INFEASIBLE", None, None, None, wall)
+        if not os.path.exists(sol):
+            return Outcome("UNKNOWN", None, None, _lower_bound(log), wall)
+        status, values, *_ = solver.readsol_MPS(sol, prob, vs, var_names, con_names)
+    if not values or any(values.get(f"v{i}") is None for i in range(len(xs))):
+        return Outcome("UNKNOWN", None, None, _lower_bound(log), wall)
+    result = {i: float(values[f"v{i}"]) for i in range(len(xs))}
+    obj = sum(c * result[i] for i, c in lm.objective.items())
+    if "Result - Optimal solution found" in log:
+        return Outcome("OPTIMAL", result, obj, obj, wall)
+    if "No feasible solution" in log or "infeasible" in log.lower():
+        return Outcome("INFEASIBLE", None, None, None, wall)
+    bound = _lower_bound(log)
+    return Outcome("FEASIBLE", result, obj, bound if bound is not None else None, wall)
+
+
+def _lower_bound(log: str) -> float | None:
+    match = re.search(r"Lower bound:\s*([-+0-9.eE]+)", log)
+    return float(match.group(1)) if match else None

@@ -1,0 +1,65 @@
+"""A small solver-neutral linear model: variables, rows, objective, hint.
+
+The formulation (``formulation.py``) is written once against this record and
+handed to either backend (``backends.py``): CP-SAT, which needs integers and
+scales each row by its unit, or CBC through PuLP, which takes it as written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BIN, INT, TIME = "bin", "int", "time"  # TIME: seconds (an integer count of the resolution in CP-SAT)
+
+
+@dataclass
+class Var:
+    name: str
+    lb: float
+    ub: float
+    kind: str
+
+
+@dataclass
+class Row:
+    coeffs: dict[int, float]
+    sense: str  # "<=", ">=", "=="
+    rhs: float
+    unit: str  # "time" (seconds), "bytes" or "count"
+    name: str
+
+
+@dataclass
+class LinearModel:
+    vars: list[Var] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    objective: dict[int, float] = field(default_factory=dict)  # seconds
+    hint: dict[int, float] = field(default_factory=dict)
+
+    def var(self, name: str, lb: float, ub: float, kind: str) -> int:
+        self.vars.append(Var(name, lb, ub, kind))
+        return len(self.vars) - 1
+
+    def add(self, coeffs: dict[int, float], sense: str, rhs: float, unit: str, name: str) -> None:
+        """Add ``coeffs . x  sense  rhs``; a constant term (key -1) moves to the right-hand side."""
+        rhs -= coeffs.get(-1, 0.0)
+        coeffs = {v: c for v, c in coeffs.items() if c != 0 and v >= 0}
+        self.rows.append(Row(coeffs, sense, rhs, unit, name))
+
+    @property
+    def size(self) -> dict[str, int]:
+        return {
+            "variables": len(self.vars),
+            "binary_variables": sum(v.kind == BIN for v in self.vars),
+            "constraints": len(self.rows),
+        }
+
+
+def lin(*terms) -> dict[int, float]:
+    """Sum linear expressions given as dicts or (coefficient, dict) pairs."""
+    out: dict[int, float] = {}
+    for term in terms:
+        coef, expr = term if isinstance(term, tuple) else (1.0, term)
+        for v, c in expr.items():
+            out[v] = out.get(v, 0.0) + coef * c
+    return out
