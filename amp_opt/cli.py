@@ -7,6 +7,7 @@ Exit codes: 0 success, 2 bad input (the message names the field), 3 infeasible
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
@@ -52,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("solve", help="find the fastest plan of an instance")
     p.add_argument("instance", help="instance JSON file")
-    p.add_argument("--solver", choices=SOLVERS, default="enumerate", help="default: enumerate (exact)")
+    p.add_argument("--solver", choices=SOLVERS, default="auto",
+                   help="auto (default): the exact enumerator, or CP-SAT when free grouping is too large to enumerate")
     _add_cost_model(p)
     p.add_argument("--placement", choices=PLACEMENTS, default=None,
                    help="free: the solver groups devices into stages (default under hetero); "
@@ -77,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=_positive_int, default=8, help="entries of the layer list (>= 3)")
     p.add_argument("--global-batch", type=_positive_int, default=16)
     p.add_argument("-o", "--output", required=True, help="instance file to write ('-' for stdout)")
+
+    # Further commands live in their own modules: each has add_parser(subparsers),
+    # which registers its parser with set_defaults(run=function).
+    for name in EXTRA_COMMANDS:
+        importlib.import_module(f".{name}", __package__).add_parser(sub)
     return parser
 
 
@@ -155,13 +162,16 @@ def _progress_printer():
 
 
 COMMANDS = {"solve": _cmd_solve, "evaluate": _cmd_evaluate, "generate": _cmd_generate}
+# Modules that add a command (see build_parser).
+EXTRA_COMMANDS: list[str] = ["export", "plot", "explain", "bench"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # usage errors exit with status 2
     try:
-        return COMMANDS[args.command](args)
+        run = getattr(args, "run", None) or COMMANDS[args.command]
+        return run(args)
     except AmpOptError as exc:
         kind = "infeasible" if exc.exit_code == 3 else "error"
         print(f"amp-opt: {kind}: {exc}", file=sys.stderr)

@@ -19,7 +19,7 @@ from .cost import StageCosts, evaluate
 from .errors import InfeasibleError
 from .partition import Path, StageGraph, fixed_placement_graph, min_max_path, optimal_path
 from .plan import Plan, rank_order_stages
-from .profiles import layer_times
+from .bounds import candidate_lower_bound
 from .result import SolverStats, SolveResult
 
 
@@ -32,18 +32,6 @@ class Found:
 
     def key(self):
         return (self.value, self.candidate, self.bounds, self.stages)
-
-
-def candidate_lower_bound(instance, cand: Candidate, cost_model: str) -> float:
-    """A bound no plan of the candidate beats: (n-1) sum(E)/p + sum(E), each layer on its fastest device."""
-    n = cand.n_micro(instance)
-    b = 1 if cost_model == "amp" else cand.micro_batch
-    fastest = np.min(
-        [layer_times(instance, node.device_type, node.intra_bandwidth, cand.tp, b).seconds for node in instance.nodes],
-        axis=0,
-    )
-    total = float(fastest.sum()) * (cand.micro_batch if cost_model == "amp" else 1)
-    return (n - 1) * total / cand.pp + total
 
 
 def candidate_graph(instance, cand: Candidate, cost_model: str, placement: str):

@@ -28,3 +28,7 @@ class InfeasibleError(AmpOptError):
     """No plan satisfies the constraints.  The message says which one binds."""
 
     exit_code = 3
+
+
+class SearchTooLarge(InputError):
+    """The exhaustive search would be too large; a MIP solver should be used instead."""

@@ -23,7 +23,7 @@ from typing import Iterator
 import numpy as np
 
 from .cost import StageCosts, hetero_link
-from .errors import InputError
+from .errors import SearchTooLarge
 from .partition import StageGraph, make_graph, memory_ratio, range_tables
 from .plan import Stages
 
@@ -136,15 +136,15 @@ def free_graph(instance, cand, max_transitions: int = MAX_TRANSITIONS) -> FreeGr
                     where = {old: new for new, old in enumerate(perm)}
                     nxt_prev[target] = tuple(sorted(where[pos] for pos in positions))
                 trans_s.append((sid, kinds[key], factor, nxt[target]))
+                if total + len(trans_s) > max_transitions:
+                    raise SearchTooLarge(
+                        "--placement",
+                        f"free grouping of tp={m} dp={d} pp={p} has more than {max_transitions} stage transitions: "
+                        "too large for the enumerator; use --solver cpsat or --placement rank-order",
+                    )
                 moves_s.append(y)
                 perms_s.append(tuple(perm))
         total += len(trans_s)
-        if total > max_transitions:
-            raise InputError(
-                "--placement",
-                f"free grouping of tp={m} dp={d} pp={p} has more than {max_transitions} stage transitions: "
-                "too large for the enumerator; use --solver cpsat or --placement rank-order",
-            )
         transitions.append(tuple(trans_s))
         moves.append(tuple(moves_s))
         perms.append(tuple(perms_s))

@@ -315,6 +315,37 @@ def optimal_path(g: StageGraph, batch: int = 256) -> tuple[float, Path] | None:
     return best, best_path
 
 
+def good_path(g: StageGraph, samples: int = 64) -> tuple[float, Path] | None:
+    """A fast, usually optimal path: the min-sum path and the one-sided threshold sweeps
+    (``samples`` thresholds each, the smallest first).  Not a proof; seeds the MIPs."""
+    p, L = g.stages, g.layers
+    if p > L:
+        return None
+    h, paths = _paths(g, np.array([INF]), np.array([INF]))
+    if not np.isfinite(h[0]):
+        return None
+    best_path = paths[0]
+    best = path_value(g, best_path)
+    usable = g.feasible.any(axis=0)
+    sweeps = []
+    if g.n_micro > 1:
+        T = np.unique(g.compute[usable])
+        T = T[T >= _bottleneck(g, g.compute)][:samples]
+        sweeps.append((T, np.full(len(T), INF)))
+    U = np.unique(g.allreduce[usable])
+    U = U[U >= _bottleneck(g, g.allreduce)][:samples]
+    sweeps.append((np.full(len(U), INF), U))
+    for T, U in sweeps:
+        if len(T):
+            _, found = _paths(g, T, U)
+            for path in found:
+                if path is not None:
+                    value = path_value(g, path)
+                    if value < best:
+                        best, best_path = value, path
+    return best, best_path
+
+
 def brute_force(g: StageGraph) -> tuple[float, Path] | None:
     """Try every path and partition; for tests on small cases only."""
     p, L = g.stages, g.layers

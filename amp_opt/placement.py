@@ -8,7 +8,6 @@ the search choose how many groups each node gives each stage (see
 from __future__ import annotations
 
 from .errors import InputError
-from .plan import rank_order_stages
 
 PLACEMENTS = ("free", "rank-order")
 
@@ -18,14 +17,7 @@ def check_placement(name: str, cost_model: str) -> str:
         return "free" if cost_model == "hetero" else "rank-order"
     if name not in PLACEMENTS:
         raise InputError("--placement", f"unknown placement {name!r} (choose from {', '.join(PLACEMENTS)})")
+    if name == "free" and cost_model == "amp":
+        raise InputError("--placement", "the amp cost model prices AMP's rank order only; use --placement rank-order "
+                                        "or --cost-model hetero")
     return name
-
-
-def placements(instance, cand, placement: str):
-    """The placements to try for a candidate."""
-    if placement == "rank-order":
-        yield rank_order_stages(cand.tp, cand.dp, cand.pp)
-    else:
-        from .grouping import free_placements
-
-        yield from free_placements(instance, cand)

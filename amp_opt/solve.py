@@ -7,12 +7,12 @@ from .errors import InputError
 from .placement import check_placement
 from .result import SolveResult
 
-SOLVERS = ("enumerate", "cpsat", "cbc")
+SOLVERS = ("auto", "enumerate", "cpsat", "cbc")
 
 
 def solve(
     instance,
-    solver: str = "enumerate",
+    solver: str = "auto",
     cost_model: str = "hetero",
     placement: str | None = None,
     top_k: int = 1,
@@ -26,7 +26,8 @@ def solve(
     Parameters
     ----------
     instance : Instance
-    solver : "enumerate", "cpsat" or "cbc"
+    solver : "auto" (default: the exact enumerator, or CP-SAT when free grouping is too
+        large to enumerate), "enumerate", "cpsat" or "cbc"
     cost_model : "hetero" (default) or "amp"
     placement : "free" or "rank-order"; default free under hetero, rank-order under amp
     top_k : how many of the best plans to return (enumerate only keeps more than one)
@@ -49,10 +50,21 @@ def solve(
         raise InputError("--top-k", f"must be a positive integer, got {top_k!r}")
     if time_limit is not None and not time_limit > 0:
         raise InputError("--time-limit", f"must be positive seconds, got {time_limit!r}")
-    if solver == "enumerate":
-        from .enumerate import solve_enumerate
+    if solver in ("auto", "enumerate"):
+        import time
 
-        return solve_enumerate(instance, cost_model, placement, top_k, time_limit, progress)
+        from .enumerate import solve_enumerate
+        from .errors import SearchTooLarge
+
+        start = time.perf_counter()
+        try:
+            return solve_enumerate(instance, cost_model, placement, top_k, time_limit, progress)
+        except SearchTooLarge:
+            if solver == "enumerate":
+                raise
+            if time_limit is not None:
+                time_limit = max(0.1, time_limit - (time.perf_counter() - start))
+            solver = "cpsat"
     from .mip import solve_mip
 
     return solve_mip(instance, solver, cost_model, placement, top_k, time_limit, seed, workers, progress)

@@ -20,7 +20,7 @@ import numpy as np
 from ..candidates import Candidate, candidates, why_empty
 from ..cost import StageCosts, evaluate
 from ..errors import InfeasibleError
-from ..partition import fixed_placement_graph, optimal_path
+from ..partition import fixed_placement_graph, good_path
 from ..plan import Plan, rank_order_stages
 from ..result import SolverStats, SolveResult
 from .backends import resolution_for, solve_cbc, solve_cpsat
@@ -61,7 +61,7 @@ def heuristic(instance, cand, cost_model: str, placement: str) -> Incumbent | No
     for order in node_orders(instance, cand, placement):
         stages = stages_in_order(instance, cand, order)
         costs = StageCosts(instance, cost_model, cand.tp, cand.dp, cand.pp, cand.micro_batch, stages)
-        found = optimal_path(fixed_placement_graph(costs, instance.num_layers))
+        found = good_path(fixed_placement_graph(costs, instance.num_layers))
         if found and (best is None or found[0] < best.value):
             best = Incumbent(found[0], found[1].bounds, stages)
     return best
@@ -71,7 +71,8 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
               time_limit: float | None = None, seed: int = 0, workers: int = 1, progress=None,
               gap: float = 0.0) -> SolveResult:
     """Solve every promising candidate's program with CP-SAT or CBC; exact unless stopped by time or gap."""
-    from ..enumerate import _infeasible_reason, _least_overfull, candidate_lower_bound
+    from ..bounds import candidate_lower_bound
+    from ..enumerate import _infeasible_reason, _least_overfull
 
     start = time.perf_counter()
     deadline = None if time_limit is None else start + time_limit

@@ -108,10 +108,15 @@ def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: i
     return Outcome("UNKNOWN", None, None, None, wall)
 
 
-def cbc_path() -> str:
+def _cbc_command():
+    """PuLP's CBC driver (its bundled binary); PuLP 3 warns that 4.0 moves it to an extra."""
+    import warnings
+
     import pulp
 
-    return pulp.PULP_CBC_CMD(msg=False).path
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pulp.PULP_CBC_CMD(msg=False)
 
 
 def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int,
@@ -124,7 +129,7 @@ def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int
     xs = []
     for i, v in enumerate(lm.vars):
         cat = pulp.LpBinary if v.kind == BIN else (pulp.LpInteger if v.kind == INT else pulp.LpContinuous)
-        xs.append(pulp.LpVariable(f"v{i}", lowBound=v.lb, upBound=v.ub, cat=cat))
+        xs.append(prob.add_variable(f"v{i}", lowBound=v.lb, upBound=v.ub, cat=cat))
     for k, row in enumerate(lm.rows):
         expr = pulp.lpSum(c * xs[i] for i, c in row.coeffs.items() if i >= 0)
         if row.sense == "<=":
@@ -143,12 +148,13 @@ def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int
     with tempfile.TemporaryDirectory(prefix="amp_opt_cbc_") as tmp:
         mps, sol, mst = (os.path.join(tmp, f"model.{ext}") for ext in ("mps", "sol", "mst"))
         vs, var_names, con_names, _ = prob.writeMPS(mps, rename=1)
-        solver = pulp.PULP_CBC_CMD(msg=False)
-        args = [cbc_path(), mps]
+        solver = _cbc_command()
+        args = [solver.path, mps]
         if lm.hint:
             solver.writesol(mst, prob, vs, var_names, con_names)
             args += ["-mips", mst]
-        args += ["-randomSeed", str(seed), "-threads", str(workers)]
+        # CBC reads randomSeed 0 as "seed from the time of day": shift to keep runs repeatable.
+        args += ["-randomSeed", str(seed + 1), "-threads", str(workers)]
         if time_limit is not None:
             args += ["-sec", f"{max(0.1, time_limit):.3f}"]
         if gap > 0:
@@ -162,21 +168,24 @@ def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int
             log = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
             return Outcome("UNKNOWN", None, None, _lower_bound(log), time.perf_counter() - start)
         wall = time.perf_counter() - start
-        if "infeasible" in log.lower() and "Result - " in log and "Optimal" not in log:
-            return Outcome("INFEASIBLE", None, None, None, wall)
         if not os.path.exists(sol):
+            verdict = "INFEASIBLE" if "infeasible" in log.lower() else "UNKNOWN"
+            return Outcome(verdict, None, None, _lower_bound(log), wall)
+        with open(sol) as fh:
+            head = fh.readline().strip().lower()
+        # First line of CBC's solution file: "Optimal - objective value ...", "Infeasible - ...",
+        # "Integer infeasible - ...", "Stopped on time - objective value ..." or
+        # "Stopped on ... (no integer solution - continuous used)".
+        if "infeasible" in head:
+            return Outcome("INFEASIBLE", None, None, None, wall)
+        if not (head.startswith("optimal") or (head.startswith("stopped") and "no integer solution" not in head)):
             return Outcome("UNKNOWN", None, None, _lower_bound(log), wall)
-        status, values, *_ = solver.readsol_MPS(sol, prob, vs, var_names, con_names)
-    if not values or any(values.get(f"v{i}") is None for i in range(len(xs))):
-        return Outcome("UNKNOWN", None, None, _lower_bound(log), wall)
+        _, values, *_ = solver.readsol_MPS(sol, prob, vs, var_names, con_names)
     result = {i: float(values[f"v{i}"]) for i in range(len(xs))}
     obj = sum(c * result[i] for i, c in lm.objective.items())
-    if "Result - Optimal solution found" in log:
+    if head.startswith("optimal"):
         return Outcome("OPTIMAL", result, obj, obj, wall)
-    if "No feasible solution" in log or "infeasible" in log.lower():
-        return Outcome("INFEASIBLE", None, None, None, wall)
-    bound = _lower_bound(log)
-    return Outcome("FEASIBLE", result, obj, bound if bound is not None else None, wall)
+    return Outcome("FEASIBLE", result, obj, _lower_bound(log), wall)
 
 
 def _lower_bound(log: str) -> float | None:

@@ -1,0 +1,201 @@
+"""export: batch arithmetic, degrees, layer split, and the rank-to-device mapping."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import INSTANCES, PAPER
+
+import amp_opt
+from amp_opt.errors import InputError
+from amp_opt.export import (export_deepspeed, export_megatron, megatron_layout, megatron_split_args,
+                            transformer_split)
+from amp_opt.generate import generate_instance
+from amp_opt.plan import Plan, check_plan, parse_plan
+
+
+def paper_plans(instance):
+    """The best plan of each paper instance under both cost models (rank order and free grouping)."""
+    return [amp_opt.solve(instance, cost_model=m).best.plan for m in ("amp", "hetero")]
+
+
+@pytest.fixture(scope="module")
+def small_free():
+    """A 3-node generated instance whose free-grouping plan reorders nodes (seed 2: stage 0 on node 2)."""
+    inst = amp_opt.parse_instance(generate_instance(2, nodes=3, devices_per_node=2))
+    plan = amp_opt.solve(inst).best.plan
+    return inst, plan
+
+
+def check_mapping(instance, plan, launch):
+    plan = check_plan(instance, plan)
+    ranks = launch["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(instance.num_devices))
+    assert sorted(r["device"] for r in ranks) == list(range(instance.num_devices))  # every device exactly once
+    for r in ranks:
+        assert r["rank"] == r["tp_rank"] + plan.tp * r["dp_rank"] + plan.tp * plan.dp * r["stage"]
+        assert plan.stages[r["stage"]][r["dp_rank"]][r["tp_rank"]] == r["device"]
+        node = int(instance.device_node[r["device"]])
+        assert r["hostname"] == instance.nodes[node].name
+        assert r["local_device"] == r["device"] - instance.node_first_device[node]
+    # per node: its devices, and each local device's rank agrees with the rank table
+    by_device = {r["device"]: r["rank"] for r in ranks}
+    seen = []
+    for entry in launch["nodes"]:
+        j = next(i for i, n in enumerate(instance.nodes) if n.name == entry["hostname"])
+        first = instance.node_first_device[j]
+        assert entry["devices"] == list(range(first, first + instance.nodes[j].devices))
+        for local, rank in entry["local_device_rank"].items():
+            assert by_device[first + int(local)] == rank
+        seen += entry["devices"]
+    assert sorted(seen) == list(range(instance.num_devices))
+    assert launch["hostfile"].count("slots=") == len(instance.nodes)
+
+
+def check_torchrun(instance, launch):
+    """When torchrun-compatible: node_rank k holds the next contiguous block, LOCAL_RANK i -> i-th visible GPU."""
+    if not launch["torchrun_compatible"]:
+        for entry in launch["nodes"]:
+            for i, p in enumerate(entry["processes"]):
+                assert p["LOCAL_RANK"] == i and p["WORLD_SIZE"] == instance.num_devices
+                visible = [int(x) for x in p["CUDA_VISIBLE_DEVICES"].split(",")]
+                assert entry["local_device_rank"][str(visible[i])] == p["RANK"]
+            assert "RANK=" in entry["launch"]
+        return
+    base = 0
+    for k, entry in enumerate(launch["nodes"]):
+        assert entry["node_rank"] == k
+        visible = [int(x) for x in entry["cuda_visible_devices"].split(",")]
+        assert [entry["local_device_rank"][str(v)] for v in visible] == list(range(base, base + len(visible)))
+        base += len(visible)
+        assert f"--node-rank {k}" in entry["launch"]
+    hosts = [line.split()[0] for line in launch["hostfile"].splitlines()]
+    assert hosts == [e["hostname"] for e in launch["nodes"]]
+
+
+def check_exports(instance, plan):
+    plan = check_plan(instance, plan)
+    ds = export_deepspeed(instance, plan)
+    cfg = ds["deepspeed_config"]
+    assert cfg["train_batch_size"] == instance.training.global_batch
+    assert cfg["train_micro_batch_size_per_gpu"] == plan.micro_batch
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * plan.dp
+    assert set(cfg) <= {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                        "zero_optimization"}
+    assert ds["pipeline"]["num_stages"] == plan.pp and ds["pipeline"]["parts"] == list(plan.partition)
+    check_mapping(instance, plan, ds["launch"])
+    check_torchrun(instance, ds["launch"])
+
+    mg = export_megatron(instance, plan)
+    args = mg["args"]
+    value = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--") and not args[i + 1].startswith("--")}
+    assert value["--tensor-model-parallel-size"] == str(plan.tp)
+    assert value["--pipeline-model-parallel-size"] == str(plan.pp)
+    assert value["--micro-batch-size"] == str(plan.micro_batch)
+    assert value["--global-batch-size"] == str(instance.training.global_batch)
+    counts = mg["layer_split"]["transformer_layers_per_stage"]
+    n_transformer = sum(layer.kind == "transformer" for layer in instance.layers)
+    assert sum(counts) == n_transformer == int(value["--num-layers"])
+    split = mg["layer_split"]
+    if split["expressible"]:
+        if split["method"] == "first-last":
+            first, last = int(value["--decoder-first-pipeline-num-layers"]), int(value["--decoder-last-pipeline-num-layers"])
+            middle = (n_transformer - first - last) // max(plan.pp - 2, 1) if plan.pp > 2 else 0
+            assert [first] + [middle] * (plan.pp - 2) + [last] == counts
+        elif split["method"] == "layout":
+            layout = value["--pipeline-model-parallel-layout"]
+            assert layout == megatron_layout(counts)
+        else:
+            assert len(set(counts)) == 1
+    check_mapping(instance, plan, mg["launch"])
+    return ds, mg
+
+
+@pytest.mark.parametrize("exp", list(PAPER))
+def test_paper_instances(paper_instances, exp):
+    inst = paper_instances[exp]
+    for plan in paper_plans(inst):
+        check_exports(inst, plan)
+
+
+def test_free_grouping_plan_reorders_nodes(small_free):
+    inst, plan = small_free
+    assert plan.stages != check_plan(inst, Plan(plan.tp, plan.dp, plan.pp, plan.micro_batch, plan.partition)).stages
+    ds, _ = check_exports(inst, plan)
+    launch = ds["launch"]
+    assert launch["torchrun_compatible"]
+    # stage 0 runs on the last node, so that node gets node_rank 0 and hosts rank 0
+    assert launch["nodes"][0]["hostname"] == inst.nodes[int(inst.device_node[plan.stages[0][0][0]])].name
+
+
+def test_interleaved_grouping_needs_explicit_ranks(paper_instances):
+    """dp replicas of a stage taken from different nodes: no node holds one contiguous rank block."""
+    inst = paper_instances["het_cluster"]
+    stages = [[[s + 4 * r] for r in range(4)] for s in range(4)]  # stage s takes local device s of every node
+    plan = parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30], "stages": stages})
+    ds, _ = check_exports(inst, plan)
+    assert not ds["launch"]["torchrun_compatible"]
+    p3 = ds["launch"]["nodes"][0]
+    assert [p["RANK"] for p in p3["processes"]] == [0, 4, 8, 12]
+
+
+def test_megatron_split_flags():
+    assert megatron_split_args([6, 6, 6, 6]) == ([], "even")
+    assert megatron_split_args([5, 6, 6, 7]) == (["--decoder-first-pipeline-num-layers", "5",
+                                                  "--decoder-last-pipeline-num-layers", "7"], "first-last")
+    flags, method = megatron_split_args([5, 7, 6, 6])
+    assert method == "layout" and flags == ["--pipeline-model-parallel-layout", "Et*5|t*7|t*6|t*6L"]
+    assert megatron_split_args([0, 12, 12])[1] == "layout"  # a stage without transformer layers
+
+
+def test_embedding_off_the_first_stage_is_reported(paper_instances):
+    inst = paper_instances["het_cluster"]
+    # the last stage holds only noop3: the head (embed2v) sits on stage 2, which Megatron cannot express
+    plan = parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 29, 30]})
+    counts, problems, _ = transformer_split(inst, check_plan(inst, plan))
+    assert problems and "embed2v" in problems[0]
+    mg = export_megatron(inst, plan)
+    assert mg["layer_split"]["expressible"] is False
+    assert not any(a.startswith("--decoder-") or a == "--pipeline-model-parallel-layout" for a in mg["args"])
+
+
+def test_zero1_is_exported(paper_instances):
+    import dataclasses
+
+    inst = paper_instances["homogeneous"]
+    inst = dataclasses.replace(inst, training=dataclasses.replace(inst.training, zero_stage=1))
+    plan = parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]})
+    assert export_deepspeed(inst, plan)["deepspeed_config"]["zero_optimization"] == {"stage": 1}
+    assert "--use-distributed-optimizer" in export_megatron(inst, plan)["args"]
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "amp_opt", *args], capture_output=True, text=True)
+
+
+def test_cli(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}))
+    inst = str(INSTANCES / "amp_het_cluster.json")
+    out = run("export", inst, str(plan), "--format", "deepspeed")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["deepspeed_config"]["gradient_accumulation_steps"] == 8
+    target = tmp_path / "mg.json"
+    out = run("export", inst, str(plan), "--format", "megatron", "-o", str(target), "--cost-model", "amp")
+    assert out.returncode == 0 and out.stdout == ""
+    assert json.loads(target.read_text())["evaluation"]["cost_model"] == "amp"
+    # bad input: exit code 2 with one line naming the field
+    plan.write_text(json.dumps({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 3, "partition": [0, 7, 14, 20, 30]}))
+    out = run("export", inst, str(plan), "--format", "deepspeed")
+    assert out.returncode == 2 and "plan.micro_batch" in out.stderr and "Traceback" not in out.stderr
+    plan.write_text(json.dumps([{"tp": 1}]))
+    out = run("export", inst, str(plan), "--format", "megatron")
+    assert out.returncode == 2 and "one plan object" in out.stderr
+
+
+def test_bad_plan_raises_input_error(paper_instances):
+    with pytest.raises(InputError):
+        export_deepspeed(paper_instances["het_cluster"], parse_plan(
+            {"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 31]}))

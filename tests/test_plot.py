@@ -1,0 +1,117 @@
+"""plot: the 1F1B simulation obeys its dependencies; the image is written (png and svg)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import INSTANCES
+
+import amp_opt
+from amp_opt.plan import parse_plan
+from amp_opt.plot import FORWARD_SHARE, one_f_one_b_order, simulate_1f1b
+
+PLAN = {"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}
+CASES = [
+    ([1.0, 1.0, 1.0, 1.0], [0.1, 0.1, 0.1, 0.0], [0.2, 0.2, 0.2, 0.2], 8),
+    ([0.3, 1.2, 0.5, 0.9], [0.05, 0.2, 0.01, 0.0], [0.4, 0.1, 0.3, 0.2], 5),
+    ([0.7, 0.2], [0.3, 0.0], [0.0, 0.5], 1),
+    ([0.5], [0.0], [0.1], 3),
+    ([0.2, 0.4, 0.1, 0.3, 0.6, 0.2], [0.01] * 5 + [0.0], [0.05] * 6, 2),  # fewer micro-batches than stages
+]
+
+
+@pytest.mark.parametrize("compute, p2p, allreduce, n", CASES)
+def test_schedule_dependencies(compute, p2p, allreduce, n):
+    sched = simulate_1f1b(compute, p2p, allreduce, n)
+    pp = len(compute)
+    op = {(o.kind, o.stage, o.micro): o for o in sched.ops}
+    eps = 1e-12
+    for s in range(pp):
+        for i in range(n):
+            f, b = op[("F", s, i)], op[("B", s, i)]
+            assert f.end - f.start == pytest.approx(compute[s] * FORWARD_SHARE)
+            assert b.end - b.start == pytest.approx(compute[s] * (1 - FORWARD_SHARE))
+            if s > 0:  # forward of i starts after the previous stage's forward of i plus p2p
+                assert f.start >= op[("F", s - 1, i)].end + p2p[s - 1] - eps
+            if s < pp - 1:  # backward of i starts after the next stage's backward of i plus p2p
+                assert b.start >= op[("B", s + 1, i)].end + p2p[s] - eps
+            assert b.start >= f.end - eps
+        # the stage runs its 1F1B order, one op at a time
+        seq = [op[(k, s, i)] for k, i in one_f_one_b_order(s, pp, n)]
+        assert all(a.end <= c.start + eps for a, c in zip(seq, seq[1:]))
+        ar = op[("allreduce", s, -1)]
+        assert ar.start >= seq[-1].end - eps
+    # valid lower bounds: stage m cannot start before micro-batch 0's forward reaches it, does n E_m of
+    # work, and its last backward still has to travel back through the stages before it
+    assert sched.makespan >= max(n * compute[m] + sum(compute[:m]) for m in range(pp)) - eps
+    assert sched.makespan >= sum(compute) - eps
+    if compute[-1] == max(compute):  # then that bound is the cost model's (n-1) max E + sum E
+        assert sched.makespan >= (n - 1) * max(compute) + sum(compute) - eps
+    assert sched.makespan == pytest.approx(max(o.end for o in sched.ops))
+    # the critical path is a chain of ops ending at the makespan and starting at time 0
+    path = [op[k] for k in sched.critical]
+    assert max(o.end for o in path) == pytest.approx(sched.makespan)
+    assert min(o.start for o in path) == 0.0
+
+
+def test_model_compute_terms_are_not_a_bound_in_general():
+    """(n-1) max E + sum E assumes the bottleneck stage idles while later stages work; under 1F1B
+    a bottleneck stage in the middle fills that wait with backward work, so a schedule can beat it."""
+    compute = [0.2, 0.4, 0.1, 0.3, 0.6, 0.2]
+    sched = simulate_1f1b(compute, [0.0] * 6, [0.0] * 6, 2)
+    assert sched.makespan < (2 - 1) * max(compute) + sum(compute)
+    uniform = simulate_1f1b([0.5] * 4, [0.0] * 4, [0.0] * 4, 8)
+    assert uniform.makespan == pytest.approx(7 * 0.5 + 4 * 0.5)  # equal stages: exactly the formula
+
+
+def test_one_f_one_b_order():
+    assert one_f_one_b_order(0, 3, 4) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)]
+    assert one_f_one_b_order(2, 3, 2) == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
+    assert one_f_one_b_order(0, 4, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+
+
+@pytest.mark.parametrize("suffix", ["png", "svg"])
+def test_render_writes_file(tmp_path, suffix):
+    pytest.importorskip("matplotlib")
+    from amp_opt.plot import render
+
+    inst = amp_opt.load_instance(INSTANCES / "amp_het_cluster.json")
+    ev = amp_opt.evaluate(inst, parse_plan(PLAN))
+    target = tmp_path / f"timeline.{suffix}"
+    sched = render(inst, ev, str(target))
+    assert target.exists() and target.stat().st_size > 1000
+    assert sched.makespan > 0
+
+
+def test_cli(tmp_path):
+    pytest.importorskip("matplotlib")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    inst = str(INSTANCES / "amp_het_cluster.json")
+    out = subprocess.run([sys.executable, "-m", "amp_opt", "plot", inst, str(plan), "-o", str(tmp_path / "t.png")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "simulated schedule" in out.stdout and (tmp_path / "t.png").stat().st_size > 1000
+    out = subprocess.run([sys.executable, "-m", "amp_opt", "plot", inst, str(plan), "-o", str(tmp_path / "t.pdf")],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and ".png or .svg" in out.stderr
+
+
+def test_missing_matplotlib_is_an_input_error(monkeypatch):
+    import builtins
+
+    from amp_opt.errors import InputError
+    from amp_opt.plot import _import_pyplot
+
+    real = builtins.__import__
+
+    def fake(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    with pytest.raises(InputError, match=r"amp_opt\[plot\]"):
+        _import_pyplot()
