@@ -82,7 +82,7 @@ def solve_enumerate(instance, cost_model: str, placement: str, top_k: int = 1, t
     if not found:
         if timed_out:
             raise InfeasibleError(f"no feasible plan found within the time limit of {time_limit} s")
-        raise InfeasibleError(_infeasible_reason(instance, cost_model, tightest))
+        raise InfeasibleError(_infeasible_reason(instance, cost_model, tightest or least_overfull_rank_order(instance, cost_model)))
 
     evaluations = [
         evaluate(instance, Plan(f.candidate.tp, f.candidate.dp, f.candidate.pp, f.candidate.micro_batch, f.bounds,
@@ -102,6 +102,15 @@ def solve_enumerate(instance, cost_model: str, placement: str, top_k: int = 1, t
     return SolveResult(evaluations[0], tuple(evaluations), stats)
 
 
+def least_overfull_rank_order(instance, cost_model: str):
+    """The least overfull plan over every candidate in AMP's rank order (to explain infeasibility)."""
+    tightest = None
+    for cand in candidates(instance):
+        graph, to_stages = candidate_graph(instance, cand, cost_model, "rank-order")
+        tightest = _least_overfull(graph, cand, to_stages, tightest)
+    return tightest
+
+
 def _least_overfull(graph: StageGraph, cand, to_stages, tightest):
     value, path = min_max_path(graph, graph.memory_ratio, np.broadcast_to(graph.structural, graph.feasible.shape))
     if path is not None and (tightest is None or value < tightest[0]):
@@ -112,6 +121,8 @@ def _least_overfull(graph: StageGraph, cand, to_stages, tightest):
 def _infeasible_reason(instance, cost_model: str, tightest) -> str:
     if tightest is None:
         return f"no candidate has a valid layer partition ({instance.num_layers} layers)"
+    if tightest[0] <= 1.0:
+        return "no plan fits the constraints"
     _, cand, stages, path = tightest
     plan = Plan(cand.tp, cand.dp, cand.pp, cand.micro_batch, path.bounds, stages)
     ev = evaluate(instance, plan, cost_model)

@@ -72,7 +72,7 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
               gap: float = 0.0) -> SolveResult:
     """Solve every promising candidate's program with CP-SAT or CBC; exact unless stopped by time or gap."""
     from ..bounds import candidate_lower_bound
-    from ..enumerate import _infeasible_reason, _least_overfull
+    from ..enumerate import _infeasible_reason, least_overfull_rank_order
 
     start = time.perf_counter()
     deadline = None if time_limit is None else start + time_limit
@@ -120,11 +120,16 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
         delta = resolution_for(scale)
         tol = form.terms * delta + 1e-9 * scale
         cutoff = kth * (1 + 1e-9) + tol if np.isfinite(kth) else None
-        remaining = None if deadline is None else max(0.05, deadline - time.perf_counter())
+        remaining = None
+        if deadline is not None:
+            # Share what is left among the candidates still open; the first ones get a bit more.
+            still_open = sum(1 for x in order[i:] if lower[x] < kth)
+            left = max(0.05, deadline - time.perf_counter())
+            remaining = min(left, max(0.05, 1.5 * left / max(1, still_open)))
         if solver == "cpsat":
             out = solve_cpsat(form.model, delta, remaining, seed, workers, cutoff, gap)
         else:
-            out = solve_cbc(form.model, remaining, seed, workers, cutoff, gap)
+            out = solve_cbc(form.model, remaining, seed, workers, cutoff, gap, scale)
         sizes["programs"] += 1
         sizes["variables"] = max(sizes["variables"], form.model.size["variables"])
         sizes["constraints"] = max(sizes["constraints"], form.model.size["constraints"])
@@ -145,12 +150,7 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
             progress(i + 1, len(order))
 
     if not results:
-        tightest = None
-        for c in cands:
-            stages = rank_order_stages(c.tp, c.dp, c.pp)
-            costs = StageCosts(instance, cost_model, c.tp, c.dp, c.pp, c.micro_batch, stages)
-            tightest = _least_overfull(fixed_placement_graph(costs, instance.num_layers), c, lambda _: stages,
-                                       tightest)
+        tightest = least_overfull_rank_order(instance, cost_model)
         if not closed:
             raise InfeasibleError(f"no feasible plan found within the time limit of {time_limit} s")
         raise InfeasibleError(_infeasible_reason(instance, cost_model, tightest))

@@ -120,30 +120,43 @@ def _cbc_command():
 
 
 def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int,
-              cutoff: float | None = None, gap: float = 0.0) -> Outcome:
-    """Solve with CBC in a child process killed at the time limit."""
+              cutoff: float | None = None, gap: float = 0.0, scale: float | None = None) -> Outcome:
+    """Solve with CBC in a child process killed at the time limit.
+
+    Times are divided by ``scale`` (the expected objective, so that it is about 1) and
+    every row by its largest coefficient: CBC's absolute tolerances then mean the same
+    on a 10 ms plan as on a 100 s one.
+    """
     import pulp
 
     start = time.perf_counter()
+    scale = scale or 1.0
     prob = pulp.LpProblem("amp_opt", pulp.LpMinimize)
     xs = []
     for i, v in enumerate(lm.vars):
         cat = pulp.LpBinary if v.kind == BIN else (pulp.LpInteger if v.kind == INT else pulp.LpContinuous)
-        xs.append(prob.add_variable(f"v{i}", lowBound=v.lb, upBound=v.ub, cat=cat))
+        unit = scale if v.kind == TIME else 1.0
+        xs.append(prob.add_variable(f"v{i}", lowBound=v.lb / unit, upBound=v.ub / unit, cat=cat))
     for k, row in enumerate(lm.rows):
-        expr = pulp.lpSum(c * xs[i] for i, c in row.coeffs.items() if i >= 0)
+        coeffs = {i: c for i, c in row.coeffs.items() if i >= 0}
+        rhs = row.rhs
+        if row.unit == "time":  # the row in units of scale: time variables keep their coefficients
+            coeffs = {i: (c if lm.vars[i].kind == TIME else c / scale) for i, c in coeffs.items()}
+            rhs = rhs / scale
+        norm = max((abs(c) for c in coeffs.values()), default=1.0) or 1.0
+        expr = pulp.lpSum((c / norm) * xs[i] for i, c in coeffs.items())
         if row.sense == "<=":
-            prob += expr <= row.rhs, f"r{k}"
+            prob += expr <= rhs / norm, f"r{k}"
         elif row.sense == ">=":
-            prob += expr >= row.rhs, f"r{k}"
+            prob += expr >= rhs / norm, f"r{k}"
         else:
-            prob += expr == row.rhs, f"r{k}"
+            prob += expr == rhs / norm, f"r{k}"
     objective = pulp.lpSum(c * xs[i] for i, c in lm.objective.items())
     prob += objective
-    if cutoff is not None:
-        prob += objective <= cutoff, "cutoff"
     for i, value in lm.hint.items():
-        xs[i].setInitialValue(value)
+        v = lm.vars[i]
+        unit = scale if v.kind == TIME else 1.0
+        xs[i].setInitialValue(min(max(value, v.lb), v.ub) / unit)
 
     with tempfile.TemporaryDirectory(prefix="amp_opt_cbc_") as tmp:
         mps, sol, mst = (os.path.join(tmp, f"model.{ext}") for ext in ("mps", "sol", "mst"))
@@ -159,6 +172,8 @@ def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int
             args += ["-sec", f"{max(0.1, time_limit):.3f}"]
         if gap > 0:
             args += ["-ratioGap", str(gap)]
+        if cutoff is not None:  # CBC prunes nodes worse than this (safer than a row, numerically)
+            args += ["-cutoff", repr(cutoff / scale * (1 + 1e-6))]
         args += ["-timeMode", "elapsed", "-solve", "-printingOptions", "all", "-solution", sol]
         try:
             run = subprocess.run(args, capture_output=True, text=True,
@@ -166,11 +181,11 @@ def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int
             log = run.stdout
         except subprocess.TimeoutExpired as exc:  # stuck in preprocessing: the limit is enforced here
             log = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            return Outcome("UNKNOWN", None, None, _lower_bound(log), time.perf_counter() - start)
+            return Outcome("UNKNOWN", None, None, _lower_bound(log, scale), time.perf_counter() - start)
         wall = time.perf_counter() - start
         if not os.path.exists(sol):
             verdict = "INFEASIBLE" if "infeasible" in log.lower() else "UNKNOWN"
-            return Outcome(verdict, None, None, _lower_bound(log), wall)
+            return Outcome(verdict, None, None, _lower_bound(log, scale), wall)
         with open(sol) as fh:
             head = fh.readline().strip().lower()
         # First line of CBC's solution file: "Optimal - objective value ...", "Infeasible - ...",
@@ -179,15 +194,15 @@ def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int
         if "infeasible" in head:
             return Outcome("INFEASIBLE", None, None, None, wall)
         if not (head.startswith("optimal") or (head.startswith("stopped") and "no integer solution" not in head)):
-            return Outcome("UNKNOWN", None, None, _lower_bound(log), wall)
+            return Outcome("UNKNOWN", None, None, _lower_bound(log, scale), wall)
         _, values, *_ = solver.readsol_MPS(sol, prob, vs, var_names, con_names)
-    result = {i: float(values[f"v{i}"]) for i in range(len(xs))}
+    result = {i: float(values[f"v{i}"]) * (scale if lm.vars[i].kind == TIME else 1.0) for i in range(len(xs))}
     obj = sum(c * result[i] for i, c in lm.objective.items())
     if head.startswith("optimal"):
         return Outcome("OPTIMAL", result, obj, obj, wall)
-    return Outcome("FEASIBLE", result, obj, _lower_bound(log), wall)
+    return Outcome("FEASIBLE", result, obj, _lower_bound(log, scale), wall)
 
 
-def _lower_bound(log: str) -> float | None:
+def _lower_bound(log: str, scale: float = 1.0) -> float | None:
     match = re.search(r"Lower bound:\s*([-+0-9.eE]+)", log)
-    return float(match.group(1)) if match else None
+    return float(match.group(1)) * scale if match else None

@@ -155,7 +155,7 @@ def build(instance, cand, cost_model: str, placement: str, fixed_stages=None) ->
     for s in range(p):
         mdl.add(lin({Emax: 1}, (-1, {E[s]: 1})), ">=", 0, "time", f"bottleneck[{s}]")
     for v, key in [(Emax, "E"), (ARmax, "AR")] + [(x, "E") for x in E] + [(x, "P") for x in P]:
-        mdl.vars[v].ub = ub[key]
+        mdl.vars[v].ub = ub[key] * (1 + 1e-6) + 1e-12  # slack for float round-off in hints
 
     # -- objective (eq. M9) ------------------------------------------------------
     w = base.n_micro - 1
