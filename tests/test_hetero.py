@@ -1,0 +1,156 @@
+"""The hetero cost model term by term, against numbers worked out by hand (formulations/hetero.md)."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from amp_opt import evaluate, parse_instance, parse_plan, solve
+from amp_opt.profiles import layer_times
+
+GB = 1e9
+
+
+def tiny(**training):
+    """Two nodes of two devices: GA (fast, 10 GB) on node A, GB (slow, 8 GB) on node B; four equal layers."""
+    layer = {"params": 1_000_000, "activation_bytes": 1_000_000, "activation_memory_bytes": 10_000_000}
+    return {
+        "version": 1,
+        "name": "tiny",
+        "model": {"layers": [dict(layer, name=f"l{i}") for i in range(4)]},
+        "device_types": [{"name": "GA", "memory": 10 * GB, "peak_flops": 1e14},
+                         {"name": "GB", "memory": 8 * GB, "peak_flops": 5e13}],
+        "nodes": [{"name": "A", "device_type": "GA", "devices": 2, "intra_bandwidth": 100 * GB, "inter_bandwidth": 10 * GB},
+                  {"name": "B", "device_type": "GB", "devices": 2, "intra_bandwidth": 50 * GB, "inter_bandwidth": 5 * GB}],
+        "profiles": [
+            {"device_type": "GA", "tp": 1, "micro_batch": 1, "layer_times": [0.01, 0.02, 0.03, 0.04]},
+            {"device_type": "GA", "tp": 1, "micro_batch": 4, "layer_times": [0.03, 0.06, 0.09, 0.12]},
+            {"device_type": "GB", "tp": 1, "micro_batch": 1, "layer_times": [0.02, 0.04, 0.06, 0.08]},
+        ],
+        "training": {"global_batch": 8, "gradient_allreduce_bytes_per_param": 2, "memory_reserve": 1 * GB, **training},
+        "search": {"tp": [1], "micro_batches": [1, 2]},
+    }
+
+
+def test_layer_time_interpolation_and_per_sample_extrapolation():
+    inst = parse_instance(tiny())
+    # micro-batch 2 lies between the measured 1 and 4: weight 1/3 on the b=4 row.
+    assert layer_times(inst, "GA", 100 * GB, 1, 2).seconds == pytest.approx([0.05 / 3, 0.1 / 3, 0.05, 0.2 / 3])
+    # beyond the largest measurement: per sample from b = 4.
+    assert layer_times(inst, "GA", 100 * GB, 1, 8).seconds == pytest.approx([0.06, 0.12, 0.18, 0.24])
+    # one measurement only: per sample.
+    assert layer_times(inst, "GB", 50 * GB, 1, 2).seconds == pytest.approx([0.04, 0.08, 0.12, 0.16])
+    assert not layer_times(inst, "GB", 50 * GB, 1, 2).estimated
+
+
+def test_analytic_fallback_formula():
+    doc = tiny()
+    for layer in doc["model"]["layers"]:
+        layer.update(flops=1e12, tp_comm_bytes=1e8)
+    inst = parse_instance(doc)
+    # GA has no tp-2 profile: b * flops / (tp * peak * 0.4) + 2 (tp-1)/tp * b * comm / intra.
+    t = layer_times(inst, "GA", 100 * GB, 2, 1)
+    assert t.estimated
+    assert t.seconds == pytest.approx([1e12 / (2 * 1e14 * 0.4) + 1e8 / 1e11] * 4)
+
+
+def test_mixed_stages_straggler_and_slowest_links():
+    inst = parse_instance(tiny())
+    # dp 2, pp 2, micro-batch 2 -> n = 2; every stage has one GA and one GB replica.
+    plan = parse_plan({"tp": 1, "dp": 2, "pp": 2, "micro_batch": 2, "partition": [0, 1, 4],
+                       "stages": [[[0], [2]], [[1], [3]]]})
+    ev = evaluate(inst, plan, "hetero")
+    s0, s1 = ev.stages
+    assert s0.compute == pytest.approx(0.04)  # max(GA 0.01667, GB 0.04): the straggler
+    assert s1.compute == pytest.approx(0.36)  # GB: 2 * (0.04 + 0.06 + 0.08)
+    assert s0.p2p == pytest.approx(2e6 / (5 * GB))  # 2 samples x 1 MB over the slower NIC
+    assert s1.p2p == 0
+    assert s0.allreduce == pytest.approx(2 * 1 / 2 * 1e6 * 2 / (5 * GB))  # ring over two nodes: slowest NIC
+    assert s1.allreduce == pytest.approx(3e6 * 2 / (5 * GB))
+    assert ev.predicted_time == pytest.approx(1 * 0.36 + 0.40 + 4e-4 + 1.2e-3)
+    assert ev.breakdown == pytest.approx({"pipeline_bottleneck": 0.36, "stage_compute": 0.40, "p2p": 4e-4,
+                                          "allreduce": 1.2e-3})
+    # memory: params x 16 B + min(p - s, n) x b x activation memory + reserve
+    assert s0.memory == pytest.approx(1e6 * 16 + 2 * 2 * 1e7 + GB)
+    assert s1.memory == pytest.approx(3e6 * 16 + 1 * 2 * 3e7 + GB)
+    assert s0.capacity == 8 * GB and ev.feasible
+
+
+def test_intra_node_links_when_stages_share_a_node():
+    inst = parse_instance(tiny())
+    plan = parse_plan({"tp": 1, "dp": 1, "pp": 4, "micro_batch": 1, "partition": [0, 1, 2, 3, 4]})  # rank order
+    ev = evaluate(inst, plan, "hetero")
+    assert [s.compute for s in ev.stages] == pytest.approx([0.01, 0.02, 0.06, 0.08])
+    # stages 0,1 share node A; 1 -> 2 crosses to B; 2,3 share node B
+    assert [s.p2p for s in ev.stages] == pytest.approx([1e6 / (100 * GB), 1e6 / (5 * GB), 1e6 / (50 * GB), 0])
+    assert all(s.allreduce == 0 for s in ev.stages)  # dp = 1
+    assert ev.predicted_time == pytest.approx(7 * 0.08 + 0.17 + 1e-5 + 2e-4 + 2e-5)
+    assert [s.memory for s in ev.stages] == pytest.approx([1.6e7 + k * 1e7 + GB for k in (4, 3, 2, 1)])
+
+
+def test_zero1_divides_optimizer_state_by_dp():
+    inst = parse_instance(tiny(zero_stage=1))
+    plan = parse_plan({"tp": 1, "dp": 2, "pp": 2, "micro_batch": 2, "partition": [0, 1, 4],
+                       "stages": [[[0], [2]], [[1], [3]]]})
+    s0 = evaluate(inst, plan, "hetero").stages[0]
+    assert s0.memory == pytest.approx(1e6 * (2 + 2 + 12 / 2) + 2 * 2 * 1e7 + GB)
+
+
+def test_memory_violation_makes_plan_infeasible_and_names_the_stage():
+    doc = tiny()
+    doc["device_types"][1]["memory"] = 1.03 * GB  # GB now holds 1.03 GB
+    inst = parse_instance(doc)
+    ev = evaluate(inst, parse_plan({"tp": 1, "dp": 1, "pp": 4, "micro_batch": 1, "partition": [0, 1, 2, 3, 4]}))
+    assert not ev.feasible
+    assert [s.fits for s in ev.stages] == [True, True, False, True]  # stage 2 keeps 2 micro-batches
+    assert len(ev.violations) == 1 and ev.violations[0].startswith("stage 2 (GB)")
+    # the amp model reports the same footprint but does not enforce it
+    amp = evaluate(inst, parse_plan({"tp": 1, "dp": 1, "pp": 4, "micro_batch": 1, "partition": [0, 1, 2, 3, 4]}), "amp")
+    assert amp.feasible and any("does not enforce memory" in n for n in amp.notes)
+
+
+def test_solve_never_returns_an_infeasible_plan_and_free_beats_rank_order():
+    doc = tiny()
+    doc["device_types"][1]["memory"] = 1.03 * GB
+    inst = parse_instance(doc)
+    free = solve(inst, placement="free")
+    ranked = solve(inst, placement="rank-order")
+    assert free.best.feasible and ranked.best.feasible
+    assert free.best.predicted_time <= ranked.best.predicted_time + 1e-12
+
+
+def test_infeasible_instance_exit_3_with_reason(tmp_path):
+    doc = tiny()
+    for t in doc["device_types"]:
+        t["memory"] = 1.001 * GB
+    path = tmp_path / "tight.json"
+    path.write_text(json.dumps(doc))
+    out = subprocess.run([sys.executable, "-m", "amp_opt", "solve", str(path)], capture_output=True, text=True)
+    assert out.returncode == 3
+    assert "needs" in out.stderr and "capacity" in out.stderr and "stage" in out.stderr
+
+
+@pytest.mark.parametrize("name", ["homogeneous", "het_cluster", "het_model"])
+def test_paper_instances_solve_to_memory_feasible_plans(paper_instances, name):
+    result = solve(paper_instances[name])
+    assert result.best.feasible and all(s.fits for s in result.best.stages)
+
+
+def test_every_ranked_paper_plan_evaluates_under_hetero(paper_instances, rankings):
+    verdicts = []
+    for exp, entries in rankings.items():
+        for entry in entries:
+            plan = parse_plan({k: entry[k] for k in ("tp", "dp", "pp", "micro_batch", "partition")})
+            ev = evaluate(paper_instances[exp], plan, "hetero")
+            assert ev.predicted_time > 0 and set(ev.breakdown) == {"pipeline_bottleneck", "stage_compute", "p2p",
+                                                                   "allreduce"}
+            verdicts.append(ev.feasible)
+    assert len(verdicts) == 171 and any(verdicts)
+
+
+def test_free_grouping_at_least_as_good_as_rank_order_on_paper(paper_instances):
+    for name in ("homogeneous", "het_model"):
+        inst = paper_instances[name]
+        assert solve(inst).best.predicted_time <= solve(inst, placement="rank-order").best.predicted_time + 1e-12
