@@ -30,7 +30,7 @@ _EXPORTS = {
     "evaluate": "cost",
     "Evaluation": "cost",
     "StageReport": "cost",
-    "solve": "solve",
+    "solve": "solver",
     "SolveResult": "result",
     "SolverStats": "result",
     "InputError": "errors",
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .instance import DeviceType, Instance, Layer, Node, load_instance, parse_instance
     from .plan import Plan, parse_plan
     from .result import SolveResult, SolverStats
-    from .solve import solve
+    from .solver import solve
 
 
 def __getattr__(name: str):

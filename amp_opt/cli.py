@@ -43,7 +43,7 @@ def _add_cost_model(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from .placement import PLACEMENTS
-    from .solve import SOLVERS
+    from .solver import SOLVERS
 
     parser = argparse.ArgumentParser(
         prog="amp-opt",
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_solve(args) -> int:
     from .instance import load_instance
-    from .solve import solve
+    from .solver import solve
 
     instance = load_instance(args.instance)
     progress = None if args.json else _progress_printer()

@@ -239,7 +239,7 @@ def _merged(instance, relaxed) -> Any:
 
 def explain_instance(instance, cost_model: str = "hetero", time_limit: float = 30.0) -> dict[str, Any]:
     """Solve; if nothing fits, say why and which relaxations make a plan fit (each solve time-limited)."""
-    from .solve import solve
+    from .solver import solve
 
     try:
         result = solve(instance, cost_model=cost_model, time_limit=time_limit)

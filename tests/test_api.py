@@ -1,0 +1,27 @@
+"""The library API: names exported lazily, typed records, and no module shadowing a function."""
+
+import importlib
+
+import amp_opt
+
+
+def test_public_names_resolve_to_callables_and_types():
+    for name in ("load_instance", "parse_instance", "parse_plan", "evaluate", "solve"):
+        assert callable(getattr(amp_opt, name))
+    for name in ("Instance", "Plan", "Evaluation", "SolveResult", "SolverStats", "InputError", "InfeasibleError"):
+        assert isinstance(getattr(amp_opt, name), type)
+
+
+def test_solve_stays_a_function_after_every_submodule_is_imported():
+    for module in ("cli", "solver", "enumerate", "mip", "bench", "explain", "export", "plot", "baselines"):
+        importlib.import_module(f"amp_opt.{module}")
+    assert callable(amp_opt.solve) and amp_opt.solve.__module__ == "amp_opt.solver"
+
+
+def test_another_planner_calls_amp_opt(paper_instances):
+    inst = paper_instances["het_cluster"]
+    result = amp_opt.solve(inst, cost_model="amp", top_k=2)
+    plan = amp_opt.parse_plan(result.best.plan.to_json())
+    again = amp_opt.evaluate(inst, plan, "amp")
+    assert again.predicted_time == result.best.predicted_time
+    assert len(result.top) == 2 and result.top[0].predicted_time <= result.top[1].predicted_time
