@@ -27,7 +27,7 @@ from .errors import SearchTooLarge
 from .partition import StageGraph, make_graph, memory_ratio, range_tables
 from .plan import Stages
 
-MAX_TRANSITIONS = 200_000
+MAX_TRANSITIONS = 50_000
 
 
 def node_classes(instance) -> list[int]:

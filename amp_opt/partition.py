@@ -140,39 +140,37 @@ def _sweep(g: StageGraph, T: np.ndarray, U: np.ndarray, pointers: bool = False):
     back = []
     for s in range(p):
         ks, ls = slice(s, s + width), slice(s + 1, s + width + 1)
+        groups: dict[tuple, list[tuple[int, int]]] = {}
+        for t, (src, kind, factor, dst) in enumerate(g.transitions[s]):
+            if src in values:
+                groups.setdefault((src, kind, factor), []).append((t, dst))
         masked: dict[int, np.ndarray] = {}
-        done: dict[tuple, tuple[np.ndarray, np.ndarray | None]] = {}
         new: dict[int, np.ndarray] = {}
         ptr: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for t, (src, kind, factor, dst) in enumerate(g.transitions[s]):
-            if src not in values:
-                continue
-            key = (src, kind, factor)
-            if key not in done:
-                if kind not in masked:
-                    C = g.compute[kind, ks, ls]
-                    ok = g.feasible[s, kind, ks, ls][None] & (C[None] <= T[:, None, None])
-                    ok &= g.allreduce[kind, ks, ls][None] <= U[:, None, None]
-                    masked[kind] = np.where(ok, C[None], INF)
-                start = values[src][:, ks] + g.volume[ks] * factor
-                cand = start[:, :, None] + masked[kind]
-                row = np.full((batch, L + 1), INF)
-                row[:, ls] = cand.min(axis=1)
-                arg = None
-                if pointers:
-                    arg = np.zeros((batch, L + 1), dtype=int)
-                    arg[:, ls] = np.argmin(cand, axis=1) + s
-                done[key] = (row, arg)
-            row, arg = done[key]
-            if dst not in new:
-                new[dst] = row
-                if pointers:
-                    ptr[dst] = (np.full((batch, L + 1), t), arg)
-            else:
-                better = row < new[dst]
-                new[dst] = np.where(better, row, new[dst])
-                if pointers:
-                    ptr[dst] = (np.where(better, t, ptr[dst][0]), np.where(better, arg, ptr[dst][1]))
+        for (src, kind, factor), targets in groups.items():
+            if kind not in masked:
+                C = g.compute[kind, ks, ls]
+                ok = g.feasible[s, kind, ks, ls][None] & (C[None] <= T[:, None, None])
+                ok &= g.allreduce[kind, ks, ls][None] <= U[:, None, None]
+                masked[kind] = np.where(ok, C[None], INF)
+            start = values[src][:, ks] + g.volume[ks] * factor
+            cand = start[:, :, None] + masked[kind]
+            row = np.full((batch, L + 1), INF)
+            row[:, ls] = cand.min(axis=1)
+            arg = None
+            if pointers:
+                arg = np.zeros((batch, L + 1), dtype=int)
+                arg[:, ls] = np.argmin(cand, axis=1) + s
+            for t, dst in targets:
+                if dst not in new:
+                    new[dst] = row
+                    if pointers:
+                        ptr[dst] = (np.full((batch, L + 1), t), arg)
+                else:
+                    better = row < new[dst]
+                    new[dst] = np.where(better, row, new[dst])
+                    if pointers:
+                        ptr[dst] = (np.where(better, t, ptr[dst][0]), np.where(better, arg, ptr[dst][1]))
         values = new
         back.append(ptr)
     final = np.full(batch, INF)
@@ -254,9 +252,16 @@ def _bottleneck(g: StageGraph, table: np.ndarray) -> float:
     return min_max_path(g, table)[0]
 
 
-def optimal_path(g: StageGraph, batch: int = 256) -> tuple[float, Path] | None:
+def _batch_size(g: StageGraph, limit_bytes: float = 4e8) -> int:
+    """Thresholds per sweep so that one stage's DP rows stay under ``limit_bytes``."""
+    states = max((len({t[3] for t in trans}) for trans in g.transitions), default=1)
+    return int(max(8, min(256, limit_bytes / (8 * states * (g.layers + 1) * 2))))
+
+
+def optimal_path(g: StageGraph, batch: int | None = None) -> tuple[float, Path] | None:
     """The exact minimum of f over paths and a path reaching it, or None if none is feasible."""
     p, L = g.stages, g.layers
+    batch = batch or _batch_size(g)
     if p > L:
         return None
     w = float(g.n_micro - 1)
