@@ -25,3 +25,22 @@ def test_another_planner_calls_amp_opt(paper_instances):
     again = amp_opt.evaluate(inst, plan, "amp")
     assert again.predicted_time == result.best.predicted_time
     assert len(result.top) == 2 and result.top[0].predicted_time <= result.top[1].predicted_time
+
+
+def test_plans_written_by_solve_match_the_published_plan_schema(paper_instances):
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    schema = json.loads((Path(amp_opt.__file__).parent / "schema" / "plan.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    plan = amp_opt.solve(paper_instances["het_model"]).best.plan.to_json()
+    jsonschema.validate(plan, schema)
+    jsonschema.validate([plan, plan], schema)
+    try:
+        jsonschema.validate(dict(plan, speed=1), schema)
+    except jsonschema.ValidationError:
+        pass
+    else:
+        raise AssertionError("an unknown field must not validate")
