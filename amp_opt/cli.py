@@ -132,16 +132,20 @@ def _cmd_generate(args) -> int:
     doc = generate_instance(args.seed, args.nodes, args.devices_per_node, args.device_types, args.layers,
                             args.global_batch)
     parse_instance(doc)  # generated instances must always validate
-    text = json.dumps(doc, indent=1) + "\n"
-    if args.output == "-":
-        sys.stdout.write(text)
-    else:
-        try:
-            with open(args.output, "w") as fh:
-                fh.write(text)
-        except OSError as exc:
-            raise InputError("--output", f"cannot write {args.output}: {exc.strerror}") from None
+    write_text(json.dumps(doc, indent=1) + "\n", args.output)
     return 0
+
+
+def write_text(text: str, output: str | None, option: str = "--output") -> None:
+    """Write command output to a file, or to stdout when ``output`` is None or '-'."""
+    if output in (None, "-"):
+        sys.stdout.write(text)
+        return
+    try:
+        with open(output, "w") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise InputError(option, f"cannot write {output}: {exc.strerror}") from None
 
 
 def _progress_printer():

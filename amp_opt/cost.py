@@ -189,7 +189,6 @@ class StageCosts:
         self._volume = b * self.sums.activation_bytes
         self._p2p_factor = [1.0 / self.boundary_bandwidth(s) for s in range(self.pp - 1)] + [0.0]
         # H4: ring allreduce of the stage's gradients over its slowest link.
-        per_param = inst.training.allreduce_bytes_per_param
         self._allreduce_factor = [allreduce_factor(inst, d, self.ring_bandwidth(s)) for s in range(self.pp)]
 
     def ring_bandwidth(self, s: int) -> float:

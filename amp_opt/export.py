@@ -334,13 +334,7 @@ def run_export(args) -> int:
                          "violations": list(ev.violations)}
     if not ev.feasible:
         print("amp-opt: warning: the plan does not fit in memory: " + "; ".join(ev.violations), file=sys.stderr)
-    text = json.dumps(out, indent=2) + "\n"
-    if args.output is None:
-        sys.stdout.write(text)
-    else:
-        try:
-            with open(args.output, "w") as fh:
-                fh.write(text)
-        except OSError as exc:
-            raise InputError("--output", f"cannot write {args.output}: {exc.strerror}") from None
+    from .cli import write_text
+
+    write_text(json.dumps(out, indent=2) + "\n", args.output)
     return 0

@@ -150,7 +150,6 @@ def free_graph(instance, cand, max_transitions: int = MAX_TRANSITIONS) -> FreeGr
         perms.append(tuple(perms_s))
         layer, prev_of = nxt, nxt_prev
 
-    K = len(kind_costs)
     tables = [range_tables(c, L, 0) for c in kind_costs]
     ratio = np.stack([np.stack([memory_ratio(c, L, s) for c in kind_costs]) for s in range(p)])
     volume = np.concatenate([[0.0], kind_costs[0].p2p_volume()])

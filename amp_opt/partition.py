@@ -43,7 +43,6 @@ class StageGraph:
     feasible: np.ndarray  # (p, K, L+1, L+1) bool: non-empty, room left, memory fits
     volume: np.ndarray  # (L+1,) p2p seconds x bandwidth of a boundary at position k (0 at k = 0)
     transitions: tuple  # per stage: tuple of (from_state, kind, p2p factor of the boundary before, to_state)
-    n_states: tuple  # unused placeholder per stage
     memory_ratio: np.ndarray  # (p, K, L+1, L+1) per-device memory over capacity
     structural: np.ndarray  # (p, 1, L+1, L+1) bool: non-empty and leaving room
 
@@ -108,8 +107,7 @@ def make_graph(n_micro, compute, allreduce, ratio, enforce_memory: bool, volume,
     p, L = len(transitions), compute.shape[1] - 1
     structural = np.stack([room(L, p, s) for s in range(p)])[:, None]
     feasible = structural & (ratio <= 1.0) if enforce_memory else np.broadcast_to(structural, ratio.shape).copy()
-    return StageGraph(n_micro, compute, allreduce, feasible, volume, tuple(transitions),
-                      tuple(0 for _ in transitions), ratio, structural)
+    return StageGraph(n_micro, compute, allreduce, feasible, volume, tuple(transitions), ratio, structural)
 
 
 def path_terms(g: StageGraph, path: Path):

@@ -1,6 +1,5 @@
 """The hetero cost model term by term, against numbers worked out by hand (formulations/hetero.md)."""
 
-import dataclasses
 import json
 import subprocess
 import sys

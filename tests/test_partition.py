@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amp_opt import evaluate, parse_instance
-from amp_opt.candidates import Candidate, candidates
+from amp_opt.candidates import candidates
 from amp_opt.cost import StageCosts
 from amp_opt.enumerate import candidate_graph
 from amp_opt.generate import generate_instance

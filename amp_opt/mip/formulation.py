@@ -144,13 +144,11 @@ def build(instance, cand, cost_model: str, placement: str, fixed_stages=None) ->
             ub["AR"] = max(ub["AR"], a * total_params)
             if enforce_memory:
                 _memory_row(mdl, base, s, params(s), z, L, {}, base.capacity[s], None, f"memory[{s}]")
-        decode_groups = None
         classes: list[NodeClass] = []
         grouping_vars = {}
     else:
         classes, grouping_vars = _grouping(instance, mdl, cand, base, z, e, params, E, P, ARmax, L, vol, ub,
                                            total_params, enforce_memory)
-        decode_groups = True
 
     for s in range(p):
         mdl.add(lin({Emax: 1}, (-1, {E[s]: 1})), ">=", 0, "time", f"bottleneck[{s}]")
