@@ -98,9 +98,9 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
     cand_bound: dict[Candidate, float] = {}
     sizes = {"variables": 0, "constraints": 0, "programs": 0}
     closed = True
-    def kth_best(extra=()):
-        values = sorted([r[0] for r in results] + [incumbents[x].value for x in incumbents if x not in cand_bound]
-                        + list(extra))
+
+    def kth_best():
+        values = sorted([r[0] for r in results] + [incumbents[x].value for x in incumbents if x not in cand_bound])
         return values[top_k - 1] if len(values) >= top_k else np.inf
 
     for i, c in enumerate(order):
@@ -133,12 +133,18 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
         sizes["programs"] += 1
         sizes["variables"] = max(sizes["variables"], form.model.size["variables"])
         sizes["constraints"] = max(sizes["constraints"], form.model.size["constraints"])
+        found = np.inf
         if out.values is not None:
             bounds, stages = form.decode(out.values)
             plan = Plan(c.tp, c.dp, c.pp, c.micro_batch, bounds, stages)
             ev = evaluate(instance, plan, cost_model)
             if ev.feasible:
-                results.append((ev.predicted_time, out.objective, c, plan))
+                found = ev.predicted_time
+                results.append((found, out.objective, c, plan))
+        if inc is not None and inc.value < found:
+            # The program stopped without beating its warm start: keep the DP's plan, whose value
+            # the DP computed from the evaluator's own terms.
+            results.append((inc.value, inc.value, c, Plan(c.tp, c.dp, c.pp, c.micro_batch, inc.bounds, inc.stages)))
         if out.status == "OPTIMAL":
             cand_bound[c] = out.objective
         elif out.status == "INFEASIBLE":
