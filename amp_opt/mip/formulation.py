@@ -274,7 +274,7 @@ def _grouping(instance, mdl, cand, base, z, e, params, E, P, ARmax, L, vol, ub, 
     # Compute: the slowest class present sets the pace (eq. M5 with big-M).
     for s in range(p):
         for c in classes:
-            M = float(c.times.sum())
+            M = 1.001 * float(c.times.sum())  # slack so that rounded coefficients never bind when unused
             mdl.add(lin({E[s]: 1}, *[(-float(c.times[l]), z(s, l)) for l in range(L)], (-M, {u[s, c.index]: 1})),
                     ">=", -M, "time", f"compute[{s},{c.index}]")
             ub["E"] = max(ub["E"], M)
