@@ -272,11 +272,7 @@ def optimal_path(g: StageGraph, batch: int | None = None) -> tuple[float, Path] 
 
     def improve(values, candidates):
         nonlocal best, best_path
-        for path in candidates:
-            if path is not None:
-                value = path_value(g, path)
-                if value < best:
-                    best, best_path = value, path
+        best, best_path = _better(g, best, best_path, candidates)
 
     # Distinct thresholds in the window where they could still pay off.
     usable = g.feasible.any(axis=0)
@@ -340,12 +336,17 @@ def good_path(g: StageGraph, samples: int = 64) -> tuple[float, Path] | None:
     sweeps.append((np.full(len(U), INF), U))
     for T, U in sweeps:
         if len(T):
-            _, found = _paths(g, T, U)
-            for path in found:
-                if path is not None:
-                    value = path_value(g, path)
-                    if value < best:
-                        best, best_path = value, path
+            best, best_path = _better(g, best, best_path, _paths(g, T, U)[1])
+    return best, best_path
+
+
+def _better(g: StageGraph, best: float, best_path: Path, candidates) -> tuple[float, Path]:
+    """The best of the incumbent and the candidate paths (None entries skipped), by f."""
+    for path in candidates:
+        if path is not None:
+            value = path_value(g, path)
+            if value < best:
+                best, best_path = value, path
     return best, best_path
 
 
