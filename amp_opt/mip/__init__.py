@@ -103,9 +103,17 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
         values = sorted([r[0] for r in results] + [incumbents[x].value for x in incumbents if x not in cand_bound])
         return values[top_k - 1] if len(values) >= top_k else np.inf
 
+    def keep_incumbent(c):
+        """Record a candidate's DP plan as a result (its value is the evaluator's terms)."""
+        inc = incumbents[c]
+        results.append((inc.value, inc.value, c, Plan(c.tp, c.dp, c.pp, c.micro_batch, inc.bounds, inc.stages)))
+
     for i, c in enumerate(order):
         kth = kth_best()
         if lower[c] >= kth:
+            # Nothing of this candidate beats the k-th best; its own warm start may be that plan.
+            if c in incumbents:
+                keep_incumbent(c)
             cand_bound[c] = lower[c]
             continue
         if _out_of_time(deadline):
@@ -117,7 +125,7 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
         if inc is not None:
             form.hint_from(inc.bounds, inc.stages)
         scale = inc.value if inc is not None else lower[c]
-        delta = resolution_for(scale)
+        delta = resolution_for(scale, form.model)
         tol = form.terms * delta + 1e-9 * scale
         cutoff = kth * (1 + 1e-9) + tol if np.isfinite(kth) else None
         remaining = None
@@ -142,10 +150,13 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
                 found = ev.predicted_time
                 results.append((found, out.objective, c, plan))
         if inc is not None and inc.value < found:
-            # The program stopped without beating its warm start: keep the DP's plan, whose value
-            # the DP computed from the evaluator's own terms.
-            results.append((inc.value, inc.value, c, Plan(c.tp, c.dp, c.pp, c.micro_batch, inc.bounds, inc.stages)))
-        if out.status == "OPTIMAL":
+            keep_incumbent(c)  # the program stopped without beating its warm start
+        contradicted = out.status == "OPTIMAL" and inc is not None and inc.value < out.objective - tol
+        if contradicted:
+            # A known plan beats the claimed optimum: do not trust the proof (numerics).
+            closed = False
+            cand_bound[c] = lower[c]
+        elif out.status == "OPTIMAL":
             cand_bound[c] = out.objective
         elif out.status == "INFEASIBLE":
             cand_bound[c] = cutoff if cutoff is not None else np.inf

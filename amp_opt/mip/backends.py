@@ -34,13 +34,21 @@ class Outcome:
     wall_time: float
 
 
-def resolution_for(scale: float) -> float:
-    """CP-SAT's time unit: the power of ten just below 1e-8 of the problem's scale (seconds).
+def resolution_for(scale: float, model: LinearModel | None = None) -> float:
+    """CP-SAT's time unit (seconds): a power of ten near 1e-8 of the problem's scale, coarser
+    if needed so that no time coefficient exceeds 1e9 units.
 
-    Finer units make CP-SAT's coefficients exceed ~1e10, where its linear
-    relaxation loses exactness (seen: a wrong "optimal" at 1e-10 relative).
+    Finer units or larger coefficients make CP-SAT's linear relaxation lose exactness
+    (seen: a wrong "optimal" with coefficients of 5e10 units).
     """
-    return 10.0 ** math.floor(math.log10(max(scale, 1e-12) * 1e-8))
+    delta = 10.0 ** math.floor(math.log10(max(scale, 1e-12) * 1e-8))
+    if model is not None:
+        largest = max((abs(c) for row in model.rows if row.unit == "time"
+                       for i, c in list(row.coeffs.items()) + [(-1, row.rhs)]
+                       if i < 0 or model.vars[i].kind != TIME), default=0.0)
+        if largest > 0:
+            delta = max(delta, 10.0 ** math.ceil(math.log10(largest / 1e9)))
+    return delta
 
 
 def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: int, workers: int,
