@@ -59,13 +59,13 @@ instances = st.builds(small_instance, seed=st.integers(0, 10**6), nodes=st.integ
                       devices=st.sampled_from([1, 2, 4]), types=st.integers(2, 3), layers=st.integers(5, 10))
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instance=instances)
 def test_random_instances_all_solvers_agree(instance):
     check_agreement(instance)
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instance=instances)
 def test_random_instances_amp_model_agree(instance):
     check_agreement(instance, "amp", "rank-order")
