@@ -165,8 +165,11 @@ def load_json(path: str | Path, what: str) -> Any:
         raise InputError(str(path), f"{what} file not found") from None
     except OSError as exc:
         raise InputError(str(path), f"cannot read {what} file ({exc.strerror})") from None
+    def reject(constant):
+        raise InputError(str(path), f"not valid JSON: {constant} is not a number JSON allows")
+
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=reject)
     except json.JSONDecodeError as exc:
         raise InputError(str(path), f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
 
@@ -340,6 +343,8 @@ def _parse_profiles(raw_profiles, device_types, num_layers: int) -> tuple[Profil
         if raw["device_type"] not in device_types:
             raise InputError(f"{where}.device_type", f"unknown device type {raw['device_type']!r}")
         times = tuple(float(t) for t in raw["layer_times"])
+        if not all(math.isfinite(t) for t in times):
+            raise InputError(f"{where}.layer_times", "every time must be a finite number of seconds")
         if len(times) != num_layers:
             raise InputError(f"{where}.layer_times", f"has {len(times)} entries, the model has {num_layers} layers")
         key = (raw["device_type"], raw["tp"], raw.get("micro_batch", 1))

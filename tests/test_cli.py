@@ -131,3 +131,11 @@ def test_generate_writes_valid_instance(tmp_path):
     assert json.loads(again.stdout) == json.loads((tmp_path / "g.json").read_text())
     solved = run("solve", str(tmp_path / "g.json"), "--json")
     assert solved.returncode in (0, 3), solved.stderr
+
+
+def test_non_finite_numbers_are_rejected(tmp_path):
+    doc = instance_dict("amp_het_cluster")
+    doc["profiles"][0]["layer_times"][0] = float("nan")
+    (tmp_path / "nan.json").write_text(json.dumps(doc))  # Python writes the non-standard NaN literal
+    out = run("solve", str(tmp_path / "nan.json"))
+    assert out.returncode == 2 and "NaN" in out.stderr
