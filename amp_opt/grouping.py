@@ -30,6 +30,26 @@ from .plan import Stages
 MAX_TRANSITIONS = 50_000
 
 
+def node_groups(instance, tp: int, node: int, start: int, count: int) -> list[tuple[int, ...]]:
+    """Groups start..start+count-1 of a node: tp consecutive device ids each."""
+    first = instance.node_first_device[node]
+    return [tuple(range(first + (start + q) * tp, first + (start + q + 1) * tp)) for q in range(count)]
+
+
+def assign_groups(instance, tp: int, counts_per_stage) -> Stages:
+    """Device ids per stage from group counts: stage s takes the next ``count`` unused
+    groups of each ``(node, count)`` in ``counts_per_stage[s]``."""
+    used: dict[int, int] = {}
+    stages = []
+    for counts in counts_per_stage:
+        replicas = []
+        for node, count in counts:
+            replicas += node_groups(instance, tp, node, used.get(node, 0), count)
+            used[node] = used.get(node, 0) + count
+        stages.append(tuple(sorted(replicas)))
+    return tuple(stages)
+
+
 def node_classes(instance) -> list[int]:
     """Class index of each node; equal classes mean interchangeable nodes."""
     keys: dict[tuple, int] = {}
@@ -178,22 +198,12 @@ def _kind_costs(instance, cand, used, y, order) -> StageCosts:
 def stages_of_path(instance, cand, fg: FreeGraph, transitions: tuple[int, ...]) -> Stages:
     """Device ids per stage and replica for a path through the free graph."""
     label = list(fg.node_order)  # canonical position -> node index
-    next_group = {j: 0 for j in fg.node_order}
-    stages = []
+    counts = []
     for s, t in enumerate(transitions):
-        y = fg.moves[s][t]
-        replicas = []
-        for pos, count in enumerate(y):
-            j = label[pos]
-            first = instance.node_first_device[j]
-            for _ in range(count):
-                q = next_group[j]
-                next_group[j] += 1
-                replicas.append(tuple(first + q * cand.tp + i for i in range(cand.tp)))
-        stages.append(tuple(sorted(replicas)))
+        counts.append([(label[pos], count) for pos, count in enumerate(fg.moves[s][t]) if count])
         perm = fg.perms[s][t]
         label = [label[perm[i]] for i in range(len(label))]
-    return tuple(stages)
+    return assign_groups(instance, cand.tp, counts)
 
 
 def groupings(instance, cand) -> Iterator[Stages]:
@@ -237,15 +247,5 @@ def groupings(instance, cand) -> Iterator[Stages]:
                 remaining[s] += col[s]
 
     for columns_ in rec(0):
-        next_group = {j: 0 for j in order}
-        stages = []
-        for s in range(p):
-            replicas = []
-            for j, col in zip(order, columns_):
-                first = instance.node_first_device[j]
-                for _ in range(col[s]):
-                    q = next_group[j]
-                    next_group[j] += 1
-                    replicas.append(tuple(first + q * cand.tp + i for i in range(cand.tp)))
-            stages.append(tuple(replicas))
-        yield tuple(stages)
+        yield assign_groups(instance, cand.tp, [[(j, col[s]) for j, col in zip(order, columns_) if col[s]]
+                                                for s in range(p)])

@@ -270,10 +270,6 @@ def optimal_path(g: StageGraph, batch: int | None = None) -> tuple[float, Path] 
     best_path = paths[0]
     best = path_value(g, best_path)
 
-    def improve(values, candidates):
-        nonlocal best, best_path
-        best, best_path = _better(g, best, best_path, candidates)
-
     # Distinct thresholds in the window where they could still pay off.
     usable = g.feasible.any(axis=0)
     U_lo = _bottleneck(g, g.allreduce)
@@ -291,11 +287,11 @@ def optimal_path(g: StageGraph, batch: int | None = None) -> tuple[float, Path] 
     hT = np.empty(len(T_all))
     for i in range(0, len(T_all), batch):
         hT[i:i + batch], found = _paths(g, T_all[i:i + batch], np.full(len(T_all[i:i + batch]), INF))
-        improve(hT[i:i + batch], found)
+        best, best_path = _better(g, best, best_path, found)
     hU = np.empty(len(U_all))
     for i in range(0, len(U_all), batch):
         hU[i:i + batch], found = _paths(g, np.full(len(U_all[i:i + batch]), INF), U_all[i:i + batch])
-        improve(hU[i:i + batch], found)
+        best, best_path = _better(g, best, best_path, found)
 
     lead_T = (w * T_all if w > 0 else np.zeros(len(T_all)))
     TT, UU = np.meshgrid(np.arange(len(T_all)), np.arange(len(U_all)), indexing="ij")
@@ -308,8 +304,7 @@ def optimal_path(g: StageGraph, batch: int | None = None) -> tuple[float, Path] 
     pos = 0
     while pos < len(TT) and lower[pos] < best:
         sl = slice(pos, pos + batch)
-        values, found = _paths(g, T_all[TT[sl]], U_all[UU[sl]])
-        improve(values, found)
+        best, best_path = _better(g, best, best_path, _paths(g, T_all[TT[sl]], U_all[UU[sl]])[1])
         pos += batch
     return best, best_path
 

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from ..cost import StageCosts, allreduce_factor
-from ..grouping import node_classes
+from ..grouping import assign_groups, node_classes, node_groups
 from .model import BIN, INT, TIME, LinearModel, lin
 
 CONST = -1  # key of the constant term in an expression
@@ -50,11 +50,6 @@ class Formulation:
     hint_from: Callable[[tuple[int, ...], tuple], None]  # plan -> sets model.hint
     terms: int  # rounded coefficients on the objective's path (for the integer tolerance)
     extra: dict = field(default_factory=dict)
-
-
-def _stage_groups(instance, tp: int, node: int, count: int, start: int) -> list[tuple[int, ...]]:
-    first = instance.node_first_device[node]
-    return [tuple(range(first + (start + q) * tp, first + (start + q + 1) * tp)) for q in range(count)]
 
 
 def build(instance, cand, cost_model: str, placement: str, fixed_stages=None) -> Formulation:
@@ -216,7 +211,7 @@ def _grouping(instance, mdl, cand, base, z, e, params, E, P, ARmax, L, vol, ub, 
         nodes = [j for j, k in enumerate(cls_of) if k == c]
         node = instance.nodes[nodes[0]]
         one = StageCosts(instance, "hetero", m, d, p, b,
-                         (tuple(_stage_groups(instance, m, nodes[0], 1, 0)) * d,) * p)
+                         (tuple(node_groups(instance, m, nodes[0], 0, 1)) * d,) * p)
         g = node.devices // m
         classes.append(NodeClass(len(classes), nodes, g, node.device_type, node.intra_bandwidth,
                                  node.inter_bandwidth, instance.device_types[node.device_type].memory,
@@ -326,26 +321,22 @@ def _grouping(instance, mdl, cand, base, z, e, params, E, P, ARmax, L, vol, ub, 
 
 def _decode_groups(instance, cand, classes, gv, values):
     """Device ids per stage and replica from the grouping variables."""
-    m, p = cand.tp, cand.pp
-    used = {j: 0 for j in range(len(instance.nodes))}
-    stages = []
-    for s in range(p):
-        replicas = []
+    free = {c.index: {j: c.groups_per_node for j in c.nodes} for c in classes if not c.per_node}
+    counts = []
+    for s in range(cand.pp):
+        stage = []
         for c in classes:
             if c.per_node:
-                for j in c.nodes:
-                    count = int(round(values[gv["y"][s, j]]))
-                    replicas += _stage_groups(instance, m, j, count, used[j])
-                    used[j] += count
+                stage += [(j, int(round(values[gv["y"][s, j]]))) for j in c.nodes]
             else:
                 need = int(round(values[gv["x"][s, c.index]]))
                 for j in c.nodes:  # fill the class's nodes in order
-                    take = min(need, c.groups_per_node - used[j])
-                    replicas += _stage_groups(instance, m, j, take, used[j])
-                    used[j] += take
+                    take = min(need, free[c.index][j])
+                    stage.append((j, take))
+                    free[c.index][j] -= take
                     need -= take
-        stages.append(tuple(sorted(replicas)))
-    return tuple(stages)
+        counts.append([(j, k) for j, k in stage if k])
+    return assign_groups(instance, cand.tp, counts)
 
 
 def _hint_groups(instance, cand, classes, gv, stages, hint):
