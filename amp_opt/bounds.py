@@ -62,7 +62,17 @@ def compute_classes(instance, tp: int, micro_batch: int, dp: int = 1):
 
 
 def candidate_lower_bound(instance, cand, cost_model: str) -> float:
-    """A bound no plan of the candidate (tp, dp, pp, micro-batch) beats, in seconds; inf if none fits."""
+    """A bound no plan of the candidate (tp, dp, pp, micro-batch) beats, in seconds; inf if none fits.
+
+    Remembered per instance: the enumerator and the MIPs (``--solver auto`` runs both) ask for it.
+    """
+    key = ("lower_bound", cand, cost_model)
+    if key not in instance.memo:
+        instance.memo[key] = _lower_bound(instance, cand, cost_model)
+    return instance.memo[key]
+
+
+def _lower_bound(instance, cand, cost_model: str) -> float:
     n, p = cand.n_micro(instance), cand.pp
     if cost_model == "amp":
         blended = np.zeros(instance.num_layers)

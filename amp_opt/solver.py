@@ -50,21 +50,27 @@ def solve(
         raise InputError("--top-k", f"must be a positive integer, got {top_k!r}")
     if time_limit is not None and not time_limit > 0:
         raise InputError("--time-limit", f"must be positive seconds, got {time_limit!r}")
-    if solver in ("auto", "enumerate"):
-        import time
-
-        from .enumerate import solve_enumerate
-        from .errors import SearchTooLarge
-
-        start = time.perf_counter()
-        try:
-            return solve_enumerate(instance, cost_model, placement, top_k, time_limit, progress)
-        except SearchTooLarge:
-            if solver == "enumerate":
-                raise
-            if time_limit is not None:
-                time_limit = max(0.1, time_limit - (time.perf_counter() - start))
-            solver = "cpsat"
     from .mip import solve_mip
 
-    return solve_mip(instance, solver, cost_model, placement, top_k, time_limit, seed, workers, progress)
+    if solver not in ("auto", "enumerate"):
+        return solve_mip(instance, solver, cost_model, placement, top_k, time_limit, seed, workers, progress)
+    import dataclasses
+    import time
+
+    from .enumerate import solve_enumerate
+    from .errors import SearchTooLarge
+
+    start = time.perf_counter()
+    try:
+        return solve_enumerate(instance, cost_model, placement, top_k, time_limit, progress)
+    except SearchTooLarge as exc:
+        if solver == "enumerate":
+            raise
+        spent = time.perf_counter() - start
+        why = exc.problem
+    result = solve_mip(instance, "cpsat", cost_model, placement, top_k,
+                       None if time_limit is None else max(0.1, time_limit - spent), seed, workers, progress)
+    # The solver block covers the whole search, the enumerator's attempt included.
+    stats = dataclasses.replace(result.solver, wall_time=result.solver.wall_time + spent,
+                                extra={**result.solver.extra, "auto": f"enumerator gave up after {spent:.1f} s: {why}"})
+    return dataclasses.replace(result, solver=stats)

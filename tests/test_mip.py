@@ -101,3 +101,17 @@ def test_cpsat_is_deterministic(paper_instances):
     a = solve(inst, solver="cpsat", seed=3)
     b = solve(inst, solver="cpsat", seed=3)
     assert a.best.plan == b.best.plan and a.solver.objective == b.solver.objective
+
+
+def test_auto_hands_large_free_grouping_to_cpsat():
+    """64 GPUs of two types: too many free groupings to enumerate, so auto switches to CP-SAT."""
+    from conftest import INSTANCES
+
+    from amp_opt import InputError, load_instance
+
+    inst = load_instance(INSTANCES / "suite" / "scale" / "s0064-gpt3-2.7b-a100-v100.json")
+    with pytest.raises(InputError, match="too large for the enumerator"):
+        solve(inst, solver="enumerate")
+    result = solve(inst, time_limit=60)
+    assert result.solver.name == "cpsat" and "enumerator gave up" in result.solver.extra["auto"]
+    assert result.best.feasible and result.solver.status == "OPTIMAL"
