@@ -12,7 +12,6 @@ evaluator.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -35,32 +34,17 @@ class Incumbent:
     stages: tuple
 
 
-MAX_BLOCK_ORDERS = 120  # class-block permutations tried for the most promising candidates (5 classes)
-
-
-def node_orders(instance, cand, placement: str, blocks: bool = False) -> list[list[int]]:
-    """Node orders whose rank-order placement seeds the search.
-
-    Always AMP's rank order, and under free placement the nodes fastest first and
-    slowest first; with ``blocks``, also every order of the blocks of identical
-    nodes (which class serves the first stages, which the last).
-    """
+def node_orders(instance, cand, placement: str) -> list[list[int]]:
+    """Node orders whose rank-order placement seeds the search: AMP's rank order and,
+    under free placement, the nodes fastest first and slowest first."""
     orders = [list(range(len(instance.nodes)))]
     if placement == "free":
-        import itertools
-
-        from ..grouping import node_classes
         from ..profiles import layer_times
 
         speed = [float(layer_times(instance, n.device_type, n.intra_bandwidth, cand.tp, cand.micro_batch).seconds.sum())
                  for n in instance.nodes]
         fast_first = sorted(range(len(speed)), key=lambda j: (speed[j], j))
         orders += [fast_first, fast_first[::-1]]
-        classes = node_classes(instance)
-        kinds = sorted(set(classes))
-        if blocks and math.factorial(len(kinds)) <= MAX_BLOCK_ORDERS:
-            for perm in itertools.permutations(kinds):
-                orders.append([j for k in perm for j in range(len(classes)) if classes[j] == k])
     return [o for i, o in enumerate(orders) if o not in orders[:i]]
 
 
@@ -72,13 +56,10 @@ def stages_in_order(instance, cand, order: list[int]):
                  for stage in rank_order_stages(cand.tp, cand.dp, cand.pp))
 
 
-def heuristic(instance, cand, cost_model: str, placement: str, blocks: bool = False,
-              deadline: float | None = None) -> Incumbent | None:
+def heuristic(instance, cand, cost_model: str, placement: str) -> Incumbent | None:
     """The best partition (stage DP) over a few fixed placements (``node_orders``)."""
     best = None
-    for order in node_orders(instance, cand, placement, blocks):
-        if best is not None and _out_of_time(deadline):
-            break
+    for order in node_orders(instance, cand, placement):
         stages = stages_in_order(instance, cand, order)
         costs = StageCosts(instance, cost_model, cand.tp, cand.dp, cand.pp, cand.micro_batch, stages)
         found = good_path(fixed_placement_graph(costs, instance.num_layers))
@@ -111,17 +92,6 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
         if inc is not None:
             incumbents[c] = inc
             best = min(best, inc.value)
-
-    # Phase 1b: for the most promising candidates, every order of the blocks of identical nodes,
-    # within the first third of the time limit.
-    if placement == "free":
-        soon = None if deadline is None else start + time_limit / 3
-        for c in sorted(incumbents, key=lambda c: (incumbents[c].value, c))[:3]:
-            if _out_of_time(soon):
-                break
-            inc = heuristic(instance, c, cost_model, placement, blocks=True, deadline=soon)
-            if inc is not None and inc.value < incumbents[c].value:
-                incumbents[c] = inc
 
     # Phase 2: the programs, most promising first, each cut off at the k-th best value so far.
     order = sorted(cands, key=lambda c: (incumbents[c].value if c in incumbents else np.inf, lower[c], c))
