@@ -51,11 +51,6 @@ class AmpPick:
     ranked: int  # amp-ranked plans examined
     reason: str = ""
 
-    @property
-    def deployable(self) -> Evaluation | None:
-        """The plan a user of AMP would run: its pick if it fits, else the best fitting one."""
-        return self.fitting
-
 
 def amp_pick(instance, time_limit: float | None = None, walk: tuple[int, ...] = AMP_WALK) -> AmpPick:
     """AMP's pick re-scored under hetero; if it does not fit, walk AMP's ranking.

@@ -333,7 +333,7 @@ def stage_costs(instance, plan: Plan, cost_model: str) -> StageCosts:
     return StageCosts(instance, cost_model, plan.tp, plan.dp, plan.pp, plan.micro_batch, plan.stages)
 
 
-def evaluate(instance, plan: Plan, cost_model: str = "hetero", costs: StageCosts | None = None) -> Evaluation:
+def evaluate(instance, plan: Plan, cost_model: str = "hetero") -> Evaluation:
     """Score a plan: predicted seconds per iteration, feasibility and the breakdown.
 
     Parameters
@@ -342,8 +342,6 @@ def evaluate(instance, plan: Plan, cost_model: str = "hetero", costs: StageCosts
     plan : Plan
         Validated against the instance here (missing ``stages`` means rank order).
     cost_model : "hetero" or "amp"
-    costs : StageCosts, optional
-        Reuse the terms a solver already built for this plan's candidate and placement.
 
     Returns
     -------
@@ -351,8 +349,7 @@ def evaluate(instance, plan: Plan, cost_model: str = "hetero", costs: StageCosts
     """
     check_cost_model(cost_model)
     plan = check_plan(instance, plan)
-    if costs is None or costs.stages != plan.stages or costs.cost_model != cost_model:
-        costs = stage_costs(instance, plan, cost_model)
+    costs = stage_costs(instance, plan, cost_model)
     bounds = plan.partition
     reports = []
     compute, p2p, allreduce = [], [], []
