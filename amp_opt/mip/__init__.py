@@ -170,10 +170,9 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
             progress(i + 1, len(order))
 
     if not results:
-        tightest = least_overfull_rank_order(instance, cost_model)
         if not closed:
             raise InfeasibleError(f"no feasible plan found within the time limit of {time_limit} s")
-        raise InfeasibleError(_infeasible_reason(instance, cost_model, tightest))
+        raise InfeasibleError(_infeasible_reason(instance, cost_model, least_overfull_rank_order(instance, cost_model)))
 
     results.sort(key=lambda r: (r[0], r[2]))
     top = results[:top_k]
