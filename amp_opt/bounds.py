@@ -61,18 +61,20 @@ def compute_classes(instance, tp: int, micro_batch: int, dp: int = 1):
     return sorted(out, key=lambda c: float(c[0].sum()))
 
 
-def candidate_lower_bound(instance, cand, cost_model: str) -> float:
+def candidate_lower_bound(instance, cand, cost_model: str, labelled: bool = True) -> float:
     """A bound no plan of the candidate (tp, dp, pp, micro-batch) beats, in seconds; inf if none fits.
 
-    Remembered per instance: the enumerator and the MIPs (``--solver auto`` runs both) ask for it.
+    ``labelled=False`` skips the labelled DP (B2) for the cheap B3, for callers that refine the
+    bound themselves (the MIPs' kind bound, eq. B4).  Remembered per instance: the enumerator and
+    the MIPs (``--solver auto`` runs both) ask for it.
     """
-    key = ("lower_bound", cand, cost_model)
+    key = ("lower_bound", cand, cost_model, labelled)
     if key not in instance.memo:
-        instance.memo[key] = _lower_bound(instance, cand, cost_model)
+        instance.memo[key] = _lower_bound(instance, cand, cost_model, labelled)
     return instance.memo[key]
 
 
-def _lower_bound(instance, cand, cost_model: str) -> float:
+def _lower_bound(instance, cand, cost_model: str, labelled: bool = True) -> float:
     n, p = cand.n_micro(instance), cand.pp
     if cost_model == "amp":
         blended = np.zeros(instance.num_layers)
@@ -84,10 +86,11 @@ def _lower_bound(instance, cand, cost_model: str) -> float:
     classes = compute_classes(instance, cand.tp, cand.micro_batch, cand.dp)
     caps = _caps(classes, cand.dp, p)
     C, L = len(classes), instance.num_layers
-    vectors = [v for v in itertools.product(*(range(c + 1) for c in caps))
-               if sum(v) <= p and all(sum(v[: i + 1]) <= caps[i] for i in range(C))]
-    if len(vectors) * C * (L + 1) ** 2 <= DP_BUDGET:
-        return _labelled_bound(instance, cand, classes, caps, vectors)
+    if labelled:
+        vectors = [v for v in itertools.product(*(range(c + 1) for c in caps))
+                   if sum(v) <= p and all(sum(v[: i + 1]) <= caps[i] for i in range(C))]
+        if len(vectors) * C * (L + 1) ** 2 <= DP_BUDGET:
+            return _labelled_bound(instance, cand, classes, caps, vectors)
     fastest = np.min([c[0] for c in classes], axis=0)
     return (n - 1) * _fractional_bottleneck(classes, caps, p) + float(fastest.sum())
 

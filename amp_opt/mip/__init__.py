@@ -27,6 +27,13 @@ from .backends import resolution_for, solve_cbc, solve_cpsat
 from .formulation import build
 
 
+KIND_ROUNDS = 4  # rounds of polishing and bound refinement (eq. K6, B4)
+KIND_SWEEPS = 400  # DP sweeps per candidate and round for the Lagrangian kind bound
+POLISHED = 3  # incumbents polished per round, the best first
+QUICK_SWEEPS = 60  # DP paths of the kind bound before a candidate's first incumbent
+POLISH_CELLS = 3  # threshold cells (the weakest) at which an incumbent is re-partitioned
+
+
 @dataclass
 class Incumbent:
     value: float
@@ -80,18 +87,28 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
     cands = candidates(instance)
     if not cands:
         raise InfeasibleError(why_empty(instance))
-    lower = {c: candidate_lower_bound(instance, c, cost_model) for c in cands}
+    kinds = cost_model == "hetero" and placement == "free"  # phase 1b refines the bounds (eq. B4)
+    lower = {c: candidate_lower_bound(instance, c, cost_model, labelled=not kinds) for c in cands}
 
-    # Phase 1: incumbents from the DP, candidates in order of their lower bound.
+    # Phase 1: incumbents from the DP, candidates in order of their lower bound.  Under free
+    # grouping the kind bound (eq. B4) first gets a quick try at ruling the candidate out.
     incumbents: dict[Candidate, Incumbent] = {}
+    searches: dict = {}
     best = np.inf
     for c in sorted(cands, key=lambda c: (lower[c], c)):
         if lower[c] >= best or _out_of_time(deadline):
             break
+        if kinds and np.isfinite(best) and _kind_search(instance, c, best, searches) is not None:
+            lower[c] = max(lower[c], searches[c].raise_to(best, QUICK_SWEEPS, deadline))
+            if lower[c] >= best:
+                continue
         inc = heuristic(instance, c, cost_model, placement)
         if inc is not None:
             incumbents[c] = inc
             best = min(best, inc.value)
+
+    if kinds and incumbents:
+        best = _refine_with_kinds(instance, incumbents, lower, best, deadline, searches)
 
     # Phase 2: the programs, most promising first, each cut off at the k-th best value so far.
     order = sorted(cands, key=lambda c: (incumbents[c].value if c in incumbents else np.inf, lower[c], c))
@@ -189,6 +206,56 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
                **({"time_resolution_relative": 1e-8} if solver == "cpsat" else {})},
     )
     return SolveResult(evaluations[0], evaluations, stats)
+
+
+def _kind_search(instance, c, best, searches):
+    """The candidate's kind search (eq. B4), started at target ``best`` on first use; None when
+    the candidate has too many node classes for it."""
+    from ..lagrange import KindSearch, kind_model
+
+    if c not in searches:
+        model = kind_model(instance, c)
+        searches[c] = None if model is None else KindSearch(model, best)
+    return searches[c]
+
+
+def _refine_with_kinds(instance, incumbents, lower, best, deadline, searches) -> float:
+    """Phase 1b (``formulations/mip.md``, eq. B4 and K6), for free grouping under hetero.
+
+    In rounds: the best incumbents are re-ordered and re-partitioned keeping their stage kinds
+    (at their own maxima and where their candidate's bound is weakest), then every candidate
+    whose lower bound is below the best plan gets more of the Lagrangian kind bound.  Spends
+    at most three quarters of the time left; without a time limit, its fixed sweep budget.
+    """
+    from ..lagrange import POLISH_RATE, POLISH_WORK, kind_model, polish
+
+    stop = None if deadline is None else time.perf_counter() + 0.75 * (deadline - time.perf_counter())
+    polished: set = set()
+    for _ in range(KIND_ROUNDS):
+        # The candidates whose bounds leave the most room, the likeliest to hold better plans.
+        for c in sorted(incumbents, key=lambda c: (lower[c], incumbents[c].value, c))[:POLISHED]:
+            model = kind_model(instance, c)
+            if model is None or lower[c] >= best or _out_of_time(stop):
+                continue
+            inc = incumbents[c]
+            ev = evaluate(instance, Plan(c.tp, c.dp, c.pp, c.micro_batch, inc.bounds, inc.stages))
+            pairs = [(max(s.compute for s in ev.stages), max(s.allreduce for s in ev.stages))]
+            pairs += searches[c].promising(POLISH_CELLS) if searches.get(c) is not None else []
+            pairs = [x for x in dict.fromkeys(pairs) if (c, inc.bounds, x) not in polished]
+            polished.update((c, inc.bounds, x) for x in pairs)
+            work = POLISH_WORK if stop is None else POLISH_RATE * 0.25 * max(0.0, stop - time.perf_counter())
+            found = polish(model, inc.stages, pairs, work)
+            if found is not None and found[0] < inc.value:
+                incumbents[c] = Incumbent(found[0], found[1], found[2])
+                best = min(best, found[0])
+        open_ = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if lower[c] < best]
+        for c in open_:
+            if _out_of_time(stop) or lower[c] >= best or _kind_search(instance, c, best, searches) is None:
+                continue
+            lower[c] = max(lower[c], searches[c].raise_to(best, KIND_SWEEPS, stop))
+        if not open_ or _out_of_time(stop):
+            break
+    return best
 
 
 def _out_of_time(deadline) -> bool:

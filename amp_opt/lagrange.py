@@ -1,0 +1,654 @@
+"""Stage kinds and their Lagrangian DP: a bound and plans for large free-grouping candidates.
+
+``formulations/mip.md`` (eq. B4, K1-K4) states the method.  Under the hetero
+model a stage's cost depends on its groups only through the set S of node
+classes it uses (its *kind*): compute is the slowest class's range time,
+memory the smallest capacity, the ring and p2p links the slowest inter-node
+link (or, for a kind of one class whose node can hold a whole stage, possibly
+the intra-node link).  What couples the stages is the supply of groups per
+class.  Pricing that supply with multipliers lambda_c (a Lagrangian
+relaxation) leaves a shortest-path DP over layer positions; the two maxima of
+the objective are handled by thresholds (T on compute, U on allreduce):
+
+    time >= w * T_lo + U_lo + h_lambda(T, U) - lambda . G
+
+for every plan whose largest stage compute lies in (T_lo, T] and whose largest
+allreduce lies in (U_lo, U].  Paths of the DP whose kinds can be supplied
+(a transport problem) are real plans.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost import LayerSums, allreduce_factor
+from .profiles import layer_times
+
+INF = np.inf
+MAX_KINDS = 63  # 6 node classes; more and the bound falls back to eq. B2/B3
+MAX_COUNT = 16  # largest stage count the DP tracks for eq. K4'
+WAVE = 8  # threshold cells whose duals are raised together, in one batched DP sweep
+POLISH_WORK = 2e9  # array operations one polish may spend by default (a few seconds)
+POLISH_RATE = 5e8  # array operations per second the multiset DP runs at, roughly
+
+
+@dataclass(frozen=True)
+class NodeClass:
+    """Interchangeable nodes: same device type, count and links."""
+
+    device_type: str
+    devices: int
+    intra: float
+    inter: float
+    nodes: tuple[int, ...]
+    groups: int  # tensor-parallel groups the class offers (G_c)
+
+
+@dataclass(frozen=True)
+class KindPath:
+    """A DP solution: the kind and layer range of every stage."""
+
+    kinds: tuple[int, ...]
+    bounds: tuple[int, ...]
+
+
+def node_classes(instance, tp: int) -> list[NodeClass]:
+    """The node classes of an instance at tensor-parallel degree ``tp``, in order of first node."""
+    members: dict[tuple, list[int]] = {}
+    for j, node in enumerate(instance.nodes):
+        members.setdefault((node.device_type, node.devices, node.intra_bandwidth, node.inter_bandwidth), []).append(j)
+    return [NodeClass(t, n, intra, inter, tuple(js), len(js) * (n // tp))
+            for (t, n, intra, inter), js in members.items()]
+
+
+class KindModel:
+    """Per-kind range tables of one candidate (eq. K1-K3), and the Lagrangian DP over them (K4)."""
+
+    def __init__(self, instance, cand):
+        self.instance, self.cand = instance, cand
+        m, d, p, b = cand.tp, cand.dp, cand.pp, cand.micro_batch
+        self.w = cand.n_micro(instance) - 1
+        self.classes = node_classes(instance, m)
+        C, L = len(self.classes), instance.num_layers
+        self.L = L
+        self.supply = np.array([c.groups for c in self.classes], dtype=float)
+        kinds = [S for r in range(1, min(C, d) + 1) for S in itertools.combinations(range(C), r)
+                 if sum(self.classes[c].groups for c in S) >= d]
+        self.kinds = kinds
+        k, l = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+        self.nonempty = k < l
+        kk, ll = np.where(self.nonempty, k, 0), np.where(self.nonempty, l, 1)
+        sums = LayerSums.of(instance, m)
+        ranges = []
+        for c in self.classes:
+            t = layer_times(instance, c.device_type, c.intra, m, b).seconds
+            prefix = np.concatenate([[0.0], np.cumsum(t)])
+            ranges.append(prefix[ll] - prefix[kk])
+        params = sums.params_in(kk, ll)
+        tr = instance.training
+        state = tr.weight_bytes + tr.gradient_bytes + tr.optimizer_bytes / (d if tr.zero_stage >= 1 else 1)
+        volume = b * np.concatenate([[0.0], sums.activation_bytes[:-1], [0.0]])  # boundary at position k
+        K = len(kinds)
+        self.compute = np.full((K, L + 1, L + 1), INF)
+        self.allreduce = np.full((K, L + 1, L + 1), INF)
+        self.capacity = np.zeros(K)
+        for i, S in enumerate(kinds):
+            E = np.max([ranges[c] for c in S], axis=0)
+            self.compute[i] = np.where(self.nonempty, E, INF)
+            self.allreduce[i] = np.where(self.nonempty, params * allreduce_factor(instance, d, self.ring(S)), INF)
+            self.capacity[i] = min(instance.device_types[self.classes[c].device_type].memory for c in S)
+        # Memory (H5) by micro-batches in flight; the stage index only enters through it.
+        self.in_flight = [min(p - s, self.w + 1) for s in range(p)]
+        self.fits = {}
+        for f in sorted(set(self.in_flight)):
+            need = params * state + f * b * (sums.activation_memory_in(kk, ll)) + tr.memory_reserve
+            self.fits[f] = self.nonempty[None] & (need[None] <= self.capacity[:, None, None])
+        self.total_supply = float(self.supply.sum())
+        usable = np.any([fits.any(axis=0) for fits in self.fits.values()], axis=0)
+        self.longest = int((l - k)[usable].max()) if usable.any() else 1  # longest range that fits
+        # K3: a boundary at position k costs volume[k] over the slower of its two stages' links,
+        # so the DP remembers the link level of the previous stage.
+        self.volume = volume
+        self.links = np.array(sorted({self.ring(S) for S in kinds}))
+        self.link_of = np.array([int(np.searchsorted(self.links, self.ring(S))) for S in kinds])
+        self.p2p_factor = 1.0 / np.minimum(self.links[:, None], self.links[None, :])  # [previous, next]
+        # K4': stages made only of the fastest class A hold d of its groups each, so at most
+        # floor(G_A / d) of them exist; the DP counts them (eq. K4').
+        # Only worth its cost (z_max + 1 times the DP) when the fraction G_A / d is lost.
+        fast = min(range(C), key=lambda c: (float(ranges[c][0, L]), c))
+        cap = self.classes[fast].groups // d
+        tracked = cap < p and self.classes[fast].groups % d != 0 and cap <= MAX_COUNT
+        self.touches = np.array([tracked and S == (fast,) for S in kinds])
+        self.z_max, self.z_lo = (cap if tracked else 0), 0
+
+    def ring(self, S) -> float:
+        """The fastest link a stage of kind S can reduce over (eq. K2)."""
+        d = self.cand.dp
+        if len(S) == 1:
+            c = self.classes[S[0]]
+            if c.devices // self.cand.tp >= d:
+                return max(c.inter, c.intra)
+        return min(self.classes[c].inter for c in S)
+
+    def compositions(self, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per kind, the cheapest groups per class under prices ``lam`` (one of each class of
+        the kind, the rest from the cheapest ones up to their supply): prices (K,), counts (K, C)."""
+        d = self.cand.dp
+        counts = np.zeros((len(self.kinds), len(self.classes)))
+        for i, S in enumerate(self.kinds):
+            left = d - len(S)
+            for c in S:
+                counts[i, c] = 1
+            for c in sorted(S, key=lambda c: (lam[c], c)):
+                take = min(left, self.classes[c].groups - 1)
+                counts[i, c] += take
+                left -= take
+        return counts @ lam, counts
+
+    def sweep(self, lam: np.ndarray, T: np.ndarray, U: np.ndarray, paths: bool = False):
+        """h_lambda(T, U) for a batch of thresholds (eq. K4) and, if asked, a minimising path each.
+
+        h is the least sum over p stages of E + P + price(kind) with every stage's compute <= T,
+        allreduce <= U, memory within its kind's capacity and the count rule of eq. K4'.
+        States: (count z, link level of the previous stage, layer position).  Ranges are
+        stored by (end l, length - 1) up to the longest usable one.
+        """
+        p, L = self.cand.pp, self.L
+        batch, Z, B = len(T), self.z_max + 1, len(self.links)
+        lam = np.broadcast_to(lam, (batch, len(self.classes)))
+        prices = np.array([self.compositions(row)[0] for row in lam])  # (batch, K)
+        usable = {f: fits[None] & (self.compute[None] <= T[:, None, None, None])
+                  & (self.allreduce[None] <= U[:, None, None, None]) for f, fits in self.fits.items()}  # (batch, K, k, l)
+        pos = np.arange(L + 1)
+        # Per link level b: ranges stored by (end l, length - 1) up to the longest usable one.
+        layout = []
+        for b in range(B):
+            mine = self.link_of == b
+            k, l = np.nonzero(np.any([u[:, mine].any(axis=(0, 1)) for u in usable.values()], axis=0))
+            band = max(1, int((l - k).max())) if len(k) else 1
+            starts = pos[:, None] - 1 - np.arange(band)[None, :]
+            valid = starts >= 0
+            layout.append((np.where(valid, starts, 0), valid))
+        arcs, which = {}, {}  # [f, touch, b]: (batch, L+1, band_b)
+        for f in self.fits:
+            for touch in (False, True):
+                for b, (starts, valid) in enumerate(layout):
+                    best = np.full((batch, L + 1, starts.shape[1]), INF)
+                    arg = np.zeros(best.shape, dtype=np.int16)
+                    for i in np.flatnonzero((self.touches == touch) & (self.link_of == b)):
+                        ok = usable[f][:, i][:, starts, pos[:, None]] & valid
+                        cost = np.where(ok, self.compute[i][starts, pos[:, None]][None] + prices[:, i, None, None], INF)
+                        better = cost < best
+                        best = np.where(better, cost, best)
+                        arg = np.where(better, i, arg)
+                    arcs[f, touch, b] = best if np.isfinite(best).any() else None
+                    which[f, touch, b] = arg
+        hop = self.volume[None, None, None, None, :] * self.p2p_factor[None, None, :, :, None]  # [.., prev, next, k]
+        values = np.full((batch, Z, B, L + 1), INF)
+        values[:, 0, 0, 0] = 0.0
+        back = []
+        zs = np.arange(Z)[None, :, None]
+        for s in range(p):
+            f = self.in_flight[s]
+            ls = slice(s + 1, L - p + s + 2)  # ends stage s can have
+            entry = values[:, :, :, None, :] + hop  # (batch, Z, prev, next, L+1)
+            came = entry.argmin(axis=2)  # (batch, Z, B, L+1)
+            entry = entry.min(axis=2)
+            new = np.full((batch, Z, B, L + 1), INF)
+            span = np.zeros((batch, Z, B, L + 1), dtype=np.int16)
+            source = np.broadcast_to(np.arange(Z)[None, :, None, None], new.shape).copy()
+            touch = np.zeros(new.shape, dtype=bool)
+            for b, (starts, valid) in enumerate(layout):
+                gathered = entry[:, :, b][..., starts[ls]]  # (batch, Z, window, band_b)
+                if arcs[f, False, b] is not None:
+                    stay = gathered + arcs[f, False, b][:, None, ls]
+                    span[:, :, b, ls] = stay.argmin(axis=3)
+                    new[:, :, b, ls] = stay.min(axis=3)
+                if Z > 1 and arcs[f, True, b] is not None:
+                    move = gathered[:, :-1] + arcs[f, True, b][:, None, ls]
+                    moved_span = move.argmin(axis=3)
+                    moved = move.min(axis=3)
+                    # z counts the stages of eq. K4': such a stage moves z to z + 1
+                    better = moved < new[:, 1:, b, ls]
+                    new[:, 1:, b, ls] = np.where(better, moved, new[:, 1:, b, ls])
+                    span[:, 1:, b, ls] = np.where(better, moved_span, span[:, 1:, b, ls])
+                    source[:, 1:, b, ls] = np.where(better, zs[:, :-1], source[:, 1:, b, ls])
+                    touch[:, 1:, b, ls] = better
+            if paths:
+                back.append((span, source, touch, came))
+            values = new
+        ends = values[:, self.z_lo:, :, L].reshape(batch, -1)
+        h = ends.min(axis=1)
+        if not paths:
+            return h, None
+        found = []
+        for j in range(batch):
+            if not np.isfinite(h[j]):
+                found.append(None)
+                continue
+            z, b = divmod(int(np.argmin(ends[j])), B)
+            z, end = z + self.z_lo, L
+            bounds, kinds = [L], []
+            for s in range(p - 1, -1, -1):
+                span, source, touch, came = back[s]
+                width, touched, before = int(span[j, z, b, end]), bool(touch[j, z, b, end]), int(source[j, z, b, end])
+                kinds.append(int(which[self.in_flight[s], touched, b][j, end, width]))
+                start = end - 1 - width
+                bounds.append(start)
+                z, b, end = before, int(came[j, before, b, start]), start
+            found.append(KindPath(tuple(reversed(kinds)), tuple(reversed(bounds))))
+        return h, found
+
+    def usage(self, path: KindPath, lam: np.ndarray) -> np.ndarray:
+        """Groups per class the relaxed path takes (the subgradient is this minus the supply)."""
+        _, counts = self.compositions(lam)
+        return counts[list(path.kinds)].sum(axis=0)
+
+
+def supply(model: KindModel, kinds) -> np.ndarray | None:
+    """Groups per (stage, class) realising a kind sequence, or None if the supply cannot (eq. K5).
+
+    Every stage takes one group of each class of its kind; the remaining d - |S| groups
+    come from its kind's classes, and every class gives all its groups: a transport
+    problem, solved as a maximum flow.
+    """
+    import networkx as nx
+
+    d, C = model.cand.dp, len(model.classes)
+    x = np.zeros((len(kinds), C), dtype=int)
+    for s, i in enumerate(kinds):
+        x[s, list(model.kinds[i])] = 1
+    left = model.supply.astype(int) - x.sum(axis=0)
+    if (left < 0).any():
+        return None
+    g = nx.DiGraph()
+    for s, i in enumerate(kinds):
+        g.add_edge("source", ("stage", s), capacity=d - len(model.kinds[i]))
+        for c in model.kinds[i]:
+            g.add_edge(("stage", s), ("class", c), capacity=int(left[c]))
+    for c in range(C):
+        g.add_edge(("class", c), "sink", capacity=int(left[c]))
+    need = sum(d - len(model.kinds[i]) for i in kinds)
+    flow, paths = nx.maximum_flow(g, "source", "sink")
+    if flow < need:
+        return None
+    for s, i in enumerate(kinds):
+        for c in model.kinds[i]:
+            x[s, c] += paths[("stage", s)].get(("class", c), 0)
+    return x
+
+
+def realise(model: KindModel, counts: np.ndarray):
+    """Device groups per stage from groups per (stage, class): each class hands out its
+    nodes' groups in node order."""
+    from .grouping import assign_groups
+
+    m = model.cand.tp
+    pools = [[(j, 1) for j in c.nodes for _ in range(c.devices // m)] for c in model.classes]
+    taken = [0] * len(model.classes)
+    per_stage = []
+    for row in counts:
+        use: dict[int, int] = {}
+        for c, n in enumerate(row):
+            for j, _ in pools[c][taken[c]:taken[c] + int(n)]:
+                use[j] = use.get(j, 0) + 1
+            taken[c] += int(n)
+        per_stage.append(sorted(use.items()))
+    return assign_groups(model.instance, m, per_stage)
+
+
+def min_max(model: KindModel, table: np.ndarray) -> float:
+    """The least possible largest value of ``table`` (indexed [kind, k, l]) over p-stage paths
+    that fit in memory, supply ignored: no plan's maximum is smaller."""
+    L = model.L
+    best_kind = {f: np.where(fits, table, INF).min(axis=0) for f, fits in model.fits.items()}
+    values = np.full(L + 1, INF)
+    values[0] = 0.0
+    for s in range(model.cand.pp):
+        values = np.maximum(values[:, None], best_kind[model.in_flight[s]]).min(axis=0)
+    return float(values[L])
+
+
+@dataclass
+class Cell:
+    """Plans whose largest stage compute is in (T_lo, T_hi] and largest allreduce in (U_lo, U_hi]."""
+
+    T_lo: float
+    T_hi: float
+    U_lo: float
+    U_hi: float
+    lam: np.ndarray
+    bound: float = -INF
+    settled: bool = False  # the dual over lambda has converged for this cell
+    tries: int = 0  # dual ascents run on this cell
+    ascent: object = None  # its Ascent (cuts so far), kept between tries
+
+    def lead(self, w: float) -> float:
+        return w * self.T_lo + self.U_lo
+
+
+class Ascent:
+    """The dual of one cell over lambda, by a trust-region cutting-plane method (eq. B4).
+
+    The dual function is concave and piecewise linear in lambda (one cut per DP path); the
+    next lambda maximises the cuts' minimum in a box around the best lambda so far.  Shifting
+    every price by the same amount changes nothing (the stages take p*d = sum G groups), so
+    the first class's price stays where it is.
+    """
+
+    def __init__(self, cell: Cell, target: float):
+        self.cell, self.target = cell, target
+        self.cuts: list[tuple[float, np.ndarray, np.ndarray]] = []
+        self.lam, self.center = cell.lam.copy(), cell.lam.copy()
+        self.radius, self.boxed = 0.2 * max(1e-3, float(np.abs(self.center).max())), False
+        self.done = False
+
+    def record(self, value: float, g: np.ndarray) -> None:
+        """Take the dual value and subgradient at ``self.lam``; choose the next lambda or finish."""
+        from ortools.linear_solver import pywraplp
+
+        cell = self.cell
+        self.cuts.append((value, g, self.lam.copy()))
+        if value > cell.bound:
+            cell.bound, cell.lam, self.center = value, self.lam.copy(), self.lam.copy()
+            if self.boxed:
+                self.radius *= 2
+        elif len(self.cuts) > 1:
+            self.radius *= 0.5
+        if cell.bound >= self.target or not g.any():
+            self.done = cell.settled = True
+            return
+        while True:
+            solver = pywraplp.Solver.CreateSolver("GLOP")
+            theta = solver.NumVar(-solver.infinity(), solver.infinity(), "theta")
+            reach = [0.0] + [self.radius] * (len(self.center) - 1)
+            x = [solver.NumVar(float(self.center[c] - reach[c]), float(self.center[c] + reach[c]), f"lam{c}")
+                 for c in range(len(self.center))]
+            for v, gc, at in self.cuts:
+                solver.Add(theta <= v + sum(float(gc[c]) * (x[c] - float(at[c])) for c in range(len(x))))
+            solver.Maximize(theta)
+            if solver.Solve() != pywraplp.Solver.OPTIMAL:
+                self.done = True
+                return
+            self.lam = np.array([xc.solution_value() for xc in x])
+            self.boxed = bool(np.abs(self.lam - self.center).max() >= self.radius * (1 - 1e-6))
+            if theta.solution_value() - cell.bound > 1e-4 * self.target:
+                return
+            if not self.boxed:
+                self.done = cell.settled = True  # no price in reach gains more
+                return
+            self.radius *= 4
+
+
+def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int) -> int:
+    """Raise the bounds of ``cells`` together (one batched DP sweep per round) for at most
+    ``iterations`` rounds; marks each cell settled when its dual has converged.  Returns the
+    number of DP paths computed."""
+    w = model.w
+    for cell in cells:
+        # A cell's cuts stay valid for it; a new target only changes when to stop.
+        if cell.ascent is None:
+            cell.ascent = Ascent(cell, target)
+        cell.ascent.target, cell.ascent.done, cell.settled = target, False, False
+    ascents = [cell.ascent for cell in cells]
+    paths_seen = 0
+    for _ in range(iterations):
+        live = [a for a in ascents if not a.done]
+        if not live:
+            break
+        T = np.array([a.cell.T_hi for a in live])
+        U = np.array([a.cell.U_hi for a in live])
+        lam = np.array([a.lam for a in live])
+        h, paths = model.sweep(lam, T, U, paths=True)
+        paths_seen += len(live)
+        for a, value, path in zip(live, h, paths):
+            if path is None:
+                a.cell.bound, a.done, a.cell.settled = INF, True, True  # nothing fits these thresholds
+                continue
+            g = model.usage(path, a.lam) - model.supply
+            a.record(a.cell.lead(w) + float(value) - float(a.lam @ model.supply), g)
+    for cell in cells:
+        cell.tries += 1
+    return paths_seen
+
+
+def multiset_paths(model: KindModel, multiset: dict[int, int], T: np.ndarray, U: np.ndarray):
+    """For each threshold pair (T[j], U[j]): the least-sum path using exactly ``multiset``
+    (kind -> number of stages) with every stage's compute <= T[j] and allreduce <= U[j] (eq. K6).
+
+    A DP over (stages of each kind used so far, link level of the previous stage, layer
+    position); p2p is charged at the slower link of the two stages, as in the relaxation.
+    Returns a list of (sum of E + P, KindPath) or None per pair.
+    """
+    p, L = model.cand.pp, model.L
+    kinds = sorted(multiset)
+    r, batch, B = len(kinds), len(T), len(model.links)
+    need = np.array([multiset[k] for k in kinds])
+    if need.sum() != p:
+        return [None] * batch
+    stride = np.concatenate([[1], np.cumprod(need[:-1] + 1)]).astype(int)
+    total = int(np.prod(need + 1))
+    used = (np.arange(total)[:, None] // stride[None, :]) % (need + 1)[None, :]
+    level = used.sum(axis=1)
+    row_of = np.zeros(total, dtype=int)  # a state's row among the states of its level
+    for s in range(p + 1):
+        members = np.flatnonzero(level == s)
+        row_of[members] = np.arange(len(members))
+    pos = np.arange(L + 1)
+    tables, layout = {}, []
+    for a, k in enumerate(kinds):
+        # Kind a's ranges stored by (end l, length - 1) up to the longest it can use.
+        ok = {f: fits[k][None] & (model.compute[k][None] <= T[:, None, None]) & (model.allreduce[k][None] <= U[:, None, None])
+              for f, fits in model.fits.items()}
+        first, last = np.nonzero(np.any([x.any(axis=0) for x in ok.values()], axis=0))
+        band = max(1, int((last - first).max())) if len(first) else 1
+        starts = pos[:, None] - 1 - np.arange(band)[None, :]
+        valid = starts >= 0
+        starts = np.where(valid, starts, 0)
+        layout.append(starts)
+        for f in model.fits:
+            tables[f, a] = np.where(ok[f][:, starts, pos[:, None]] & valid, model.compute[k][starts, pos[:, None]][None], INF)
+    links = [int(model.link_of[k]) for k in kinds]
+    values = np.full((1, B, batch, L + 1), INF)
+    values[0, 0, :, 0] = 0.0
+    back = []  # per stage: kind, range length - 1 and previous link level per (state row, link, pair, end)
+    for s in range(p):
+        f = model.in_flight[s]
+        ls = slice(s + 1, L - p + s + 2)  # ends stage s can have
+        here = np.flatnonzero(level == s)
+        size = int((level == s + 1).sum())
+        new = np.full((size, B, batch, L + 1), INF)
+        kind = np.full((size, B, batch, L + 1), -1, dtype=np.int8)
+        span = np.zeros((size, B, batch, L + 1), dtype=np.int16)
+        came = np.zeros((size, B, batch, L + 1), dtype=np.int8)
+        for a in range(r):
+            b = links[a]
+            src = here[used[here, a] < need[a]]
+            hop = model.volume[None, None, None, :] * model.p2p_factor[:, b][None, :, None, None]
+            starts = layout[a]
+            chunk = max(1, int(2e7 // (batch * (L + 1) * starts.shape[1] * B)))  # rows per block
+            for i in range(0, len(src), chunk):
+                part = src[i:i + chunk]
+                entry = values[row_of[part]] + hop  # (n, previous link, batch, L+1)
+                prev = entry.argmin(axis=1)
+                entry = entry.min(axis=1)
+                cand = entry[..., starts[ls]] + tables[f, a][None, :, ls]  # (n, batch, window, band)
+                width = cand.argmin(axis=3)
+                row = cand.min(axis=3)
+                dst = row_of[part + stride[a]]  # distinct: one destination per source for a fixed kind
+                better = row < new[dst, b][..., ls]
+                for out, value in ((new, row), (kind, a), (span, width),
+                                   (came, np.take_along_axis(prev, starts[pos[ls], width], axis=2))):
+                    block = out[dst, b]
+                    block[..., ls] = np.where(better, value, block[..., ls])
+                    out[dst, b] = block
+        back.append((kind, span, came))
+        values = new
+    out = []
+    final = total - 1  # every kind used up
+    for j in range(batch):
+        b = int(np.argmin(values[0, :, j, L]))
+        value = float(values[0, b, j, L])
+        if not np.isfinite(value):
+            out.append(None)
+            continue
+        bounds, chosen, end, sid = [L], [], L, final
+        for s in range(p - 1, -1, -1):
+            kind, span, came = back[s]
+            a, width, before = (int(x[row_of[sid], b, j, end]) for x in (kind, span, came))
+            chosen.append(kinds[a])
+            start = end - 1 - width
+            bounds.append(start)
+            sid, b, end = sid - stride[a], before, start
+        out.append((value, KindPath(tuple(reversed(chosen)), tuple(reversed(bounds)))))
+    return out
+
+
+def kind_model(instance, cand) -> KindModel | None:
+    """The candidate's kind model, remembered per instance; None when there are too many kinds."""
+    key = ("kind_model", cand)
+    if key not in instance.memo:
+        classes = node_classes(instance, cand.tp)
+        instance.memo[key] = KindModel(instance, cand) if 2 ** len(classes) - 1 <= MAX_KINDS else None
+    return instance.memo[key]
+
+
+class KindSearch:
+    """Eq. B4 for one candidate, kept between calls: best-first over threshold cells.
+
+    The cells with the smallest bounds get dual steps until their duals are settled, then
+    are split in two along the term (w*T or U) whose range is wider; a wave of up to WAVE
+    cells is worked on at once.  The lowest cells also say where good plans may lie
+    (``promising``).
+    """
+
+    def __init__(self, model: KindModel, target: float):
+        w = model.w
+        self.model, self.sweeps, self.pushed = model, 0, 0
+        self.heap: list = []
+        self.floor = INF
+        T0 = min_max(model, model.compute) if w > 0 else 0.0
+        U0 = min_max(model, model.allreduce)
+        if not (np.isfinite(T0) and np.isfinite(U0)):
+            return
+        # Plans with w*max E + max AR above the first target cannot be of interest.
+        T_hi = max(T0, (target - U0) / w) if w > 0 else INF
+        U_hi = max(U0, target - w * T0)
+        self._work([Cell(T0, T_hi, U0, U_hi, np.zeros(len(model.classes)))], target, 40)
+
+    @property
+    def bound(self) -> float:
+        return float(min([self.floor] + [b for b, _, _ in self.heap]))
+
+    def _work(self, cells: list[Cell], target: float, iterations: int) -> None:
+        import heapq
+
+        self.sweeps += ascend(self.model, cells, target, iterations)
+        for cell in cells:
+            self.pushed += 1
+            heapq.heappush(self.heap, (cell.bound, self.pushed, cell))
+
+    def raise_to(self, target: float, sweeps: int, deadline: float | None = None) -> float:
+        """Refine until the bound reaches ``target`` or ``sweeps`` more DP paths are spent.
+
+        Returns v with every plan of the candidate costing at least v; v <= target (the cells
+        only cover plans below the first target, and targets only decrease).
+        """
+        import heapq
+        import time
+
+        w, stop = self.model.w, self.sweeps + sweeps
+        while self.heap and self.sweeps < stop and not (deadline is not None and time.perf_counter() >= deadline):
+            wave = []
+            while self.heap and self.heap[0][0] < target and len(wave) < WAVE:
+                cell = heapq.heappop(self.heap)[2]
+                if not cell.settled and cell.tries < 2:
+                    wave.append(cell)
+                    continue
+                wide_T = w * (cell.T_hi - cell.T_lo) if w > 0 else 0.0
+                wide_U = cell.U_hi - cell.U_lo
+                if max(wide_T, wide_U) <= 1e-6 * target or not np.isfinite(max(wide_T, wide_U)):
+                    self.floor = min(self.floor, cell.bound)  # as fine as it gets: the bound is final
+                    continue
+                for half in (0, 1):
+                    child = Cell(cell.T_lo, cell.T_hi, cell.U_lo, cell.U_hi, cell.lam.copy(), cell.bound)
+                    if wide_T >= wide_U:
+                        mid = (cell.T_lo + cell.T_hi) / 2
+                        child.T_lo, child.T_hi = (cell.T_lo, mid) if half == 0 else (mid, cell.T_hi)
+                    else:
+                        mid = (cell.U_lo + cell.U_hi) / 2
+                        child.U_lo, child.U_hi = (cell.U_lo, mid) if half == 0 else (mid, cell.U_hi)
+                    wave.append(child)
+            if not wave:
+                break
+            self._work(wave, target, 15)
+        return min(self.bound, target)
+
+    def promising(self, count: int) -> list[tuple[float, float]]:
+        """Upper threshold corners (T, U) of the ``count`` cells with the smallest bounds."""
+        import heapq
+
+        return [(cell.T_hi, cell.U_hi) for _, _, cell in heapq.nsmallest(count, self.heap, key=lambda e: e[:2])]
+
+
+def kind_bound(model: KindModel, target: float, sweeps: int = 1500, deadline: float | None = None) -> float:
+    """Eq. B4: a lower bound on every plan of the candidate, raised until it reaches ``target``
+    or ``sweeps`` DP sweeps (or the deadline) are spent."""
+    return KindSearch(model, target).raise_to(target, sweeps, deadline)
+
+
+def multiset_of(model: KindModel, stages) -> dict[int, int] | None:
+    """Kind -> number of stages of a placement (None if a stage's kind is not in the model)."""
+    cls = {j: c for c, nc in enumerate(model.classes) for j in nc.nodes}
+    index = {S: i for i, S in enumerate(model.kinds)}
+    node_of = model.instance.device_node
+    out: dict[int, int] = {}
+    for stage in stages:
+        S = tuple(sorted({cls[int(node_of[group[0]])] for group in stage}))
+        if S not in index:
+            return None
+        out[index[S]] = out.get(index[S], 0) + 1
+    return out
+
+
+def polish(model: KindModel, stages, thresholds, work: float = POLISH_WORK) -> tuple | None:
+    """Re-order and re-partition a plan's stages keeping how many stages of each kind it has
+    (eq. K6), once per threshold pair (T, U) in ``thresholds``.  Returns (seconds, bounds,
+    stages) of the best plan found, scored by the evaluator, or None."""
+    from .cost import evaluate
+    from .plan import Plan
+
+    multiset = multiset_of(model, stages)
+    if multiset is None or not thresholds:
+        return None
+    # Keep the DP within POLISH_WORK array operations: fewer threshold pairs, or none.
+    states = int(np.prod([n + 1 for n in multiset.values()]))
+    kept, spent = [], 0.0
+    for T, U in thresholds:
+        usable = (model.compute[list(multiset)] <= T) & (model.allreduce[list(multiset)] <= U) & model.nonempty
+        first, last = np.nonzero(usable.any(axis=0))
+        band = int((last - first).max()) if len(first) else 1
+        spent += states * len(multiset) * len(model.links) * (model.L - model.cand.pp + 1) * band
+        if spent > work:
+            break
+        kept.append((T, U))
+    if not kept:
+        return None
+    thresholds = kept
+    T, U = (np.array(v, dtype=float) for v in zip(*thresholds))
+    best = None
+    c = model.cand
+    for found in multiset_paths(model, multiset, T, U):
+        if found is None:
+            continue
+        counts = supply(model, found[1].kinds)
+        if counts is None:
+            continue
+        placed = realise(model, counts)
+        ev = evaluate(model.instance, Plan(c.tp, c.dp, c.pp, c.micro_batch, found[1].bounds, placed))
+        if ev.feasible and (best is None or ev.predicted_time < best[0]):
+            best = (ev.predicted_time, found[1].bounds, placed)
+    return best

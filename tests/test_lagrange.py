@@ -1,0 +1,77 @@
+"""The kind relaxation (eq. B4) never exceeds the exact optimum of a candidate; its DP paths
+cost what the DP says; the multiset DP (eq. K6) returns real plans."""
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from amp_opt import parse_instance
+from amp_opt.candidates import candidates
+from amp_opt.cost import evaluate
+from amp_opt.enumerate import candidate_graph
+from amp_opt.generate import generate_instance
+from amp_opt.lagrange import kind_bound, kind_model, polish
+from amp_opt.partition import optimal_path
+from amp_opt.plan import Plan
+
+
+def small_instance(seed, nodes, devices, types, layers, batch):
+    return parse_instance(generate_instance(seed, nodes=nodes, devices_per_node=devices, device_types=min(types, nodes),
+                                            layers=layers, global_batch=batch))
+
+
+instances = st.builds(small_instance, seed=st.integers(0, 10**6), nodes=st.integers(2, 4),
+                      devices=st.sampled_from([1, 2, 4]), types=st.integers(2, 3), layers=st.integers(4, 9),
+                      batch=st.sampled_from([4, 8, 16]))
+
+
+def exact(instance, cand):
+    """The candidate's optimum under free grouping (the enumerator's stage DP) and its plan."""
+    graph, to_stages = candidate_graph(instance, cand, "hetero", "free")
+    best = optimal_path(graph)
+    if best is None:
+        return np.inf, None
+    return best[0], Plan(cand.tp, cand.dp, cand.pp, cand.micro_batch, best[1].bounds, to_stages(best[1]))
+
+
+def path_cost(model, path, lam, T, U):
+    """Sum of E + P + price along a DP path, recomputed term by term; checks its ranges are usable."""
+    prices, _ = model.compositions(lam)
+    total = 0.0
+    for s, (i, k, l) in enumerate(zip(path.kinds, path.bounds, path.bounds[1:])):
+        assert model.fits[model.in_flight[s]][i, k, l]
+        assert model.compute[i, k, l] <= T and model.allreduce[i, k, l] <= U
+        total += model.compute[i, k, l] + prices[i]
+        if s:
+            total += model.volume[k] / min(model.ring(model.kinds[path.kinds[s - 1]]), model.ring(model.kinds[i]))
+    assert sum(model.touches[i] for i in path.kinds) in range(model.z_lo, model.z_max + 1)
+    return total
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances, st.integers(0, 2**31))
+def test_kind_bound_never_exceeds_the_optimum(instance, seed):
+    rng = np.random.default_rng(seed)
+    for cand in candidates(instance):
+        model = kind_model(instance, cand)
+        optimum, plan = exact(instance, cand)
+        target = optimum * rng.choice([0.97, 1.0, 1.03]) if np.isfinite(optimum) else 1e9
+        bound = kind_bound(model, target, sweeps=200)
+        assert bound <= target * (1 + 1e-12)
+        if np.isfinite(optimum):
+            assert bound <= optimum * (1 + 1e-9), (cand, bound, optimum)
+        # A DP path costs exactly its value, at any prices and thresholds.
+        lam = rng.normal(0, 1e-3, len(model.classes))
+        T, U = (float(rng.uniform(0.5, 2.0) * x) for x in (np.nanmax(np.where(np.isfinite(model.compute), model.compute, np.nan)),
+                                                           np.nanmax(np.where(np.isfinite(model.allreduce), model.allreduce, np.nan))))
+        h, paths = model.sweep(lam, np.array([T]), np.array([U]), paths=True)
+        if paths[0] is not None:
+            assert path_cost(model, paths[0], lam, T, U) == np.float64(h[0]) or \
+                abs(path_cost(model, paths[0], lam, T, U) - h[0]) <= 1e-9 * max(1.0, abs(h[0]))
+        if plan is not None:
+            # The optimum's own kinds, re-ordered by the multiset DP: a real plan, never better.
+            ev = evaluate(instance, plan)
+            found = polish(model, plan.stages, [(max(s.compute for s in ev.stages), max(s.allreduce for s in ev.stages))])
+            assert found is not None
+            assert found[0] >= optimum * (1 - 1e-9)
+            assert evaluate(instance, Plan(cand.tp, cand.dp, cand.pp, cand.micro_batch, found[1], found[2])).feasible
