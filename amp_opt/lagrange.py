@@ -107,7 +107,14 @@ class KindModel:
             need = params * state + f * b * (sums.activation_memory_in(kk, ll)) + tr.memory_reserve
             self.fits[f] = self.nonempty[None] & (need[None] <= self.capacity[:, None, None])
         self.total_supply = float(self.supply.sum())
-        usable = np.any([fits.any(axis=0) for fits in self.fits.values()], axis=0)
+        # Kinds that behave the same (tables, capacity, link) share a representative: the
+        # multiset DP only needs to tell behaviours apart.
+        seen: dict[tuple, int] = {}
+        self.representative = np.array([
+            seen.setdefault((self.compute[i].tobytes(), self.allreduce[i].tobytes(), self.capacity[i], self.ring(S)), i)
+            for i, S in enumerate(kinds)])
+        self.fitting = np.any(list(self.fits.values()), axis=0)  # (K, k, l): fits at some stage
+        usable = self.fitting.any(axis=0)
         self.longest = int((l - k)[usable].max()) if usable.any() else 1  # longest range that fits
         # K3: a boundary at position k costs volume[k] over the slower of its two stages' links,
         # so the DP remembers the link level of the previous stage.
@@ -325,6 +332,7 @@ class Cell:
     settled: bool = False  # the dual over lambda has converged for this cell
     tries: int = 0  # dual ascents run on this cell
     ascent: object = None  # its Ascent (cuts so far), kept between tries
+    path: KindPath | None = None  # the relaxed path at the best lambda so far
 
     def lead(self, w: float) -> float:
         return w * self.T_lo + self.U_lo
@@ -346,12 +354,15 @@ class Ascent:
         self.radius, self.boxed = 0.2 * max(1e-3, float(np.abs(self.center).max())), False
         self.done = False
 
-    def record(self, value: float, g: np.ndarray) -> None:
-        """Take the dual value and subgradient at ``self.lam``; choose the next lambda or finish."""
+    def record(self, value: float, g: np.ndarray, path: KindPath) -> None:
+        """Take the dual value, subgradient and DP path at ``self.lam``; choose the next lambda
+        or finish."""
         from ortools.linear_solver import pywraplp
 
         cell = self.cell
         self.cuts.append((value, g, self.lam.copy()))
+        if value > cell.bound or cell.path is None:
+            cell.path = path
         if value > cell.bound:
             cell.bound, cell.lam, self.center = value, self.lam.copy(), self.lam.copy()
             if self.boxed:
@@ -409,7 +420,7 @@ def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int) 
                 a.cell.bound, a.done, a.cell.settled = INF, True, True  # nothing fits these thresholds
                 continue
             g = model.usage(path, a.lam) - model.supply
-            a.record(a.cell.lead(w) + float(value) - float(a.lam @ model.supply), g)
+            a.record(a.cell.lead(w) + float(value) - float(a.lam @ model.supply), g, path)
     for cell in cells:
         cell.tries += 1
     return paths_seen
@@ -565,12 +576,21 @@ class KindSearch:
             wave = []
             while self.heap and self.heap[0][0] < target and len(wave) < WAVE:
                 cell = heapq.heappop(self.heap)[2]
+                if np.isfinite(target) and not np.isfinite(cell.T_hi + cell.U_hi):
+                    # Started without a target: plans above it are of no interest (the bound is
+                    # reported as at most the target), so the cell's open ends can close.
+                    cell.T_hi = min(cell.T_hi, max(cell.T_lo, (target - cell.U_lo) / w)) if w > 0 else cell.T_hi
+                    cell.U_hi = min(cell.U_hi, max(cell.U_lo, target - w * cell.T_lo))
+                    cell.settled, cell.ascent = False, None
                 if not cell.settled and cell.tries < 2:
                     wave.append(cell)
                     continue
                 wide_T = w * (cell.T_hi - cell.T_lo) if w > 0 else 0.0
                 wide_U = cell.U_hi - cell.U_lo
-                if max(wide_T, wide_U) <= 1e-6 * target or not np.isfinite(max(wide_T, wide_U)):
+                if not np.isfinite(max(wide_T, wide_U)):
+                    heapq.heappush(self.heap, (cell.bound, self.pushed, cell))  # no target to split at yet
+                    break
+                if max(wide_T, wide_U) <= 1e-6 * target:
                     self.floor = min(self.floor, cell.bound)  # as fine as it gets: the bound is final
                     continue
                 for half in (0, 1):
@@ -587,11 +607,11 @@ class KindSearch:
             self._work(wave, target, 15)
         return min(self.bound, target)
 
-    def promising(self, count: int) -> list[tuple[float, float]]:
-        """Upper threshold corners (T, U) of the ``count`` cells with the smallest bounds."""
+    def promising(self, count: int) -> list[Cell]:
+        """The ``count`` cells with the smallest bounds."""
         import heapq
 
-        return [(cell.T_hi, cell.U_hi) for _, _, cell in heapq.nsmallest(count, self.heap, key=lambda e: e[:2])]
+        return [cell for _, _, cell in heapq.nsmallest(count, self.heap, key=lambda e: e[:2])]
 
 
 def kind_bound(model: KindModel, target: float, sweeps: int = 1500, deadline: float | None = None) -> float:
@@ -618,37 +638,100 @@ def polish(model: KindModel, stages, thresholds, work: float = POLISH_WORK) -> t
     """Re-order and re-partition a plan's stages keeping how many stages of each kind it has
     (eq. K6), once per threshold pair (T, U) in ``thresholds``.  Returns (seconds, bounds,
     stages) of the best plan found, scored by the evaluator, or None."""
+    multiset = multiset_of(model, stages)
+    return None if multiset is None else _lay_out(model, multiset, thresholds, work)
+
+
+def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float) -> tuple | None:
+    """The multiset DP at as many threshold pairs as ``work`` array operations allow; each path
+    realised and scored by the evaluator.  Kinds that behave the same are merged for the DP and
+    handed back to its stages afterwards.  Returns (seconds, bounds, stages) of the best or None."""
     from .cost import evaluate
     from .plan import Plan
 
-    multiset = multiset_of(model, stages)
-    if multiset is None or not thresholds:
-        return None
-    # Keep the DP within POLISH_WORK array operations: fewer threshold pairs, or none.
-    states = int(np.prod([n + 1 for n in multiset.values()]))
+    merged: dict[int, int] = {}
+    members: dict[int, list[int]] = {}
+    for k, count in sorted(multiset.items()):
+        rep = int(model.representative[k])
+        merged[rep] = merged.get(rep, 0) + count
+        members.setdefault(rep, []).extend([k] * count)
+    states = int(np.prod([n + 1 for n in merged.values()]))
+    window = model.L - model.cand.pp + 1
     kept, spent = [], 0.0
     for T, U in thresholds:
-        usable = (model.compute[list(multiset)] <= T) & (model.allreduce[list(multiset)] <= U) & model.nonempty
-        first, last = np.nonzero(usable.any(axis=0))
-        band = int((last - first).max()) if len(first) else 1
-        spent += states * len(multiset) * len(model.links) * (model.L - model.cand.pp + 1) * band
+        for k in merged:
+            usable = (model.compute[k] <= T) & (model.allreduce[k] <= U) & model.fitting[k]
+            first, last = np.nonzero(usable)
+            spent += states * len(model.links) * window * (int((last - first).max()) if len(first) else 1)
         if spent > work:
             break
         kept.append((T, U))
     if not kept:
         return None
-    thresholds = kept
-    T, U = (np.array(v, dtype=float) for v in zip(*thresholds))
+    T, U = (np.array(v, dtype=float) for v in zip(*kept))
     best = None
     c = model.cand
-    for found in multiset_paths(model, multiset, T, U):
+    for found in multiset_paths(model, merged, T, U):
         if found is None:
             continue
-        counts = supply(model, found[1].kinds)
+        handed = {rep: iter(kinds) for rep, kinds in members.items()}
+        kinds = [next(handed[k]) for k in found[1].kinds]
+        counts = supply(model, kinds)
         if counts is None:
             continue
         placed = realise(model, counts)
         ev = evaluate(model.instance, Plan(c.tp, c.dp, c.pp, c.micro_batch, found[1].bounds, placed))
         if ev.feasible and (best is None or ev.predicted_time < best[0]):
             best = (ev.predicted_time, found[1].bounds, placed)
+    return best
+
+
+def repair(model: KindModel, kinds) -> dict[int, int] | None:
+    """The supply-feasible kind multiset closest (in stages changed) to a relaxed path's kinds.
+
+    A small integer program: n_K stages of kind K and x[K, c] groups of class c among them, with
+    x[K, c] >= n_K for c in K, sum_c x[K, c] = d n_K and sum_K x[K, c] = G_c (eq. K5 summed over
+    the stages of a kind, which is exact); minimise sum_K |n_K - (stages of kind K in the path)|.
+    """
+    from ortools.sat.python import cp_model
+
+    d, p = model.cand.dp, model.cand.pp
+    want = np.bincount(np.asarray(kinds, dtype=int), minlength=len(model.kinds))
+    m = cp_model.CpModel()
+    n = [m.NewIntVar(0, p, f"n{k}") for k in range(len(model.kinds))]
+    x = {(k, c): m.NewIntVar(0, int(model.supply[c]), f"x{k}_{c}") for k, S in enumerate(model.kinds) for c in S}
+    off = [m.NewIntVar(0, p, f"off{k}") for k in range(len(model.kinds))]
+    m.Add(sum(n) == p)
+    for k, S in enumerate(model.kinds):
+        for c in S:
+            m.Add(x[k, c] >= n[k])
+        m.Add(sum(x[k, c] for c in S) == d * n[k])
+        m.Add(off[k] >= n[k] - int(want[k]))
+        m.Add(off[k] >= int(want[k]) - n[k])
+    for c in range(len(model.classes)):
+        m.Add(sum(x[k, c] for k, S in enumerate(model.kinds) if c in S) == int(model.supply[c]))
+    m.Minimize(sum(off))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    solver.parameters.max_time_in_seconds = 5.0
+    if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    return {k: int(solver.Value(n[k])) for k in range(len(model.kinds)) if solver.Value(n[k]) > 0}
+
+
+def construct(model: KindModel, cells: list[Cell], work: float = POLISH_WORK) -> tuple | None:
+    """Plans from the relaxation (eq. K6): each cell's relaxed path, its kinds repaired to a
+    multiset the supply can give, laid out by the multiset DP at the cell's thresholds and at
+    none.  Returns (seconds, bounds, stages) of the best, scored by the evaluator, or None."""
+    best = None
+    for cell in cells:
+        if cell.path is None:
+            continue
+        multiset = repair(model, cell.path.kinds)
+        if multiset is None:
+            continue
+        found = _lay_out(model, multiset, [(cell.T_hi, cell.U_hi), (INF, INF)], work / max(1, len(cells)))
+        if found is not None and (best is None or found[0] < best[0]):
+            best = found
     return best

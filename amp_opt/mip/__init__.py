@@ -107,7 +107,7 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
             incumbents[c] = inc
             best = min(best, inc.value)
 
-    if kinds and incumbents:
+    if kinds:
         best = _refine_with_kinds(instance, incumbents, lower, best, deadline, searches)
 
     # Phase 2: the programs, most promising first, each cut off at the k-th best value so far.
@@ -222,37 +222,42 @@ def _kind_search(instance, c, best, searches):
 def _refine_with_kinds(instance, incumbents, lower, best, deadline, searches) -> float:
     """Phase 1b (``formulations/mip.md``, eq. B4 and K6), for free grouping under hetero.
 
-    In rounds: the best incumbents are re-ordered and re-partitioned keeping their stage kinds
-    (at their own maxima and where their candidate's bound is weakest), then every candidate
-    whose lower bound is below the best plan gets more of the Lagrangian kind bound.  Spends
-    at most three quarters of the time left; without a time limit, its fixed sweep budget.
+    In rounds: every candidate whose lower bound is below the best plan gets more of the
+    Lagrangian kind bound; then the candidates with the lowest bounds get plans built from
+    their relaxed paths (kinds repaired to fit the supply), and their incumbents re-ordered
+    and re-partitioned keeping their kinds, at the thresholds where the bound is weakest.
+    Spends at most three quarters of the time left; without a time limit, fixed budgets.
     """
-    from ..lagrange import POLISH_RATE, POLISH_WORK, kind_model, polish
+    from ..lagrange import POLISH_RATE, POLISH_WORK, construct, polish
 
     stop = None if deadline is None else time.perf_counter() + 0.75 * (deadline - time.perf_counter())
-    polished: set = set()
+    tried: set = set()
     for _ in range(KIND_ROUNDS):
-        # The candidates whose bounds leave the most room, the likeliest to hold better plans.
-        for c in sorted(incumbents, key=lambda c: (lower[c], incumbents[c].value, c))[:POLISHED]:
-            model = kind_model(instance, c)
-            if model is None or lower[c] >= best or _out_of_time(stop):
-                continue
-            inc = incumbents[c]
-            ev = evaluate(instance, Plan(c.tp, c.dp, c.pp, c.micro_batch, inc.bounds, inc.stages))
-            pairs = [(max(s.compute for s in ev.stages), max(s.allreduce for s in ev.stages))]
-            pairs += searches[c].promising(POLISH_CELLS) if searches.get(c) is not None else []
-            pairs = [x for x in dict.fromkeys(pairs) if (c, inc.bounds, x) not in polished]
-            polished.update((c, inc.bounds, x) for x in pairs)
-            work = POLISH_WORK if stop is None else POLISH_RATE * 0.25 * max(0.0, stop - time.perf_counter())
-            found = polish(model, inc.stages, pairs, work)
-            if found is not None and found[0] < inc.value:
-                incumbents[c] = Incumbent(found[0], found[1], found[2])
-                best = min(best, found[0])
         open_ = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if lower[c] < best]
         for c in open_:
             if _out_of_time(stop) or lower[c] >= best or _kind_search(instance, c, best, searches) is None:
                 continue
             lower[c] = max(lower[c], searches[c].raise_to(best, KIND_SWEEPS, stop))
+        # Plans where the bounds leave the most room: the likeliest to hold better ones.
+        for c in [c for c in sorted(lower, key=lambda c: (lower[c], c)) if searches.get(c) is not None][:POLISHED]:
+            if lower[c] >= best or _out_of_time(stop):
+                continue
+            model, cells = searches[c].model, searches[c].promising(POLISH_CELLS)
+            work = POLISH_WORK if stop is None else POLISH_RATE * 0.25 * max(0.0, stop - time.perf_counter())
+            found = [construct(model, [x for x in cells if (c, id(x.path)) not in tried], work / 2)]
+            tried.update((c, id(x.path)) for x in cells)
+            inc = incumbents.get(c)
+            if inc is not None:
+                ev = evaluate(instance, Plan(c.tp, c.dp, c.pp, c.micro_batch, inc.bounds, inc.stages))
+                pairs = [(max(s.compute for s in ev.stages), max(s.allreduce for s in ev.stages))]
+                pairs += [(x.T_hi, x.U_hi) for x in cells]
+                pairs = [x for x in dict.fromkeys(pairs) if (c, inc.bounds, x) not in tried]
+                tried.update((c, inc.bounds, x) for x in pairs)
+                found.append(polish(model, inc.stages, pairs, work / 2))
+            for f in found:
+                if f is not None and (c not in incumbents or f[0] < incumbents[c].value):
+                    incumbents[c] = Incumbent(f[0], f[1], f[2])
+                    best = min(best, f[0])
         if not open_ or _out_of_time(stop):
             break
     return best
