@@ -691,7 +691,8 @@ def repair(model: KindModel, kinds) -> dict[int, int] | None:
 
     A small integer program: n_K stages of kind K and x[K, c] groups of class c among them, with
     x[K, c] >= n_K for c in K, sum_c x[K, c] = d n_K and sum_K x[K, c] = G_c (eq. K5 summed over
-    the stages of a kind, which is exact); minimise sum_K |n_K - (stages of kind K in the path)|.
+    the stages of a kind, which is exact); minimise sum_K |n_K - (stages of kind K in the path)|,
+    ties broken towards kinds of fewer classes.
     """
     from ortools.sat.python import cp_model
 
@@ -710,7 +711,9 @@ def repair(model: KindModel, kinds) -> dict[int, int] | None:
         m.Add(off[k] >= int(want[k]) - n[k])
     for c in range(len(model.classes)):
         m.Add(sum(x[k, c] for k, S in enumerate(model.kinds) if c in S) == int(model.supply[c]))
-    m.Minimize(sum(off))
+    # Ties go to kinds of fewer classes: a class spread over fewer stages leaves the others
+    # free of its speed and memory limits.
+    m.Minimize(100 * sum(off) + sum((len(S) - 1) * n[k] for k, S in enumerate(model.kinds)))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0

@@ -27,9 +27,11 @@ from .backends import resolution_for, solve_cbc, solve_cpsat
 from .formulation import build
 
 
-KIND_ROUNDS = 4  # rounds of polishing and bound refinement (eq. K6, B4)
-KIND_SWEEPS = 400  # DP sweeps per candidate and round for the Lagrangian kind bound
-POLISHED = 3  # incumbents polished per round, the best first
+KIND_ROUNDS = 4  # rounds of bound refinement and plan building (eq. B4, K6)
+KIND_SHARE = 0.75  # share of the time left that phase 1b may spend
+KIND_SWEEPS = 400  # DP paths per candidate and round for the Lagrangian kind bound
+POLISHED = 3  # candidates (lowest bounds first) that get plans built per round
+SAME = 1e-6  # relative difference below which a bound counts as reaching a value
 QUICK_SWEEPS = 60  # DP paths of the kind bound before a candidate's first incumbent
 POLISH_CELLS = 3  # threshold cells (the weakest) at which an incumbent is re-partitioned
 
@@ -128,7 +130,7 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
 
     for i, c in enumerate(order):
         kth = kth_best()
-        if lower[c] >= kth:
+        if lower[c] >= kth * (1 - max(gap, SAME)):
             # Nothing of this candidate beats the k-th best; its own warm start may be that plan.
             if c in incumbents:
                 keep_incumbent(c)
@@ -198,7 +200,9 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
     bound = min([objective] + [v for v in cand_bound.values()])
     stats = SolverStats(
         name=solver,
-        status="OPTIMAL" if closed and bound >= objective * (1 - 1e-6) else "FEASIBLE",
+        # Every candidate's bound is proven (solved, cut off, or bounded), so a bound that meets
+        # the objective proves it optimal even when some program stopped at the time limit.
+        status="OPTIMAL" if bound >= objective * (1 - SAME) else "FEASIBLE",
         wall_time=time.perf_counter() - start,
         objective=objective,
         bound=min(bound, objective),
@@ -230,7 +234,7 @@ def _refine_with_kinds(instance, incumbents, lower, best, deadline, searches) ->
     """
     from ..lagrange import POLISH_RATE, POLISH_WORK, construct, polish
 
-    stop = None if deadline is None else time.perf_counter() + 0.75 * (deadline - time.perf_counter())
+    stop = None if deadline is None else time.perf_counter() + KIND_SHARE * (deadline - time.perf_counter())
     tried: set = set()
     for _ in range(KIND_ROUNDS):
         open_ = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if lower[c] < best]
