@@ -13,8 +13,9 @@ the objective are handled by thresholds (T on compute, U on allreduce):
     time >= w * T_lo + U_lo + h_lambda(T, U) - lambda . G
 
 for every plan whose largest stage compute lies in (T_lo, T] and whose largest
-allreduce lies in (U_lo, U].  Paths of the DP whose kinds can be supplied
-(a transport problem) are real plans.
+allreduce lies in (U_lo, U].  Plans come from kind multisets (a relaxed path's
+kinds repaired to fit the supply, or a known plan's kinds) laid out by an exact
+DP over the stages of each kind used so far (eq. K5, K6).
 """
 
 from __future__ import annotations
@@ -56,12 +57,18 @@ class KindPath:
 
 
 def node_classes(instance, tp: int) -> list[NodeClass]:
-    """The node classes of an instance at tensor-parallel degree ``tp``, in order of first node."""
-    members: dict[tuple, list[int]] = {}
-    for j, node in enumerate(instance.nodes):
-        members.setdefault((node.device_type, node.devices, node.intra_bandwidth, node.inter_bandwidth), []).append(j)
-    return [NodeClass(t, n, intra, inter, tuple(js), len(js) * (n // tp))
-            for (t, n, intra, inter), js in members.items()]
+    """The node classes of an instance (``grouping.node_classes``) at tensor-parallel degree ``tp``."""
+    from .grouping import node_classes as class_of_node
+
+    members: dict[int, list[int]] = {}
+    for j, c in enumerate(class_of_node(instance)):
+        members.setdefault(c, []).append(j)
+    out = []
+    for c in sorted(members):
+        node = instance.nodes[members[c][0]]
+        out.append(NodeClass(node.device_type, node.devices, node.intra_bandwidth, node.inter_bandwidth,
+                             tuple(members[c]), len(members[c]) * (node.devices // tp)))
+    return out
 
 
 class KindModel:
@@ -106,7 +113,6 @@ class KindModel:
         for f in sorted(set(self.in_flight)):
             need = params * state + f * b * (sums.activation_memory_in(kk, ll)) + tr.memory_reserve
             self.fits[f] = self.nonempty[None] & (need[None] <= self.capacity[:, None, None])
-        self.total_supply = float(self.supply.sum())
         # Kinds that behave the same (tables, capacity, link) share a representative: the
         # multiset DP only needs to tell behaviours apart.
         seen: dict[tuple, int] = {}
@@ -255,7 +261,7 @@ class KindModel:
         return counts[list(path.kinds)].sum(axis=0)
 
 
-def supply(model: KindModel, kinds) -> np.ndarray | None:
+def transport(model: KindModel, kinds) -> np.ndarray | None:
     """Groups per (stage, class) realising a kind sequence, or None if the supply cannot (eq. K5).
 
     Every stage takes one group of each class of its kind; the remaining d - |S| groups
@@ -676,7 +682,7 @@ def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float
             continue
         handed = {rep: iter(kinds) for rep, kinds in members.items()}
         kinds = [next(handed[k]) for k in found[1].kinds]
-        counts = supply(model, kinds)
+        counts = transport(model, kinds)
         if counts is None:
             continue
         placed = realise(model, counts)
@@ -686,7 +692,7 @@ def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float
     return best
 
 
-def repair(model: KindModel, kinds) -> dict[int, int] | None:
+def repair(model: KindModel, kinds, seconds: float = 5.0) -> dict[int, int] | None:
     """The supply-feasible kind multiset closest (in stages changed) to a relaxed path's kinds.
 
     A small integer program: n_K stages of kind K and x[K, c] groups of class c among them, with
@@ -717,13 +723,13 @@ def repair(model: KindModel, kinds) -> dict[int, int] | None:
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
-    solver.parameters.max_time_in_seconds = 5.0
+    solver.parameters.max_time_in_seconds = max(0.01, seconds)
     if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     return {k: int(solver.Value(n[k])) for k in range(len(model.kinds)) if solver.Value(n[k]) > 0}
 
 
-def construct(model: KindModel, cells: list[Cell], work: float = POLISH_WORK) -> tuple | None:
+def construct(model: KindModel, cells: list[Cell], work: float = POLISH_WORK, seconds: float = 5.0) -> tuple | None:
     """Plans from the relaxation (eq. K6): each cell's relaxed path, its kinds repaired to a
     multiset the supply can give, laid out by the multiset DP at the cell's thresholds and at
     none.  Returns (seconds, bounds, stages) of the best, scored by the evaluator, or None."""
@@ -731,7 +737,7 @@ def construct(model: KindModel, cells: list[Cell], work: float = POLISH_WORK) ->
     for cell in cells:
         if cell.path is None:
             continue
-        multiset = repair(model, cell.path.kinds)
+        multiset = repair(model, cell.path.kinds, seconds / max(1, len(cells)))
         if multiset is None:
             continue
         found = _lay_out(model, multiset, [(cell.T_hi, cell.U_hi), (INF, INF)], work / max(1, len(cells)))

@@ -10,7 +10,7 @@ from amp_opt.candidates import candidates
 from amp_opt.cost import evaluate
 from amp_opt.enumerate import candidate_graph
 from amp_opt.generate import generate_instance
-from amp_opt.lagrange import kind_bound, kind_model, polish
+from amp_opt.lagrange import KindSearch, construct, kind_bound, kind_model, polish
 from amp_opt.partition import optimal_path
 from amp_opt.plan import Plan
 
@@ -68,6 +68,14 @@ def test_kind_bound_never_exceeds_the_optimum(instance, seed):
         if paths[0] is not None:
             assert path_cost(model, paths[0], lam, T, U) == np.float64(h[0]) or \
                 abs(path_cost(model, paths[0], lam, T, U) - h[0]) <= 1e-9 * max(1.0, abs(h[0]))
+        # Plans built from the relaxation's weakest cells are real plans, never below the optimum.
+        search = KindSearch(model, target)
+        search.raise_to(target, 100)
+        built = construct(model, search.promising(2))
+        if built is not None:
+            again = evaluate(instance, Plan(cand.tp, cand.dp, cand.pp, cand.micro_batch, built[1], built[2]))
+            assert again.feasible and again.predicted_time == built[0]
+            assert built[0] >= optimum * (1 - 1e-9)
         if plan is not None:
             # The optimum's own kinds, re-ordered by the multiset DP: a real plan, never better.
             ev = evaluate(instance, plan)

@@ -6,8 +6,10 @@ then smaller and tighter (w = n-1 and the memory in flight are constants), and
 candidates are pruned with the best objective found so far.  Every candidate
 first gets a fast incumbent from the exact stage DP on a few fixed node orders
 (AMP's rank order, fastest nodes first, slowest first), which seeds the
-program's hint and the cutoff.  The returned plans are re-scored by the
-evaluator.
+program's hint and the cutoff.  Under the hetero model with free grouping a
+stage-kind search (``amp_opt.lagrange``: a Lagrangian bound and layouts of
+kind multisets) then tightens every candidate's bound and improves the plans
+before the programs run.  The returned plans are re-scored by the evaluator.
 """
 
 from __future__ import annotations
@@ -248,8 +250,9 @@ def _refine_with_kinds(instance, incumbents, lower, best, deadline, searches) ->
                 continue
             model, cells = searches[c].model, searches[c].promising(POLISH_CELLS)
             work = POLISH_WORK if stop is None else POLISH_RATE * 0.25 * max(0.0, stop - time.perf_counter())
-            found = [construct(model, [x for x in cells if (c, id(x.path)) not in tried], work / 2)]
-            tried.update((c, id(x.path)) for x in cells)
+            seconds = 5.0 if stop is None else 0.1 * max(0.0, stop - time.perf_counter())
+            found = [construct(model, [x for x in cells if (c, x.path) not in tried], work / 2, seconds)]
+            tried.update((c, x.path) for x in cells)
             inc = incumbents.get(c)
             if inc is not None:
                 ev = evaluate(instance, Plan(c.tp, c.dp, c.pp, c.micro_batch, inc.bounds, inc.stages))

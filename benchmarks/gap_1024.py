@@ -1,0 +1,94 @@
+"""The issue's scale target on many random instances: 1024 GPUs, 60 s, gap at most 1%.
+
+Usage (from the project root, after `pip install .`):
+
+    python benchmarks/gap_1024.py --seeds 0-9 --solvers cpsat > benchmarks/results/gap_1024.md
+
+For each seed it runs, as a child process,
+
+    python -m amp_opt generate --seed S --nodes 128 --devices-per-node 8 --device-types 4 --layers 96 -o FILE
+    python -m amp_opt solve FILE --solver SOLVER --time-limit 60 --json
+
+and tabulates the solver block (status, wall time, objective, bound, gap) and the plan,
+or the one-line message of an exit code 3 (no plan fits, or none found in time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from amp_opt.bench import machine_info  # noqa: E402
+
+SHAPE = ["--nodes", "128", "--devices-per-node", "8", "--device-types", "4", "--layers", "96"]
+
+
+def seeds(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def run(seed: int, solver: str, time_limit: float, folder: Path) -> dict:
+    path = folder / f"g1024-s{seed}.json"
+    subprocess.run([sys.executable, "-m", "amp_opt", "generate", "--seed", str(seed), *SHAPE, "-o", str(path)],
+                   check=True, capture_output=True, cwd=ROOT)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "amp_opt", "solve", str(path), "--solver", solver,
+                           "--time-limit", str(time_limit), "--json"], capture_output=True, text=True, cwd=ROOT)
+    row = {"seed": seed, "solver": solver, "exit": done.returncode, "process_s": time.perf_counter() - start}
+    if done.returncode == 0:
+        result = json.loads(done.stdout)
+        row.update(result["solver"])
+        plan = result["plan"]
+        row["plan"] = f"tp={plan['tp']} dp={plan['dp']} pp={plan['pp']} mb={plan['micro_batch']}"
+    else:
+        row["message"] = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0-9")
+    parser.add_argument("--solvers", default="cpsat")
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    args = parser.parse_args()
+    machine = machine_info()
+    print("# 1024 GPUs, 96 layers, 4 GPU types: gap after 60 s\n")
+    print(f"Command: `python benchmarks/gap_1024.py --seeds {args.seeds} --solvers {args.solvers}"
+          f"{'' if args.time_limit == 60 else f' --time-limit {args.time_limit:g}'}`\n")
+    print("Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()) + "\n")
+    print("Instance per seed: `python -m amp_opt generate --seed S " + " ".join(SHAPE) + "`; "
+          f"solve: `python -m amp_opt solve FILE --solver SOLVER --time-limit {args.time_limit:g}`.\n")
+    print("| seed | solver | status | solve s | objective s | bound s | gap | plan |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for seed in seeds(args.seeds):
+            for solver in args.solvers.split(","):
+                row = run(seed, solver, args.time_limit, Path(folder))
+                rows.append(row)
+                if row["exit"] == 0:
+                    print(f"| {seed} | {solver} | {row['status']} | {row['wall_time']:.1f} | {row['objective']:.6f} | "
+                          f"{row['bound']:.6f} | {100 * row['gap']:.2f}% | {row['plan']} |", flush=True)
+                else:
+                    print(f"| {seed} | {solver} | exit {row['exit']} | {row['process_s']:.1f} | - | - | - | "
+                          f"{row['message']} |", flush=True)
+    solved = [r for r in rows if r["exit"] == 0]
+    within = [r for r in solved if r["gap"] <= 0.01]
+    print(f"\n{len(within)} of {len(solved)} runs with a plan have a gap of at most 1%; "
+          f"{len(rows) - len(solved)} of {len(rows)} runs ended without a plan (exit 3).")
+
+
+if __name__ == "__main__":
+    main()
