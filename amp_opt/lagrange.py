@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cost import LayerSums, allreduce_factor
+from .cost import LayerSums, StageCosts, allreduce_factor
 from .profiles import layer_times
 
 INF = np.inf
@@ -95,8 +95,6 @@ class KindModel:
             prefix = np.concatenate([[0.0], np.cumsum(t)])
             ranges.append(prefix[ll] - prefix[kk])
         params = sums.params_in(kk, ll)
-        tr = instance.training
-        state = tr.weight_bytes + tr.gradient_bytes + tr.optimizer_bytes / (d if tr.zero_stage >= 1 else 1)
         volume = b * np.concatenate([[0.0], sums.activation_bytes[:-1], [0.0]])  # boundary at position k
         K = len(kinds)
         self.compute = np.full((K, L + 1, L + 1), INF)
@@ -107,12 +105,17 @@ class KindModel:
             self.compute[i] = np.where(self.nonempty, E, INF)
             self.allreduce[i] = np.where(self.nonempty, params * allreduce_factor(instance, d, self.ring(S)), INF)
             self.capacity[i] = min(instance.device_types[self.classes[c].device_type].memory for c in S)
-        # Memory (H5) by micro-batches in flight; the stage index only enters through it.
-        self.in_flight = [min(p - s, self.w + 1) for s in range(p)]
+        # Memory (H5, from StageCosts.memory) by micro-batches in flight, the only way the stage
+        # index enters; the devices of the placeholder stages do not change it.
+        first = instance.node_first_device[0]
+        stage = (tuple(range(first, first + m)),) * d
+        base = StageCosts(instance, "hetero", m, d, p, b, (stage,) * p)
+        self.in_flight = [base.in_flight(s) for s in range(p)]
         self.fits = {}
-        for f in sorted(set(self.in_flight)):
-            need = params * state + f * b * (sums.activation_memory_in(kk, ll)) + tr.memory_reserve
-            self.fits[f] = self.nonempty[None] & (need[None] <= self.capacity[:, None, None])
+        for s in range(p):
+            if self.in_flight[s] not in self.fits:
+                need = base.memory(s, kk, ll)
+                self.fits[self.in_flight[s]] = self.nonempty[None] & (need[None] <= self.capacity[:, None, None])
         # Kinds that behave the same (tables, capacity, link) share a representative: the
         # multiset DP only needs to tell behaviours apart.
         seen: dict[tuple, int] = {}
@@ -135,10 +138,10 @@ class KindModel:
         cap = self.classes[fast].groups // d
         tracked = cap < p and self.classes[fast].groups % d != 0 and cap <= MAX_COUNT
         self.touches = np.array([tracked and S == (fast,) for S in kinds])
-        self.z_max, self.z_lo = (cap if tracked else 0), 0
+        self.z_max = cap if tracked else 0
 
     def ring(self, S) -> float:
-        """The fastest link a stage of kind S can reduce over (eq. K2)."""
+        """The fastest link a stage of kind S can reduce over and send on (eq. K1)."""
         d = self.cand.dp
         if len(S) == 1:
             c = self.classes[S[0]]
@@ -233,7 +236,7 @@ class KindModel:
             if paths:
                 back.append((span, source, touch, came))
             values = new
-        ends = values[:, self.z_lo:, :, L].reshape(batch, -1)
+        ends = values[:, :, :, L].reshape(batch, -1)
         h = ends.min(axis=1)
         if not paths:
             return h, None
@@ -243,7 +246,7 @@ class KindModel:
                 found.append(None)
                 continue
             z, b = divmod(int(np.argmin(ends[j])), B)
-            z, end = z + self.z_lo, L
+            end = L
             bounds, kinds = [L], []
             for s in range(p - 1, -1, -1):
                 span, source, touch, came = back[s]
@@ -300,13 +303,13 @@ def realise(model: KindModel, counts: np.ndarray):
     from .grouping import assign_groups
 
     m = model.cand.tp
-    pools = [[(j, 1) for j in c.nodes for _ in range(c.devices // m)] for c in model.classes]
+    pools = [[j for j in c.nodes for _ in range(c.devices // m)] for c in model.classes]  # a node per group
     taken = [0] * len(model.classes)
     per_stage = []
     for row in counts:
         use: dict[int, int] = {}
         for c, n in enumerate(row):
-            for j, _ in pools[c][taken[c]:taken[c] + int(n)]:
+            for j in pools[c][taken[c]:taken[c] + int(n)]:
                 use[j] = use.get(j, 0) + 1
             taken[c] += int(n)
         per_stage.append(sorted(use.items()))
