@@ -2,6 +2,7 @@
 cost what the DP says; the multiset DP (eq. K6) returns real plans."""
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -83,3 +84,28 @@ def test_kind_bound_never_exceeds_the_optimum(instance, seed):
             assert found is not None
             assert found[0] >= optimum * (1 - 1e-9)
             assert evaluate(instance, Plan(cand.tp, cand.dp, cand.pp, cand.micro_batch, found[1], found[2])).feasible
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(instances)
+def test_mips_with_the_kind_search_still_equal_the_enumerator(monkeypatch, instance):
+    """Phase 1b only runs from KIND_MIN_NODES nodes; forced on, the MIPs must still be exact."""
+    import amp_opt.mip as mip
+    from amp_opt import InfeasibleError, solve
+
+    monkeypatch.setattr(mip, "KIND_MIN_NODES", 1)
+    found = {}
+    for solver in ("enumerate", "cpsat", "cbc"):
+        try:
+            found[solver] = solve(instance, solver=solver)
+        except InfeasibleError:
+            found[solver] = None
+    assert len({r is None for r in found.values()}) == 1
+    if found["enumerate"] is not None:
+        ref = found["enumerate"].best.predicted_time
+        for solver in ("cpsat", "cbc"):
+            result = found[solver]
+            assert result.solver.status == "OPTIMAL"
+            assert result.best.predicted_time == pytest.approx(ref, rel=1e-5)
+            assert result.solver.objective == pytest.approx(result.best.predicted_time, rel=1e-5)

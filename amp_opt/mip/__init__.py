@@ -29,6 +29,7 @@ from .backends import resolution_for, solve_cbc, solve_cpsat
 from .formulation import build
 
 
+KIND_MIN_NODES = 8  # nodes from which the stage-kind search (phase 1b) runs
 KIND_ROUNDS = 4  # rounds of bound refinement and plan building (eq. B4, K6)
 KIND_SHARE = 0.75  # share of the time left that phase 1b may spend
 KIND_SWEEPS = 400  # DP paths per candidate and round for the Lagrangian kind bound
@@ -91,7 +92,9 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
     cands = candidates(instance)
     if not cands:
         raise InfeasibleError(why_empty(instance))
-    kinds = cost_model == "hetero" and placement == "free"  # phase 1b refines the bounds (eq. B4)
+    # Phase 1b (eq. B4, K6) pays for itself on large clusters; on a few nodes the programs alone
+    # are exact in well under a second.
+    kinds = cost_model == "hetero" and placement == "free" and len(instance.nodes) >= KIND_MIN_NODES
     lower = {c: candidate_lower_bound(instance, c, cost_model, labelled=not kinds) for c in cands}
 
     # Phase 1: incumbents from the DP, candidates in order of their lower bound.  Under free
