@@ -71,6 +71,16 @@ def node_classes(instance, tp: int) -> list[NodeClass]:
     return out
 
 
+def band_layout(usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ranges stored by (end l, length - 1) up to the longest one ``usable`` ((L+1, L+1) bool,
+    [k, l]) allows: the start of each (l, j) cell, clipped to 0, and whether it is a real range."""
+    first, last = np.nonzero(usable)
+    band = max(1, int((last - first).max())) if len(first) else 1
+    starts = np.arange(usable.shape[1])[:, None] - 1 - np.arange(band)[None, :]
+    valid = starts >= 0
+    return np.where(valid, starts, 0), valid
+
+
 class KindModel:
     """Per-kind range tables of one candidate (eq. K1-K3), and the Lagrangian DP over them (K4)."""
 
@@ -180,14 +190,8 @@ class KindModel:
                   & (self.allreduce[None] <= U[:, None, None, None]) for f, fits in self.fits.items()}  # (batch, K, k, l)
         pos = np.arange(L + 1)
         # Per link level b: ranges stored by (end l, length - 1) up to the longest usable one.
-        layout = []
-        for b in range(B):
-            mine = self.link_of == b
-            k, l = np.nonzero(np.any([u[:, mine].any(axis=(0, 1)) for u in usable.values()], axis=0))
-            band = max(1, int((l - k).max())) if len(k) else 1
-            starts = pos[:, None] - 1 - np.arange(band)[None, :]
-            valid = starts >= 0
-            layout.append((np.where(valid, starts, 0), valid))
+        layout = [band_layout(np.any([u[:, self.link_of == b].any(axis=(0, 1)) for u in usable.values()], axis=0))
+                  for b in range(B)]
         arcs, which = {}, {}  # [f, touch, b]: (batch, L+1, band_b)
         for f in self.fits:
             for touch in (False, True):
@@ -463,11 +467,7 @@ def multiset_paths(model: KindModel, multiset: dict[int, int], T: np.ndarray, U:
         # Kind a's ranges stored by (end l, length - 1) up to the longest it can use.
         ok = {f: fits[k][None] & (model.compute[k][None] <= T[:, None, None]) & (model.allreduce[k][None] <= U[:, None, None])
               for f, fits in model.fits.items()}
-        first, last = np.nonzero(np.any([x.any(axis=0) for x in ok.values()], axis=0))
-        band = max(1, int((last - first).max())) if len(first) else 1
-        starts = pos[:, None] - 1 - np.arange(band)[None, :]
-        valid = starts >= 0
-        starts = np.where(valid, starts, 0)
+        starts, valid = band_layout(np.any([x.any(axis=0) for x in ok.values()], axis=0))
         layout.append(starts)
         for f in model.fits:
             tables[f, a] = np.where(ok[f][:, starts, pos[:, None]] & valid, model.compute[k][starts, pos[:, None]][None], INF)
@@ -531,8 +531,10 @@ def kind_model(instance, cand) -> KindModel | None:
     """The candidate's kind model, remembered per instance; None when there are too many kinds."""
     key = ("kind_model", cand)
     if key not in instance.memo:
-        classes = node_classes(instance, cand.tp)
-        instance.memo[key] = KindModel(instance, cand) if 2 ** len(classes) - 1 <= MAX_KINDS else None
+        from .grouping import node_classes as class_of_node
+
+        classes = len(set(class_of_node(instance)))
+        instance.memo[key] = KindModel(instance, cand) if 2 ** classes - 1 <= MAX_KINDS else None
     return instance.memo[key]
 
 
