@@ -134,6 +134,16 @@ class KindModel:
             for i, S in enumerate(kinds)])
         self.fitting = np.any(list(self.fits.values()), axis=0)  # (K, k, l): fits at some stage
         usable = self.fitting.any(axis=0)
+        # A cost above every plan's: each term at its largest over ranges that fit, links at the
+        # slowest the cluster has.  A bound reaching it proves the candidate has no plan.
+        slow = min(min(c.inter, c.intra) for c in self.classes)
+        if usable.any():
+            crude = ((self.w + p) * float(self.compute[self.fitting].max())
+                     + (p - 1) * float(volume.max()) / slow
+                     + float(params[usable].max()) * allreduce_factor(instance, d, slow))
+            self.ceiling = 2.0 * crude
+        else:
+            self.ceiling = 0.0  # nothing fits anywhere
         self.longest = int((l - k)[usable].max()) if usable.any() else 1  # longest range that fits
         # K3: a boundary at position k costs volume[k] over the slower of its two stages' links,
         # so the DP remembers the link level of the previous stage.
@@ -149,6 +159,15 @@ class KindModel:
         tracked = cap < p and self.classes[fast].groups % d != 0 and cap <= MAX_COUNT
         self.touches = np.array([tracked and S == (fast,) for S in kinds])
         self.z_max = cap if tracked else 0
+        # K7: at most floor(G_B / d) stages have kinds inside a class set B.  The supply allows
+        # G_B / d of them in the relaxation; only the rounding cuts, so only sets where d does
+        # not divide G_B are kept.  Each cut gets a multiplier mu_B >= 0 beside lambda.
+        sets = [B for r in range(1, C) for B in itertools.combinations(range(C), r)
+                if sum(self.classes[c].groups for c in B) >= d and sum(self.classes[c].groups for c in B) % d]
+        self.cut_sets = sets
+        self.cut_rhs = np.array([sum(self.classes[c].groups for c in B) // d for B in sets], dtype=float)
+        self.inside = np.array([[set(S) <= set(B) for B in sets] for S in kinds], dtype=float).reshape(len(kinds), len(sets))
+        self.dims = C + len(sets)  # multipliers: lambda (one per class), then mu (one per cut)
 
     def ring(self, S) -> float:
         """The fastest link a stage of kind S can reduce over and send on (eq. K1)."""
@@ -158,6 +177,24 @@ class KindModel:
             if c.devices // self.cand.tp >= d:
                 return max(c.inter, c.intra)
         return min(self.classes[c].inter for c in S)
+
+    def prices(self, y: np.ndarray) -> np.ndarray:
+        """What a stage of each kind pays under multipliers y = (lambda, mu): its cheapest groups
+        (``compositions``) plus mu_B for every cut set B (eq. K7) that holds the kind; (K,)."""
+        C = len(self.classes)
+        return self.compositions(y[:C])[0] + self.inside @ y[C:]
+
+    def subgradient(self, path: KindPath, y: np.ndarray) -> np.ndarray:
+        """The relaxed constraints' excess at a path: groups taken minus the supply (lambda),
+        stages inside each cut set minus its limit (mu)."""
+        C = len(self.classes)
+        inside = self.inside[list(path.kinds)].sum(axis=0)
+        return np.concatenate([self.usage(path, y[:C]) - self.supply, inside - self.cut_rhs])
+
+    def constant(self, y: np.ndarray) -> float:
+        """The multipliers' constant term: lambda . G + mu . floor(G_B / d)."""
+        C = len(self.classes)
+        return float(y[:C] @ self.supply + y[C:] @ self.cut_rhs)
 
     def compositions(self, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per kind, the cheapest groups per class under prices ``lam`` (one of each class of
@@ -184,8 +221,8 @@ class KindModel:
         """
         p, L = self.cand.pp, self.L
         batch, Z, B = len(T), self.z_max + 1, len(self.links)
-        lam = np.broadcast_to(lam, (batch, len(self.classes)))
-        prices = np.array([self.compositions(row)[0] for row in lam])  # (batch, K)
+        lam = np.broadcast_to(lam, (batch, self.dims))
+        prices = np.array([self.prices(row) for row in lam])  # (batch, K)
         usable = {f: fits[None] & (self.compute[None] <= T[:, None, None, None])
                   & (self.allreduce[None] <= U[:, None, None, None]) for f, fits in self.fits.items()}  # (batch, K, k, l)
         pos = np.arange(L + 1)
@@ -360,8 +397,8 @@ class Ascent:
     the first class's price stays where it is.
     """
 
-    def __init__(self, cell: Cell, target: float):
-        self.cell, self.target = cell, target
+    def __init__(self, cell: Cell, target: float, classes: int):
+        self.cell, self.target, self.classes = cell, target, classes
         self.cuts: list[tuple[float, np.ndarray, np.ndarray]] = []
         self.lam, self.center = cell.lam.copy(), cell.lam.copy()
         self.radius, self.boxed = 0.2 * max(1e-3, float(np.abs(self.center).max())), False
@@ -382,14 +419,19 @@ class Ascent:
                 self.radius *= 2
         elif len(self.cuts) > 1:
             self.radius *= 0.5
-        if cell.bound >= self.target or not g.any():
+        C = self.classes
+        # A path meeting the supply and the cuts with complementary slackness: the dual is solved.
+        solved = not g[:C].any() and (g[C:] <= 0).all() and not (self.lam[C:] * g[C:]).any()
+        if cell.bound >= self.target or solved:
             self.done = cell.settled = True
             return
-        while True:
+        for _ in range(20):  # widenings of the box; flat directions (a cut met exactly) end it
             solver = pywraplp.Solver.CreateSolver("GLOP")
             theta = solver.NumVar(-solver.infinity(), solver.infinity(), "theta")
             reach = [0.0] + [self.radius] * (len(self.center) - 1)
-            x = [solver.NumVar(float(self.center[c] - reach[c]), float(self.center[c] + reach[c]), f"lam{c}")
+            # lambda is free, mu >= 0 (the cuts of eq. K7 are inequalities)
+            floor = [-np.inf] * self.classes + [0.0] * (len(self.center) - self.classes)
+            x = [solver.NumVar(float(max(floor[c], self.center[c] - reach[c])), float(self.center[c] + reach[c]), f"y{c}")
                  for c in range(len(self.center))]
             for v, gc, at in self.cuts:
                 solver.Add(theta <= v + sum(float(gc[c]) * (x[c] - float(at[c])) for c in range(len(x))))
@@ -402,9 +444,9 @@ class Ascent:
             if theta.solution_value() - cell.bound > 1e-4 * self.target:
                 return
             if not self.boxed:
-                self.done = cell.settled = True  # no price in reach gains more
-                return
+                break
             self.radius *= 4
+        self.done = cell.settled = True  # no price in reach gains more
 
 
 def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int) -> int:
@@ -415,7 +457,7 @@ def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int) 
     for cell in cells:
         # A cell's cuts stay valid for it; a new target only changes when to stop.
         if cell.ascent is None:
-            cell.ascent = Ascent(cell, target)
+            cell.ascent = Ascent(cell, target, len(model.classes))
         cell.ascent.target, cell.ascent.done, cell.settled = target, False, False
     ascents = [cell.ascent for cell in cells]
     paths_seen = 0
@@ -432,8 +474,8 @@ def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int) 
             if path is None:
                 a.cell.bound, a.done, a.cell.settled = INF, True, True  # nothing fits these thresholds
                 continue
-            g = model.usage(path, a.lam) - model.supply
-            a.record(a.cell.lead(w) + float(value) - float(a.lam @ model.supply), g, path)
+            g = model.subgradient(path, a.lam)
+            a.record(a.cell.lead(w) + float(value) - model.constant(a.lam), g, path)
     for cell in cells:
         cell.tries += 1
     return paths_seen
@@ -559,7 +601,7 @@ class KindSearch:
         # Plans with w*max E + max AR above the first target cannot be of interest.
         T_hi = max(T0, (target - U0) / w) if w > 0 else INF
         U_hi = max(U0, target - w * T0)
-        self._work([Cell(T0, T_hi, U0, U_hi, np.zeros(len(model.classes)))], target, 40)
+        self._work([Cell(T0, T_hi, U0, U_hi, np.zeros(model.dims))], target, 40)
 
     @property
     def bound(self) -> float:
@@ -587,11 +629,13 @@ class KindSearch:
             wave = []
             while self.heap and self.heap[0][0] < target and len(wave) < WAVE:
                 cell = heapq.heappop(self.heap)[2]
-                if np.isfinite(target) and not np.isfinite(cell.T_hi + cell.U_hi):
-                    # Started without a target: plans above it are of no interest (the bound is
-                    # reported as at most the target), so the cell's open ends can close.
-                    cell.T_hi = min(cell.T_hi, max(cell.T_lo, (target - cell.U_lo) / w)) if w > 0 else cell.T_hi
-                    cell.U_hi = min(cell.U_hi, max(cell.U_lo, target - w * cell.T_lo))
+                T_hi = min(cell.T_hi, max(cell.T_lo, (target - cell.U_lo) / w)) if w > 0 else cell.T_hi
+                U_hi = min(cell.U_hi, max(cell.U_lo, target - w * cell.T_lo))
+                if np.isfinite(target) and (_halved(cell.T_lo, cell.T_hi, T_hi) or _halved(cell.U_lo, cell.U_hi, U_hi)):
+                    # Started with a much higher target (or none): plans above the target are of
+                    # no interest (the bound is reported as at most it), so the cell shrinks, and
+                    # its dual starts afresh (cuts at the wider thresholds would undershoot).
+                    cell.T_hi, cell.U_hi = T_hi, U_hi
                     cell.settled, cell.ascent = False, None
                 if not cell.settled and cell.tries < 2:
                     wave.append(cell)
@@ -623,6 +667,11 @@ class KindSearch:
         import heapq
 
         return [cell for _, _, cell in heapq.nsmallest(count, self.heap, key=lambda e: e[:2])]
+
+
+def _halved(lo: float, hi: float, new_hi: float) -> bool:
+    """Whether clipping (lo, hi] at new_hi removes at least half of it (or all of an open end)."""
+    return new_hi < hi and (not np.isfinite(hi) or new_hi - lo <= 0.5 * (hi - lo))
 
 
 def kind_bound(model: KindModel, target: float, sweeps: int = 1500, deadline: float | None = None) -> float:

@@ -11,7 +11,7 @@ from amp_opt.candidates import candidates
 from amp_opt.cost import evaluate
 from amp_opt.enumerate import candidate_graph
 from amp_opt.generate import generate_instance
-from amp_opt.lagrange import KindSearch, construct, kind_bound, kind_model, polish
+from amp_opt.lagrange import KindSearch, construct, kind_bound, kind_model, multiset_of, polish
 from amp_opt.partition import optimal_path
 from amp_opt.plan import Plan
 
@@ -35,9 +35,11 @@ def exact(instance, cand):
     return best[0], Plan(cand.tp, cand.dp, cand.pp, cand.micro_batch, best[1].bounds, to_stages(best[1]))
 
 
-def path_cost(model, path, lam, T, U):
+def path_cost(model, path, y, T, U):
     """Sum of E + P + price along a DP path, recomputed term by term; checks its ranges are usable."""
-    prices, _ = model.compositions(lam)
+    C = len(model.classes)
+    prices = model.compositions(y[:C])[0] + np.array([sum(y[C + j] for j, B in enumerate(model.cut_sets) if set(S) <= set(B))
+                                                      for S in model.kinds])
     total = 0.0
     for s, (i, k, l) in enumerate(zip(path.kinds, path.bounds, path.bounds[1:])):
         assert model.fits[model.in_flight[s]][i, k, l]
@@ -61,8 +63,17 @@ def test_kind_bound_never_exceeds_the_optimum(instance, seed):
         assert bound <= target * (1 + 1e-12)
         if np.isfinite(optimum):
             assert bound <= optimum * (1 + 1e-9), (cand, bound, optimum)
+        # Started at the ceiling, as the MIPs do before they know a plan, then lowered: the cells
+        # shrink to the new target and the bound stays valid.
+        lowered = KindSearch(model, max(model.ceiling, target))
+        lowered.raise_to(max(model.ceiling, target), 20)
+        again = lowered.raise_to(target, 200)
+        assert again <= target * (1 + 1e-12)
+        if np.isfinite(optimum):
+            assert again <= optimum * (1 + 1e-9), (cand, again, optimum)
         # A DP path costs exactly its value, at any prices and thresholds.
-        lam = rng.normal(0, 1e-3, len(model.classes))
+        C = len(model.classes)
+        lam = np.concatenate([rng.normal(0, 1e-3, C), rng.exponential(1e-3, model.dims - C)])
         T, U = (float(rng.uniform(0.5, 2.0) * x) for x in (np.nanmax(np.where(np.isfinite(model.compute), model.compute, np.nan)),
                                                            np.nanmax(np.where(np.isfinite(model.allreduce), model.allreduce, np.nan))))
         h, paths = model.sweep(lam, np.array([T]), np.array([U]), paths=True)
@@ -78,6 +89,11 @@ def test_kind_bound_never_exceeds_the_optimum(instance, seed):
             assert again.feasible and again.predicted_time == built[0]
             assert built[0] >= optimum * (1 - 1e-9)
         if plan is not None:
+            # No plan costs the ceiling, and the optimum meets every rounding cut (eq. K7).
+            assert optimum < model.ceiling
+            stages_of = multiset_of(model, plan.stages)
+            inside = sum(n * model.inside[k] for k, n in stages_of.items())
+            assert (inside <= model.cut_rhs).all()
             # The optimum's own kinds, re-ordered by the multiset DP: a real plan, never better.
             ev = evaluate(instance, plan)
             found = polish(model, plan.stages, [(max(s.compute for s in ev.stages), max(s.allreduce for s in ev.stages))])

@@ -14,6 +14,7 @@ before the programs run.  The returned plans are re-scored by the evaluator.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -30,7 +31,8 @@ from .formulation import build
 
 
 KIND_MIN_NODES = 8  # nodes from which the stage-kind search (phase 1b) runs
-KIND_ROUNDS = 4  # rounds of bound refinement and plan building (eq. B4, K6)
+KIND_ROUNDS = 4  # rounds of bound refinement and plan building (eq. B4, K6); more while they pay
+KIND_PROGRESS = 1e-4  # relative move of the best plan or the weakest bound that pays for a round
 KIND_SHARE = 0.75  # share of the time left that phase 1b may spend
 KIND_SWEEPS = 400  # DP paths per candidate and round for the Lagrangian kind bound
 POLISHED = 3  # candidates (lowest bounds first) that get plans built per round
@@ -105,8 +107,8 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
     for c in sorted(cands, key=lambda c: (lower[c], c)):
         if lower[c] >= best or _out_of_time(deadline):
             break
-        if kinds and np.isfinite(best) and _kind_search(instance, c, best, searches) is not None:
-            lower[c] = max(lower[c], searches[c].raise_to(best, QUICK_SWEEPS, deadline))
+        if kinds and _kind_search(instance, c, best, searches) is not None:
+            lower[c] = max(lower[c], _raise(searches[c], best, QUICK_SWEEPS, deadline))
             if lower[c] >= best:
                 continue
         inc = heuristic(instance, c, cost_model, placement)
@@ -224,8 +226,16 @@ def _kind_search(instance, c, best, searches):
 
     if c not in searches:
         model = kind_model(instance, c)
-        searches[c] = None if model is None else KindSearch(model, best)
+        searches[c] = None if model is None else KindSearch(model, min(best, model.ceiling))
     return searches[c]
+
+
+def _raise(search, best, sweeps, deadline) -> float:
+    """The candidate's kind bound raised towards ``best``, or infinity once it reaches the cost
+    no plan of the candidate exceeds (``KindModel.ceiling``): then it has no plan at all."""
+    ceiling = search.model.ceiling
+    value = search.raise_to(min(best, ceiling), sweeps, deadline)
+    return np.inf if value >= ceiling else value
 
 
 def _refine_with_kinds(instance, incumbents, lower, best, deadline, searches) -> float:
@@ -241,12 +251,13 @@ def _refine_with_kinds(instance, incumbents, lower, best, deadline, searches) ->
 
     stop = None if deadline is None else time.perf_counter() + KIND_SHARE * (deadline - time.perf_counter())
     tried: set = set()
-    for _ in range(KIND_ROUNDS):
+    for round_ in itertools.count():
         open_ = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if lower[c] < best]
+        before = (best, min([lower[c] for c in open_], default=np.inf))
         for c in open_:
             if _out_of_time(stop) or lower[c] >= best or _kind_search(instance, c, best, searches) is None:
                 continue
-            lower[c] = max(lower[c], searches[c].raise_to(best, KIND_SWEEPS, stop))
+            lower[c] = max(lower[c], _raise(searches[c], best, KIND_SWEEPS, stop))
         # Plans where the bounds leave the most room: the likeliest to hold better ones.
         for c in [c for c in sorted(lower, key=lambda c: (lower[c], c)) if searches.get(c) is not None][:POLISHED]:
             if lower[c] >= best or _out_of_time(stop):
@@ -269,6 +280,12 @@ def _refine_with_kinds(instance, incumbents, lower, best, deadline, searches) ->
                     incumbents[c] = Incumbent(f[0], f[1], f[2])
                     best = min(best, f[0])
         if not open_ or _out_of_time(stop):
+            break
+        # After KIND_ROUNDS, more rounds only under a time limit and only while they pay: the
+        # best plan or the weakest open bound moved by more than KIND_PROGRESS of the best.
+        weakest = min([lower[c] for c in open_ if lower[c] < best], default=np.inf)
+        moved = before[0] - best > KIND_PROGRESS * best or weakest - before[1] > KIND_PROGRESS * best
+        if round_ + 1 >= KIND_ROUNDS and (stop is None or not moved):
             break
     return best
 
