@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from .model import BIN, INT, TIME, LinearModel
 
+CBC_WRITE_S = 1.0  # seconds (at most a tenth of its budget) CBC stops early to write its solution
+
 
 @dataclass
 class Outcome:
@@ -98,8 +100,8 @@ def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: i
     params.random_seed = seed
     if workers == 1:
         params.interleave_search = False
-    if time_limit is not None:
-        params.max_time_in_seconds = max(0.01, time_limit)
+    if time_limit is not None:  # what is left of it once the model is built
+        params.max_time_in_seconds = max(0.01, time_limit - (time.perf_counter() - start))
     if gap > 0:
         params.relative_gap_limit = gap
     code = solver.solve(model)
@@ -176,16 +178,19 @@ def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int
             args += ["-mips", mst]
         # CBC reads randomSeed 0 as "seed from the time of day": shift to keep runs repeatable.
         args += ["-randomSeed", str(seed + 1), "-threads", str(workers)]
+        budget = None
         if time_limit is not None:
-            args += ["-sec", f"{max(0.1, time_limit):.3f}"]
+            # What is left after building the model; CBC is asked to stop a little before it so
+            # that it can write its best solution, and is killed at it.
+            budget = max(0.1, time_limit - (time.perf_counter() - start))
+            args += ["-sec", f"{max(0.05, budget - min(CBC_WRITE_S, 0.1 * budget)):.3f}"]
         if gap > 0:
             args += ["-ratioGap", str(gap)]
         if cutoff is not None:  # CBC prunes nodes worse than this (safer than a row, numerically)
             args += ["-cutoff", repr(cutoff / scale * (1 + 1e-6))]
         args += ["-timeMode", "elapsed", "-solve", "-printingOptions", "all", "-solution", sol]
         try:
-            run = subprocess.run(args, capture_output=True, text=True,
-                                 timeout=None if time_limit is None else time_limit + 5.0)
+            run = subprocess.run(args, capture_output=True, text=True, timeout=budget)
             log = run.stdout
         except subprocess.TimeoutExpired as exc:  # stuck in preprocessing: the limit is enforced here
             log = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
