@@ -118,7 +118,9 @@ def _least_overfull(graph: StageGraph, cand, to_stages, tightest):
     return tightest
 
 
-def _infeasible_reason(instance, cost_model: str, tightest) -> str:
+def _infeasible_reason(instance, cost_model: str, tightest, example: str = "") -> str:
+    """Why no plan exists, shown on the least overfull plan known (``example`` says which kind
+    of plan that is when it is not from the placement searched)."""
     if tightest is None:
         return f"no candidate has a valid layer partition ({instance.num_layers} layers)"
     if tightest[0] <= 1.0:
@@ -128,7 +130,7 @@ def _infeasible_reason(instance, cost_model: str, tightest) -> str:
     ev = evaluate(instance, plan, cost_model)
     worst = max(ev.stages, key=lambda r: r.memory / r.capacity)
     return (
-        f"no plan fits in device memory. The tightest is tp={cand.tp} dp={cand.dp} pp={cand.pp} "
+        f"no plan fits in device memory. The tightest{example} is tp={cand.tp} dp={cand.dp} pp={cand.pp} "
         f"micro_batch={cand.micro_batch} with partition {list(path.bounds)}: stage {worst.index} "
         f"({', '.join(worst.device_types)}, layers {worst.layers[0]}-{worst.layers[1] - 1}) needs "
         f"{worst.memory / 2**30:.2f} GiB per device, over its capacity of {worst.capacity / 2**30:.2f} GiB "

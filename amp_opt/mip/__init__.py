@@ -198,7 +198,9 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
     if not results:
         if not closed:
             raise InfeasibleError(f"no feasible plan found within the time limit of {time_limit} s")
-        raise InfeasibleError(_infeasible_reason(instance, cost_model, least_overfull_rank_order(instance, cost_model)))
+        example = " rank-order plan (free grouping was searched too)" if placement == "free" else ""
+        raise InfeasibleError(_infeasible_reason(instance, cost_model, least_overfull_rank_order(instance, cost_model),
+                                                 example))
 
     results.sort(key=lambda r: (r[0], r[2]))
     top = results[:top_k]
