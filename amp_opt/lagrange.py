@@ -13,9 +13,12 @@ the objective are handled by thresholds (T on compute, U on allreduce):
     time >= w * T_lo + U_lo + h_lambda(T, U) - lambda . G
 
 for every plan whose largest stage compute lies in (T_lo, T] and whose largest
-allreduce lies in (U_lo, U].  Plans come from kind multisets (a relaxed path's
-kinds repaired to fit the supply, or a known plan's kinds) laid out by an exact
-DP over the stages of each kind used so far (eq. K5, K6).
+allreduce lies in (U_lo, U].  Rounded supply rows (at most floor(G_B / d)
+stages inside a class set B, eq. K7) are priced the same way, and a bound that
+reaches ``KindModel.ceiling`` proves the candidate has no plan.  Plans come
+from kind multisets (a relaxed path's kinds repaired to fit the supply, or a
+known plan's kinds) laid out by an exact DP over the stages of each kind used
+so far (eq. K5, K6).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Usage (from the project root, after `pip install .`):
 
-    python benchmarks/gap_1024.py --seeds 0-9 --solvers cpsat > benchmarks/results/gap_1024.md
+    python benchmarks/gap_1024.py --seeds 0-9 --solvers cpsat,cbc > benchmarks/results/gap_1024.md
 
 For each seed it runs, as a child process,
 
