@@ -117,7 +117,7 @@ def solve_mip(instance, solver: str, cost_model: str, placement: str, top_k: int
             best = min(best, inc.value)
 
     if kinds:
-        best = _refine_with_kinds(instance, incumbents, lower, best, deadline, searches)
+        best = _refine_with_kinds(instance, incumbents, lower, best, deadline, searches, max(gap, SAME))
 
     # Phase 2: the programs, most promising first, each cut off at the k-th best value so far.
     order = sorted(cands, key=lambda c: (incumbents[c].value if c in incumbents else np.inf, lower[c], c))
@@ -240,21 +240,24 @@ def _raise(search, best, sweeps, deadline) -> float:
     return np.inf if value >= ceiling else value
 
 
-def _refine_with_kinds(instance, incumbents, lower, best, deadline, searches) -> float:
+def _refine_with_kinds(instance, incumbents, lower, best, deadline, searches, gap) -> float:
     """Phase 1b (``formulations/mip.md``, eq. B4 and K6), for free grouping under hetero.
 
-    In rounds: every candidate whose lower bound is below the best plan gets more of the
-    Lagrangian kind bound; then the candidates with the lowest bounds get plans built from
-    their relaxed paths (kinds repaired to fit the supply), and their incumbents re-ordered
-    and re-partitioned keeping their kinds, at the thresholds where the bound is weakest.
-    Spends at most three quarters of the time left; without a time limit, fixed budgets.
+    In rounds: every candidate whose lower bound is more than ``gap`` below the best plan
+    gets more of the Lagrangian kind bound (infinite once it proves the candidate has no
+    plan); then the candidates with the lowest bounds get plans built from their relaxed
+    paths (kinds repaired to fit the supply), and their incumbents re-ordered and
+    re-partitioned keeping their kinds, at the thresholds where the bound is weakest.
+    Spends at most three quarters of the time left; KIND_ROUNDS rounds, and under a time
+    limit more while they pay.
     """
     from ..lagrange import POLISH_RATE, POLISH_WORK, construct, polish
 
     stop = None if deadline is None else time.perf_counter() + KIND_SHARE * (deadline - time.perf_counter())
     tried: set = set()
     for round_ in itertools.count():
-        open_ = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if lower[c] < best]
+        # Open: candidates whose bound leaves more than the requested gap below the best plan.
+        open_ = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if lower[c] < best * (1 - gap)]
         before = (best, min([lower[c] for c in open_], default=np.inf))
         for c in open_:
             if _out_of_time(stop) or lower[c] >= best or _kind_search(instance, c, best, searches) is None:
