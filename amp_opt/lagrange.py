@@ -33,7 +33,6 @@ from .profiles import layer_times
 
 INF = np.inf
 MAX_KINDS = 63  # 6 node classes; more and the bound falls back to eq. B2/B3
-MAX_COUNT = 16  # largest stage count the DP tracks for eq. K4'
 WAVE = 8  # threshold cells whose duals are raised together, in one batched DP sweep
 POLISH_WORK = 2e9  # array operations one polish may spend by default (a few seconds)
 POLISH_RATE = 5e8  # array operations per second the multiset DP runs at, roughly
@@ -154,14 +153,6 @@ class KindModel:
         self.links = np.array(sorted({self.ring(S) for S in kinds}))
         self.link_of = np.array([int(np.searchsorted(self.links, self.ring(S))) for S in kinds])
         self.p2p_factor = 1.0 / np.minimum(self.links[:, None], self.links[None, :])  # [previous, next]
-        # K4': stages made only of the fastest class A hold d of its groups each, so at most
-        # floor(G_A / d) of them exist; the DP counts them (eq. K4').
-        # Only worth its cost (z_max + 1 times the DP) when the fraction G_A / d is lost.
-        fast = min(range(C), key=lambda c: (float(ranges[c][0, L]), c))
-        cap = self.classes[fast].groups // d
-        tracked = cap < p and self.classes[fast].groups % d != 0 and cap <= MAX_COUNT
-        self.touches = np.array([tracked and S == (fast,) for S in kinds])
-        self.z_max = cap if tracked else 0
         # K7: at most floor(G_B / d) stages have kinds inside a class set B.  The supply allows
         # G_B / d of them in the relaxation; only the rounding cuts, so only sets where d does
         # not divide G_B are kept.  Each cut gets a multiplier mu_B >= 0 beside lambda.
@@ -214,73 +205,59 @@ class KindModel:
                 left -= take
         return counts @ lam, counts
 
-    def sweep(self, lam: np.ndarray, T: np.ndarray, U: np.ndarray, paths: bool = False):
-        """h_lambda(T, U) for a batch of thresholds (eq. K4) and, if asked, a minimising path each.
+    def sweep(self, y: np.ndarray, T: np.ndarray, U: np.ndarray, paths: bool = False):
+        """h(T, U) under multipliers y for a batch of thresholds (eq. K4, K7) and, if asked, a
+        minimising path each.
 
         h is the least sum over p stages of E + P + price(kind) with every stage's compute <= T,
-        allreduce <= U, memory within its kind's capacity and the count rule of eq. K4'.
-        States: (count z, link level of the previous stage, layer position).  Ranges are
-        stored by (end l, length - 1) up to the longest usable one.
+        allreduce <= U and memory within its kind's capacity.  States: (link level of the
+        previous stage, layer position).  Ranges are stored by (end l, length - 1) up to the
+        longest usable one.
         """
         p, L = self.cand.pp, self.L
-        batch, Z, B = len(T), self.z_max + 1, len(self.links)
-        lam = np.broadcast_to(lam, (batch, self.dims))
-        prices = np.array([self.prices(row) for row in lam])  # (batch, K)
+        batch, B = len(T), len(self.links)
+        y = np.broadcast_to(y, (batch, self.dims))
+        prices = np.array([self.prices(row) for row in y])  # (batch, K)
         usable = {f: fits[None] & (self.compute[None] <= T[:, None, None, None])
                   & (self.allreduce[None] <= U[:, None, None, None]) for f, fits in self.fits.items()}  # (batch, K, k, l)
         pos = np.arange(L + 1)
         # Per link level b: ranges stored by (end l, length - 1) up to the longest usable one.
         layout = [band_layout(np.any([u[:, self.link_of == b].any(axis=(0, 1)) for u in usable.values()], axis=0))
                   for b in range(B)]
-        arcs, which = {}, {}  # [f, touch, b]: (batch, L+1, band_b)
+        arcs, which = {}, {}  # [f, b]: the cheapest kind of link level b per (batch, end, length - 1)
         for f in self.fits:
-            for touch in (False, True):
-                for b, (starts, valid) in enumerate(layout):
-                    best = np.full((batch, L + 1, starts.shape[1]), INF)
-                    arg = np.zeros(best.shape, dtype=np.int16)
-                    for i in np.flatnonzero((self.touches == touch) & (self.link_of == b)):
-                        ok = usable[f][:, i][:, starts, pos[:, None]] & valid
-                        cost = np.where(ok, self.compute[i][starts, pos[:, None]][None] + prices[:, i, None, None], INF)
-                        better = cost < best
-                        best = np.where(better, cost, best)
-                        arg = np.where(better, i, arg)
-                    arcs[f, touch, b] = best if np.isfinite(best).any() else None
-                    which[f, touch, b] = arg
-        hop = self.volume[None, None, None, None, :] * self.p2p_factor[None, None, :, :, None]  # [.., prev, next, k]
-        values = np.full((batch, Z, B, L + 1), INF)
-        values[:, 0, 0, 0] = 0.0
+            for b, (starts, valid) in enumerate(layout):
+                best = np.full((batch, L + 1, starts.shape[1]), INF)
+                arg = np.zeros(best.shape, dtype=np.int16)
+                for i in np.flatnonzero(self.link_of == b):
+                    ok = usable[f][:, i][:, starts, pos[:, None]] & valid
+                    cost = np.where(ok, self.compute[i][starts, pos[:, None]][None] + prices[:, i, None, None], INF)
+                    better = cost < best
+                    best = np.where(better, cost, best)
+                    arg = np.where(better, i, arg)
+                arcs[f, b] = best if np.isfinite(best).any() else None
+                which[f, b] = arg
+        hop = self.volume[None, None, None, :] * self.p2p_factor[None, :, :, None]  # [batch, prev, next, k]
+        values = np.full((batch, B, L + 1), INF)
+        values[:, 0, 0] = 0.0
         back = []
-        zs = np.arange(Z)[None, :, None]
         for s in range(p):
             f = self.in_flight[s]
             ls = slice(s + 1, L - p + s + 2)  # ends stage s can have
-            entry = values[:, :, :, None, :] + hop  # (batch, Z, prev, next, L+1)
-            came = entry.argmin(axis=2)  # (batch, Z, B, L+1)
-            entry = entry.min(axis=2)
-            new = np.full((batch, Z, B, L + 1), INF)
-            span = np.zeros((batch, Z, B, L + 1), dtype=np.int16)
-            source = np.broadcast_to(np.arange(Z)[None, :, None, None], new.shape).copy()
-            touch = np.zeros(new.shape, dtype=bool)
+            entry = values[:, :, None, :] + hop  # (batch, prev, next, L+1)
+            came = entry.argmin(axis=1)  # (batch, B, L+1)
+            entry = entry.min(axis=1)
+            new = np.full((batch, B, L + 1), INF)
+            span = np.zeros((batch, B, L + 1), dtype=np.int16)
             for b, (starts, valid) in enumerate(layout):
-                gathered = entry[:, :, b][..., starts[ls]]  # (batch, Z, window, band_b)
-                if arcs[f, False, b] is not None:
-                    stay = gathered + arcs[f, False, b][:, None, ls]
-                    span[:, :, b, ls] = stay.argmin(axis=3)
-                    new[:, :, b, ls] = stay.min(axis=3)
-                if Z > 1 and arcs[f, True, b] is not None:
-                    move = gathered[:, :-1] + arcs[f, True, b][:, None, ls]
-                    moved_span = move.argmin(axis=3)
-                    moved = move.min(axis=3)
-                    # z counts the stages of eq. K4': such a stage moves z to z + 1
-                    better = moved < new[:, 1:, b, ls]
-                    new[:, 1:, b, ls] = np.where(better, moved, new[:, 1:, b, ls])
-                    span[:, 1:, b, ls] = np.where(better, moved_span, span[:, 1:, b, ls])
-                    source[:, 1:, b, ls] = np.where(better, zs[:, :-1], source[:, 1:, b, ls])
-                    touch[:, 1:, b, ls] = better
+                if arcs[f, b] is not None:
+                    stay = entry[:, b][..., starts[ls]] + arcs[f, b][:, ls]  # (batch, window, band_b)
+                    span[:, b, ls] = stay.argmin(axis=2)
+                    new[:, b, ls] = stay.min(axis=2)
             if paths:
-                back.append((span, source, touch, came))
+                back.append((span, came))
             values = new
-        ends = values[:, :, :, L].reshape(batch, -1)
+        ends = values[:, :, L]
         h = ends.min(axis=1)
         if not paths:
             return h, None
@@ -289,16 +266,15 @@ class KindModel:
             if not np.isfinite(h[j]):
                 found.append(None)
                 continue
-            z, b = divmod(int(np.argmin(ends[j])), B)
-            end = L
+            b, end = int(np.argmin(ends[j])), L
             bounds, kinds = [L], []
             for s in range(p - 1, -1, -1):
-                span, source, touch, came = back[s]
-                width, touched, before = int(span[j, z, b, end]), bool(touch[j, z, b, end]), int(source[j, z, b, end])
-                kinds.append(int(which[self.in_flight[s], touched, b][j, end, width]))
+                span, came = back[s]
+                width = int(span[j, b, end])
+                kinds.append(int(which[self.in_flight[s], b][j, end, width]))
                 start = end - 1 - width
                 bounds.append(start)
-                z, b, end = before, int(came[j, before, b, start]), start
+                b, end = int(came[j, b, start]), start
             found.append(KindPath(tuple(reversed(kinds)), tuple(reversed(bounds))))
         return h, found
 

@@ -47,7 +47,6 @@ def path_cost(model, path, y, T, U):
         total += model.compute[i, k, l] + prices[i]
         if s:
             total += model.volume[k] / min(model.ring(model.kinds[path.kinds[s - 1]]), model.ring(model.kinds[i]))
-    assert sum(model.touches[i] for i in path.kinds) <= model.z_max
     return total
 
 
