@@ -377,11 +377,21 @@ class Ascent:
     """
 
     def __init__(self, cell: Cell, target: float, classes: int):
+        from ortools.linear_solver import pywraplp
+
         self.cell, self.target, self.classes = cell, target, classes
-        self.cuts: list[tuple[float, np.ndarray, np.ndarray]] = []
+        self.cuts = 0
         self.lam, self.center = cell.lam.copy(), cell.lam.copy()
         self.radius, self.boxed = 0.2 * max(1e-3, float(np.abs(self.center).max())), False
         self.done = False
+        # One LP kept for the whole ascent: a row per cut, the box as variable bounds, so each
+        # step adds a row and re-solves from the last basis.
+        self.lp = pywraplp.Solver.CreateSolver("GLOP")
+        self.theta = self.lp.NumVar(-self.lp.infinity(), self.lp.infinity(), "theta")
+        self.y = [self.lp.NumVar(-self.lp.infinity(), self.lp.infinity(), f"y{c}") for c in range(len(self.center))]
+        objective = self.lp.Objective()
+        objective.SetCoefficient(self.theta, 1.0)
+        objective.SetMaximization()
 
     def record(self, value: float, g: np.ndarray, path: KindPath) -> None:
         """Take the dual value, subgradient and DP path at ``self.lam``; choose the next lambda
@@ -389,14 +399,19 @@ class Ascent:
         from ortools.linear_solver import pywraplp
 
         cell = self.cell
-        self.cuts.append((value, g, self.lam.copy()))
+        # The cut theta <= value + g . (y - lam), as theta - g . y <= value - g . lam
+        row = self.lp.Constraint(-self.lp.infinity(), float(value - g @ self.lam))
+        row.SetCoefficient(self.theta, 1.0)
+        for c in np.flatnonzero(g):
+            row.SetCoefficient(self.y[c], -float(g[c]))
+        self.cuts += 1
         if value > cell.bound or cell.path is None:
             cell.path = path
         if value > cell.bound:
             cell.bound, cell.lam, self.center = value, self.lam.copy(), self.lam.copy()
             if self.boxed:
                 self.radius *= 2
-        elif len(self.cuts) > 1:
+        elif self.cuts > 1:
             self.radius *= 0.5
         C = self.classes
         # A path meeting the supply and the cuts with complementary slackness: the dual is solved.
@@ -405,22 +420,17 @@ class Ascent:
             self.done = cell.settled = True
             return
         for _ in range(20):  # widenings of the box; flat directions (a cut met exactly) end it
-            solver = pywraplp.Solver.CreateSolver("GLOP")
-            theta = solver.NumVar(-solver.infinity(), solver.infinity(), "theta")
-            reach = [0.0] + [self.radius] * (len(self.center) - 1)
-            # lambda is free, mu >= 0 (the cuts of eq. K7 are inequalities)
-            floor = [-np.inf] * self.classes + [0.0] * (len(self.center) - self.classes)
-            x = [solver.NumVar(float(max(floor[c], self.center[c] - reach[c])), float(self.center[c] + reach[c]), f"y{c}")
-                 for c in range(len(self.center))]
-            for v, gc, at in self.cuts:
-                solver.Add(theta <= v + sum(float(gc[c]) * (x[c] - float(at[c])) for c in range(len(x))))
-            solver.Maximize(theta)
-            if solver.Solve() != pywraplp.Solver.OPTIMAL:
+            # The box: lambda_0 fixed, the rest within the radius; mu >= 0 (K7 rows are inequalities).
+            for c, var in enumerate(self.y):
+                reach = 0.0 if c == 0 else self.radius
+                low = self.center[c] - reach if c < C else max(0.0, self.center[c] - reach)
+                var.SetBounds(float(low), float(self.center[c] + reach))
+            if self.lp.Solve() != pywraplp.Solver.OPTIMAL:
                 self.done = True
                 return
-            self.lam = np.array([xc.solution_value() for xc in x])
+            self.lam = np.array([var.solution_value() for var in self.y])
             self.boxed = bool(np.abs(self.lam - self.center).max() >= self.radius * (1 - 1e-6))
-            if theta.solution_value() - cell.bound > 1e-4 * self.target:
+            if self.theta.solution_value() - cell.bound > 1e-4 * self.target:
                 return
             if not self.boxed:
                 break
