@@ -33,6 +33,7 @@ from .profiles import layer_times
 
 INF = np.inf
 MAX_KINDS = 63  # 6 node classes; more and the bound falls back to eq. B2/B3
+LP_MS = 2000  # milliseconds one dual step's LP may take (a guard; it takes about one)
 WAVE = 8  # threshold cells whose duals are raised together, in one batched DP sweep
 POLISH_WORK = 2e9  # array operations one polish may spend by default (a few seconds)
 POLISH_RATE = 5e8  # array operations per second the multiset DP runs at, roughly
@@ -377,21 +378,12 @@ class Ascent:
     """
 
     def __init__(self, cell: Cell, target: float, classes: int):
-        from ortools.linear_solver import pywraplp
-
         self.cell, self.target, self.classes = cell, target, classes
         self.cuts = 0
         self.lam, self.center = cell.lam.copy(), cell.lam.copy()
         self.radius, self.boxed = 0.2 * max(1e-3, float(np.abs(self.center).max())), False
         self.done = False
-        # One LP kept for the whole ascent: a row per cut, the box as variable bounds, so each
-        # step adds a row and re-solves from the last basis.
-        self.lp = pywraplp.Solver.CreateSolver("GLOP")
-        self.theta = self.lp.NumVar(-self.lp.infinity(), self.lp.infinity(), "theta")
-        self.y = [self.lp.NumVar(-self.lp.infinity(), self.lp.infinity(), f"y{c}") for c in range(len(self.center))]
-        objective = self.lp.Objective()
-        objective.SetCoefficient(self.theta, 1.0)
-        objective.SetMaximization()
+        self.rows: list[tuple[float, np.ndarray]] = []  # cuts as theta - g . y <= rhs
 
     def record(self, value: float, g: np.ndarray, path: KindPath) -> None:
         """Take the dual value, subgradient and DP path at ``self.lam``; choose the next lambda
@@ -400,10 +392,7 @@ class Ascent:
 
         cell = self.cell
         # The cut theta <= value + g . (y - lam), as theta - g . y <= value - g . lam
-        row = self.lp.Constraint(-self.lp.infinity(), float(value - g @ self.lam))
-        row.SetCoefficient(self.theta, 1.0)
-        for c in np.flatnonzero(g):
-            row.SetCoefficient(self.y[c], -float(g[c]))
+        self.rows.append((float(value - g @ self.lam), g.copy()))
         self.cuts += 1
         if value > cell.bound or cell.path is None:
             cell.path = path
@@ -420,17 +409,31 @@ class Ascent:
             self.done = cell.settled = True
             return
         for _ in range(20):  # widenings of the box; flat directions (a cut met exactly) end it
+            # A fresh LP per step, rows set coefficient by coefficient (GLOP's expression API is
+            # slow at this size, and re-solving one kept model from its last basis could stall).
+            lp = pywraplp.Solver.CreateSolver("GLOP")
+            lp.SetTimeLimit(LP_MS)
+            theta = lp.NumVar(-lp.infinity(), lp.infinity(), "theta")
             # The box: lambda_0 fixed, the rest within the radius; mu >= 0 (K7 rows are inequalities).
-            for c, var in enumerate(self.y):
-                reach = 0.0 if c == 0 else self.radius
-                low = self.center[c] - reach if c < C else max(0.0, self.center[c] - reach)
-                var.SetBounds(float(low), float(self.center[c] + reach))
-            if self.lp.Solve() != pywraplp.Solver.OPTIMAL:
+            reach = np.full(len(self.center), self.radius)
+            reach[0] = 0.0
+            low = self.center - reach
+            low[C:] = np.maximum(0.0, low[C:])
+            y = [lp.NumVar(float(lo), float(hi), f"y{c}") for c, (lo, hi) in enumerate(zip(low, self.center + reach))]
+            for rhs, g_row in self.rows:
+                row = lp.Constraint(-lp.infinity(), rhs)
+                row.SetCoefficient(theta, 1.0)
+                for c in np.flatnonzero(g_row):
+                    row.SetCoefficient(y[c], -float(g_row[c]))
+            objective = lp.Objective()
+            objective.SetCoefficient(theta, 1.0)
+            objective.SetMaximization()
+            if lp.Solve() != pywraplp.Solver.OPTIMAL:
                 self.done = True
                 return
-            self.lam = np.array([var.solution_value() for var in self.y])
+            self.lam = np.array([var.solution_value() for var in y])
             self.boxed = bool(np.abs(self.lam - self.center).max() >= self.radius * (1 - 1e-6))
-            if self.theta.solution_value() - cell.bound > 1e-4 * self.target:
+            if theta.solution_value() - cell.bound > 1e-4 * self.target:
                 return
             if not self.boxed:
                 break
