@@ -147,7 +147,6 @@ class KindModel:
             self.ceiling = 2.0 * crude
         else:
             self.ceiling = 0.0  # nothing fits anywhere
-        self.longest = int((l - k)[usable].max()) if usable.any() else 1  # longest range that fits
         # K3: a boundary at position k costs volume[k] over the slower of its two stages' links,
         # so the DP remembers the link level of the previous stage.
         self.volume = volume
@@ -157,10 +156,10 @@ class KindModel:
         # K7: at most floor(G_B / d) stages have kinds inside a class set B.  The supply allows
         # G_B / d of them in the relaxation; only the rounding cuts, so only sets where d does
         # not divide G_B are kept.  Each cut gets a multiplier mu_B >= 0 beside lambda.
-        sets = [B for r in range(1, C) for B in itertools.combinations(range(C), r)
-                if sum(self.classes[c].groups for c in B) >= d and sum(self.classes[c].groups for c in B) % d]
+        totals = {B: sum(self.classes[c].groups for c in B) for r in range(1, C) for B in itertools.combinations(range(C), r)}
+        sets = [B for B, G in totals.items() if G >= d and G % d]
         self.cut_sets = sets
-        self.cut_rhs = np.array([sum(self.classes[c].groups for c in B) // d for B in sets], dtype=float)
+        self.cut_rhs = np.array([totals[B] // d for B in sets], dtype=float)
         self.inside = np.array([[set(S) <= set(B) for B in sets] for S in kinds], dtype=float).reshape(len(kinds), len(sets))
         self.dims = C + len(sets)  # multipliers: lambda (one per class), then mu (one per cut)
 
@@ -379,7 +378,6 @@ class Ascent:
 
     def __init__(self, cell: Cell, target: float, classes: int):
         self.cell, self.target, self.classes = cell, target, classes
-        self.cuts = 0
         self.lam, self.center = cell.lam.copy(), cell.lam.copy()
         self.radius, self.boxed = 0.2 * max(1e-3, float(np.abs(self.center).max())), False
         self.done = False
@@ -393,14 +391,13 @@ class Ascent:
         cell = self.cell
         # The cut theta <= value + g . (y - lam), as theta - g . y <= value - g . lam
         self.rows.append((float(value - g @ self.lam), g.copy()))
-        self.cuts += 1
         if value > cell.bound or cell.path is None:
             cell.path = path
         if value > cell.bound:
             cell.bound, cell.lam, self.center = value, self.lam.copy(), self.lam.copy()
             if self.boxed:
                 self.radius *= 2
-        elif self.cuts > 1:
+        elif len(self.rows) > 1:
             self.radius *= 0.5
         C = self.classes
         # A path meeting the supply and the cuts with complementary slackness: the dual is solved.
