@@ -8,7 +8,10 @@ Library use::
     print(result.best.predicted_time, result.best.plan.to_json())
     amp_opt.evaluate(instance, result.best.plan, cost_model="hetero")
 
-The names below are imported on first use, so ``import amp_opt`` stays light.
+The package has four wings: :mod:`amp_opt.model` (instances, plans and the cost
+models), :mod:`amp_opt.search` (the solvers), :mod:`amp_opt.export` (plans to
+launchers) and :mod:`amp_opt.commands` (the CLI), with :mod:`amp_opt.bench` beside
+them.  The names below are imported on first use, so ``import amp_opt`` stays light.
 """
 
 from __future__ import annotations
@@ -19,20 +22,20 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "load_instance": "instance",
-    "parse_instance": "instance",
-    "Instance": "instance",
-    "Layer": "instance",
-    "Node": "instance",
-    "DeviceType": "instance",
-    "Plan": "plan",
-    "parse_plan": "plan",
-    "evaluate": "cost",
-    "Evaluation": "cost",
-    "StageReport": "cost",
-    "solve": "solver",
-    "SolveResult": "result",
-    "SolverStats": "result",
+    "load_instance": "model.load",
+    "parse_instance": "model.load",
+    "Instance": "model.instance",
+    "Layer": "model.instance",
+    "Node": "model.instance",
+    "DeviceType": "model.instance",
+    "Plan": "model.plan",
+    "parse_plan": "model.plan",
+    "evaluate": "model.evaluate",
+    "Evaluation": "model.evaluate",
+    "StageReport": "model.evaluate",
+    "solve": "search.solve",
+    "SolveResult": "search.result",
+    "SolverStats": "search.result",
     "InputError": "errors",
     "InfeasibleError": "errors",
     "AmpOptError": "errors",
@@ -41,12 +44,13 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .cost import Evaluation, StageReport, evaluate
     from .errors import AmpOptError, InfeasibleError, InputError
-    from .instance import DeviceType, Instance, Layer, Node, load_instance, parse_instance
-    from .plan import Plan, parse_plan
-    from .result import SolveResult, SolverStats
-    from .solver import solve
+    from .model.evaluate import Evaluation, StageReport, evaluate
+    from .model.instance import DeviceType, Instance, Layer, Node
+    from .model.load import load_instance, parse_instance
+    from .model.plan import Plan, parse_plan
+    from .search.result import SolveResult, SolverStats
+    from .search.solve import solve
 
 
 def __getattr__(name: str):

@@ -1,5 +1,5 @@
 """``python -m amp_opt``: the command-line interface."""
 
-from .cli import main
+from .commands.cli import main
 
 raise SystemExit(main())

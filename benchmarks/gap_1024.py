@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from amp_opt.bench import machine_info  # noqa: E402
+from amp_opt.bench.writers import machine_info  # noqa: E402
 
 SHAPE = ["--nodes", "128", "--devices-per-node", "8", "--device-types", "4", "--layers", "96"]
 

@@ -67,8 +67,8 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "suite" / "scale"
 sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
 
-from amp_opt.catalog import CATALOG  # noqa: E402
-from amp_opt.generate import generate_instance  # noqa: E402
+from amp_opt.model.catalog import CATALOG  # noqa: E402
+from amp_opt.model.generate import generate_instance  # noqa: E402
 
 NETWORK_GBIT = {"H100-80GB": 400, "A100-80GB": 400, "A100-40GB": 200, "V100-32GB": 50, "V100-16GB": 25, "T4": 50}
 GPUS_PER_NODE = 8
@@ -151,7 +151,7 @@ def write(text_by_name: dict[str, str], out: Path) -> None:
 
 
 def main() -> int:
-    from amp_opt.instance import parse_instance
+    from amp_opt.model.load import parse_instance
 
     texts = {}
     for name, doc in documents().items():

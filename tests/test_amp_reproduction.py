@@ -3,9 +3,11 @@
 import pytest
 
 from amp_opt import evaluate, parse_plan, solve
-from amp_opt.candidates import Candidate
-from amp_opt.enumerate import candidate_graph
-from amp_opt.partition import optimal_path
+from amp_opt.model.candidates import Candidate
+from amp_opt.model.costs import COST_MODELS
+from amp_opt.model.tables import Tables
+from amp_opt.search.grouping import candidate_graph
+from amp_opt.search.partition import optimal_path
 
 AMP_BEST = {"homogeneous": 1.2443, "het_cluster": 1.0859, "het_model": 1.1502}
 
@@ -34,7 +36,7 @@ def test_exact_partition_never_worse_than_amp(paper_instances, rankings, experim
     strictly_better = 0
     for entry in rankings[experiment]:
         cand = Candidate(entry["tp"], entry["dp"], entry["pp"], entry["micro_batch"])
-        graph, _ = candidate_graph(inst, cand, "amp", "rank-order")
+        graph, _ = candidate_graph(Tables(inst), cand, COST_MODELS["amp"], "rank-order")
         value, path = optimal_path(graph)
         amp_value = evaluate(inst, _plan(entry), "amp").predicted_time
         assert value <= amp_value * (1 + 1e-12), entry
@@ -55,7 +57,7 @@ def test_best_plan_no_worse_than_amp_best(paper_instances, experiment):
 def test_het_cluster_top_pick_improves_on_amp(paper_instances):
     """AMP picks [0, 7, 14, 20, 30] (1.0859 s); the exact optimum of the same candidate is lower."""
     inst = paper_instances["het_cluster"]
-    graph, _ = candidate_graph(inst, Candidate(1, 4, 4, 1), "amp", "rank-order")
+    graph, _ = candidate_graph(Tables(inst), Candidate(1, 4, 4, 1), COST_MODELS["amp"], "rank-order")
     value, path = optimal_path(graph)
     assert value < 1.0845  # below both AMP's pick and the pipe-only optimum [0, 8, 14, 20, 30]
     assert evaluate(inst, parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1,

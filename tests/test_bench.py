@@ -10,9 +10,12 @@ import pytest
 from conftest import INSTANCES
 
 import amp_opt
-from amp_opt.baselines import amp_pick, even_partition, expert_default, ideal_bound
-from amp_opt.bench import COLUMNS, make_row, run_bench, suite_paths
-from amp_opt.cost import evaluate
+from amp_opt.bench.baselines import amp_pick, even_partition, expert_default, ideal_bound
+from amp_opt.bench.rows import COLUMNS, BaselineRun, SolveRun, make_row
+from amp_opt.bench.run import run_bench
+from amp_opt.bench.runner import run_in_child, solve_child
+from amp_opt.bench.suites import describe, suite_paths
+from amp_opt.model.evaluate import evaluate
 from amp_opt import solve
 
 
@@ -120,17 +123,15 @@ def test_run_bench_paper_writes_consistent_files(tmp_path):
 
 
 def test_a_failing_run_is_a_row_not_a_crash(tmp_path):
-    from amp_opt import bench
-
     # A child that raises, one that dies and one that hangs: each becomes a row.
-    raised = bench.run_in_child(bench.solve_child, (str(tmp_path / "missing.json"), "enumerate", 5.0), 60)
+    raised = run_in_child(solve_child, (str(tmp_path / "missing.json"), "enumerate", 5.0), 60)
     assert raised["status"] == "INPUT_ERROR" and "missing.json" in raised["error"]
-    assert bench.run_in_child(os._exit, (3,), 60)["status"] == "CRASHED"
-    hung = bench.run_in_child(time.sleep, (60,), 2.0)
+    assert run_in_child(os._exit, (3,), 60)["status"] == "CRASHED"
+    hung = run_in_child(time.sleep, (60,), 2.0)
     assert hung["status"] == "TIMEOUT" and hung["wall_s"] < 30
-    inst = bench.describe("paper", INSTANCES / "amp_homogeneous.json")
-    run = bench.SolveRun(status="ERROR", wall_s=0.1, peak_rss_mib=40.0, error="ImportError: no amp_opt.mip")
-    base = bench.BaselineRun(wall_s=0.1, peak_rss_mib=40.0, amp_fit_s=1.0, expert_s=2.0, ideal_s=0.5)
+    inst = describe("paper", INSTANCES / "amp_homogeneous.json")
+    run = SolveRun(status="ERROR", wall_s=0.1, peak_rss_mib=40.0, error="ImportError: no amp_opt.mip")
+    base = BaselineRun(wall_s=0.1, peak_rss_mib=40.0, amp_fit_s=1.0, expert_s=2.0, ideal_s=0.5)
     row = make_row(inst, "cpsat", run, base)
     assert row["status"] == "ERROR" and row["amp_opt_s"] is None and row["speedup_vs_amp"] is None
     assert row["error"].startswith("ImportError")

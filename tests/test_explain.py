@@ -9,8 +9,9 @@ import pytest
 from conftest import INSTANCES, instance_dict
 
 import amp_opt
-from amp_opt.explain import explain_instance, explain_plan, memory_parts
-from amp_opt.plan import parse_plan
+from amp_opt.commands.explain import explain_instance, explain_plan
+from amp_opt.model.evaluate import memory_parts
+from amp_opt.model.plan import parse_plan
 
 GIB = 2**30
 PLAN = {"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}
@@ -29,7 +30,7 @@ def shrunk(tmp_path, memory: str):
 def test_memory_parts_add_up(paper_instances):
     inst = paper_instances["het_cluster"]
     ev = amp_opt.evaluate(inst, parse_plan(PLAN))
-    for part, stage in zip(memory_parts(inst, parse_plan(PLAN)), ev.stages):
+    for part, stage in zip(memory_parts(inst, ev), ev.stages):
         assert part.model_state + part.activations + part.reserve == pytest.approx(stage.memory)
         assert part.model_state > 0 and part.activations > 0 and part.reserve == inst.training.memory_reserve
 

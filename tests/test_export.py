@@ -10,10 +10,10 @@ from conftest import INSTANCES, PAPER
 
 import amp_opt
 from amp_opt.errors import InputError
-from amp_opt.export import (export_deepspeed, export_megatron, megatron_layout, megatron_split_args,
-                            transformer_split)
-from amp_opt.generate import generate_instance
-from amp_opt.plan import Plan, check_plan, parse_plan
+from amp_opt.export.deepspeed import export_deepspeed
+from amp_opt.export.megatron import export_megatron, megatron_layout, megatron_split_args, transformer_split
+from amp_opt.model.generate import generate_instance
+from amp_opt.model.plan import Plan, check_plan, parse_plan
 
 
 def paper_plans(instance):

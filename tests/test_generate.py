@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from amp_opt import InfeasibleError, InputError, parse_instance, solve
-from amp_opt.generate import generate_instance
+from amp_opt.model.generate import generate_instance
 
 
 def check_one(seed, nodes, devices, types, layers, batch):

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from amp_opt import evaluate, parse_instance, parse_plan, solve
-from amp_opt.profiles import layer_times
+from amp_opt.model.profiles import layer_times
 
 GB = 1e9
 

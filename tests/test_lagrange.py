@@ -7,13 +7,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from amp_opt import parse_instance
-from amp_opt.candidates import candidates
-from amp_opt.cost import evaluate
-from amp_opt.enumerate import candidate_graph
-from amp_opt.generate import generate_instance
-from amp_opt.lagrange import KindSearch, construct, kind_bound, kind_model, multiset_of, polish
-from amp_opt.partition import optimal_path
-from amp_opt.plan import Plan
+from amp_opt.model.candidates import candidates
+from amp_opt.model.evaluate import evaluate
+from amp_opt.model.costs import COST_MODELS
+from amp_opt.model.tables import Tables
+from amp_opt.search.grouping import candidate_graph
+from amp_opt.model.generate import generate_instance
+from amp_opt.search.kinds.bound import KindSearch, kind_bound
+from amp_opt.search.kinds.construct import construct, multiset_of, polish
+from amp_opt.search.kinds.model import kind_model
+from amp_opt.search.partition import optimal_path
+from amp_opt.model.plan import Plan
 
 
 def small_instance(seed, nodes, devices, types, layers, batch):
@@ -28,7 +32,7 @@ instances = st.builds(small_instance, seed=st.integers(0, 10**6), nodes=st.integ
 
 def exact(instance, cand):
     """The candidate's optimum under free grouping (the enumerator's stage DP) and its plan."""
-    graph, to_stages = candidate_graph(instance, cand, "hetero", "free")
+    graph, to_stages = candidate_graph(Tables(instance), cand, COST_MODELS["hetero"], "free")
     best = optimal_path(graph)
     if best is None:
         return np.inf, None
@@ -54,8 +58,9 @@ def path_cost(model, path, y, T, U):
 @given(instances, st.integers(0, 2**31))
 def test_kind_bound_never_exceeds_the_optimum(instance, seed):
     rng = np.random.default_rng(seed)
+    tables = Tables(instance)
     for cand in candidates(instance):
-        model = kind_model(instance, cand)
+        model = kind_model(tables, cand)
         optimum, plan = exact(instance, cand)
         target = optimum * rng.choice([0.97, 1.0, 1.03]) if np.isfinite(optimum) else 1e9
         bound = kind_bound(model, target, sweeps=200)
@@ -84,9 +89,9 @@ def test_kind_bound_never_exceeds_the_optimum(instance, seed):
         search.raise_to(target, 100)
         built = construct(model, search.promising(2))
         if built is not None:
-            again = evaluate(instance, Plan(cand.tp, cand.dp, cand.pp, cand.micro_batch, built[1], built[2]))
-            assert again.feasible and again.predicted_time == built[0]
-            assert built[0] >= optimum * (1 - 1e-9)
+            again = evaluate(instance, built.plan)
+            assert again.feasible and again.predicted_time == built.value
+            assert built.value >= optimum * (1 - 1e-9)
         if plan is not None:
             # No plan costs the ceiling, and the optimum meets every rounding cut (eq. K7).
             assert optimum < model.ceiling
@@ -97,8 +102,8 @@ def test_kind_bound_never_exceeds_the_optimum(instance, seed):
             ev = evaluate(instance, plan)
             found = polish(model, plan.stages, [(max(s.compute for s in ev.stages), max(s.allreduce for s in ev.stages))])
             assert found is not None
-            assert found[0] >= optimum * (1 - 1e-9)
-            assert evaluate(instance, Plan(cand.tp, cand.dp, cand.pp, cand.micro_batch, found[1], found[2])).feasible
+            assert found.value >= optimum * (1 - 1e-9)
+            assert evaluate(instance, found.plan).feasible
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -106,10 +111,10 @@ def test_kind_bound_never_exceeds_the_optimum(instance, seed):
 @given(instances)
 def test_mips_with_the_kind_search_still_equal_the_enumerator(monkeypatch, instance):
     """Phase 1b only runs from KIND_MIN_NODES nodes; forced on, the MIPs must still be exact."""
-    import amp_opt.mip as mip
+    import amp_opt.search.kinds.refine as refine
     from amp_opt import InfeasibleError, solve
 
-    monkeypatch.setattr(mip, "KIND_MIN_NODES", 1)
+    monkeypatch.setattr(refine, "KIND_MIN_NODES", 1)
     found = {}
     for solver in ("enumerate", "cpsat", "cbc"):
         try:

@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from amp_opt import InfeasibleError, parse_instance, solve
-from amp_opt.generate import generate_instance
+from amp_opt.model.generate import generate_instance
 
 # CP-SAT counts time in units of ~1e-8 of the plan time and rounds each coefficient;
 # with at most (n+1)*L + p rounded terms on the objective's path that is well under 1e-5.

@@ -6,13 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amp_opt import evaluate, parse_instance
-from amp_opt.candidates import candidates
-from amp_opt.cost import StageCosts
-from amp_opt.enumerate import candidate_graph
-from amp_opt.generate import generate_instance
-from amp_opt.grouping import free_graph, groupings, stages_of_path
-from amp_opt.partition import brute_force, fixed_placement_graph, make_graph, optimal_path, path_value
-from amp_opt.plan import Plan
+from amp_opt.model.candidates import candidates
+from amp_opt.model.costs import COST_MODELS
+from amp_opt.model.tables import Tables
+from amp_opt.search.grouping import candidate_graph
+from amp_opt.model.generate import generate_instance
+from amp_opt.search.grouping import free_graph, groupings, stages_of_path
+from amp_opt.search.partition import brute_force, fixed_placement_graph, make_graph, optimal_path, path_value
+from amp_opt.model.plan import Plan
 
 
 def random_graph(seed: int, L: int, p: int, states: int, n: int):
@@ -60,7 +61,7 @@ def test_dp_equals_brute_force_on_paper_candidates(paper_instances, model):
     for cand in candidates(inst):
         if cand.pp > 4 or cand.micro_batch > 2:
             continue  # brute force over C(29, pp-1) partitions stays small
-        graph, _ = candidate_graph(inst, cand, model, "rank-order")
+        graph, _ = candidate_graph(Tables(inst), cand, COST_MODELS[model], "rank-order")
         exact, brute = optimal_path(graph), brute_force(graph)
         assert (exact is None) == (brute is None)
         if exact:
@@ -78,12 +79,13 @@ def tiny_instances():
 def test_free_grouping_equals_every_grouping(instance):
     """The state DP over free groupings equals trying every grouping matrix with the exact partition."""
     L = instance.num_layers
+    tables = Tables(instance)
     for cand in candidates(instance):
-        fg = free_graph(instance, cand)
+        fg = free_graph(tables, cand)
         exact = optimal_path(fg.graph)
         best = None
         for stages in groupings(instance, cand):
-            costs = StageCosts(instance, "hetero", cand.tp, cand.dp, cand.pp, cand.micro_batch, stages)
+            costs = COST_MODELS["hetero"].stage_costs(tables, cand, stages)
             found = optimal_path(fixed_placement_graph(costs, L))
             if found and (best is None or found[0] < best[0]):
                 best = found

@@ -9,8 +9,8 @@ import pytest
 from conftest import INSTANCES
 
 import amp_opt
-from amp_opt.plan import parse_plan
-from amp_opt.plot import FORWARD_SHARE, one_f_one_b_order, simulate_1f1b
+from amp_opt.model.plan import parse_plan
+from amp_opt.commands.plot import FORWARD_SHARE, one_f_one_b_order, simulate_1f1b
 
 PLAN = {"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}
 CASES = [
@@ -75,7 +75,7 @@ def test_one_f_one_b_order():
 @pytest.mark.parametrize("suffix", ["png", "svg"])
 def test_render_writes_file(tmp_path, suffix):
     pytest.importorskip("matplotlib")
-    from amp_opt.plot import render
+    from amp_opt.commands.plot import render
 
     inst = amp_opt.load_instance(INSTANCES / "amp_het_cluster.json")
     ev = amp_opt.evaluate(inst, parse_plan(PLAN))
@@ -103,7 +103,7 @@ def test_missing_matplotlib_is_an_input_error(monkeypatch):
     import builtins
 
     from amp_opt.errors import InputError
-    from amp_opt.plot import _import_pyplot
+    from amp_opt.commands.plot import _import_pyplot
 
     real = builtins.__import__
 

@@ -6,10 +6,10 @@ import copy
 
 import pytest
 
-from amp_opt.catalog import CATALOG, GIB, lookup
+from amp_opt.model.catalog import CATALOG, GIB, lookup
 from amp_opt.errors import InputError
-from amp_opt.hf_config import preset_from_hf_config
-from amp_opt.presets import expand_preset, preset_summary
+from amp_opt.model.hf_config import preset_from_hf_config
+from amp_opt.model.presets import expand_preset, preset_summary
 
 GPT2_MEDIUM = {"preset": "gpt", "hidden": 1024, "layers": 24, "heads": 16, "seq_len": 1024,
                "vocab": 50257, "tied_embeddings": True}

@@ -1,0 +1,65 @@
+"""Benchmark suites: which instance files a suite holds, in which order, and their sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError
+from ..model.load import load_instance
+
+# Paper suite: the AMP paper's three experiments, by path; scale suite: a directory.
+SUITES: dict[str, tuple[str, ...]] = {
+    "paper": ("instances/amp_homogeneous.json", "instances/amp_het_cluster.json", "instances/amp_het_model.json"),
+    "scale": ("instances/suite/scale",),
+}
+SUITE_CHOICES = ("paper", "scale", "all")
+
+
+@dataclass(frozen=True)
+class BenchInstance:
+    """An instance of a suite: where it is and its size."""
+
+    suite: str
+    path: Path
+    name: str
+    devices: int
+    nodes: int
+    gpu_types: int
+    layers: int
+    global_batch: int
+
+
+def project_root() -> Path:
+    """The checkout holding ``instances/`` (the package's parent), else the working directory."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "instances").is_dir() else Path.cwd()
+
+
+def suite_paths(suite: str, root: Path | None = None) -> list[tuple[str, Path]]:
+    """(suite name, instance file) pairs of "paper", "scale" or "all", in a fixed order."""
+    if suite not in SUITE_CHOICES:
+        raise InputError("--suite", f"unknown suite {suite!r} (choose from {', '.join(SUITE_CHOICES)})")
+    root = project_root() if root is None else root
+    names = ("paper", "scale") if suite == "all" else (suite,)
+    out = []
+    for name in names:
+        for entry in SUITES[name]:
+            path = root / entry
+            files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+            if not files or not all(f.is_file() for f in files):
+                raise InputError("--suite", f"suite {name!r}: no instance files at {path}")
+            out.extend((name, f) for f in files)
+    return out
+
+
+def order_entries(entries: list[BenchInstance]) -> list[BenchInstance]:
+    """Suites in their given order; within a suite, by GPU count (small runs first), then file order."""
+    rank = {name: i for i, name in enumerate(dict.fromkeys(e.suite for e in entries))}
+    return sorted(entries, key=lambda e: (rank[e.suite], e.devices))
+
+
+def describe(suite: str, path: Path) -> BenchInstance:
+    inst = load_instance(path)
+    return BenchInstance(suite, path, inst.name, inst.num_devices, len(inst.nodes), len(inst.devices_by_type),
+                         inst.num_layers, inst.training.global_batch)

@@ -1,0 +1,77 @@
+"""What the commands share: argument types, common options, and reading and writing files.
+
+Every command module imports from here, never from :mod:`.cli` or from another command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ..errors import InputError
+from ..model.costs import COST_MODELS
+from ..model.fields import whole_number
+from ..model.load import load_json
+from ..model.plan import Plan, parse_plan
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a positive number (seconds, for time limits)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a positive integer."""
+    try:
+        return whole_number(int(text), "")
+    except (ValueError, InputError):
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+
+
+def add_cost_model(parser: argparse.ArgumentParser, what: str = "") -> None:
+    """The ``--cost-model`` option, the same on every command."""
+    names = ", ".join(f"{m.name}: {m.description}" for m in COST_MODELS.values())
+    parser.add_argument("--cost-model", choices=list(COST_MODELS), default="hetero",
+                        help=(what + "; " if what else "") + names)
+
+
+def load_single_plan(path: str) -> Plan:
+    """Read a PLAN file holding exactly one plan object."""
+    data = load_json(path, "plan")
+    if isinstance(data, list):
+        raise InputError("plan", "this command takes one plan object, got a list")
+    return parse_plan(data)
+
+
+def write_text(text: str, output: str | None, option: str = "--output") -> None:
+    """Write command output to a file, or to stdout when ``output`` is None or '-'."""
+    if output in (None, "-"):
+        sys.stdout.write(text)
+        return
+    try:
+        with open(output, "w") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise InputError(option, f"cannot write {output}: {exc.strerror}") from None
+
+
+def progress_printer():
+    """A callback that shows progress on stderr once a search has run for a second."""
+    start = time.perf_counter()
+    state = {"last": 0.0}
+
+    def report(done: int, total: int) -> None:
+        now = time.perf_counter() - start
+        if now > 1.0 and (now - state["last"] > 0.5 or done == total) and sys.stderr.isatty():
+            state["last"] = now
+            end = "\n" if done == total else "\r"
+            print(f"searching: {done}/{total} candidates, {now:.1f} s", end=end, file=sys.stderr, flush=True)
+
+    return report

@@ -1,0 +1,309 @@
+"""``explain``: why a plan (or an instance) does not fit in memory, and what would make it fit.
+
+Every number comes from the evaluator or the exact search: for a plan, the
+fullest stages, the bytes over each device type and the dominant part of the
+footprint, then concrete alternatives (smaller micro-batch, ZeRO-1, more
+pipeline stages, larger tp) each scored by :func:`amp_opt.evaluate`.  For an
+instance without a plan, ``solve`` runs on relaxed copies of the instance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InfeasibleError
+from ..model.candidates import allowed_tp
+from ..model.evaluate import MemoryParts, evaluate, memory_parts
+from ..model.load import DEFAULT_TP, load_instance
+from ..model.plan import Candidate, check_plan
+from ..search.context import Search
+from ..search.grouping import candidate_graph
+from ..search.options import solve_options
+from ..search.partition import optimal_path
+from ..search.solve import solve
+from .common import add_cost_model, load_single_plan, positive_float
+
+GIB = 2**30
+
+
+# ---------------------------------------------------------------------------
+# Explaining a plan
+
+
+@dataclass(frozen=True)
+class Overflow:
+    stage: int
+    device_type: str
+    memory: float
+    capacity: float
+    parts: MemoryParts
+
+    @property
+    def over(self) -> float:
+        return self.memory - self.capacity
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A concrete change to the plan (or its candidate), scored by the evaluator."""
+
+    change: str
+    plan: dict | None
+    fits: bool
+    predicted_time: float | None
+    detail: str
+
+
+def overflows(instance, ev, parts) -> list[Overflow]:
+    """Every (stage, device type) whose memory is below the stage's per-device need."""
+    out = []
+    for r, p in zip(ev.stages, parts):
+        for t in r.device_types:
+            cap = instance.device_types[t].memory
+            if r.memory > cap:
+                out.append(Overflow(r.index, t, r.memory, cap, p))
+    return out
+
+
+def _evaluated(change: str, instance, plan, cost_model: str, detail: str = "") -> Alternative:
+    ev = evaluate(instance, plan, cost_model)
+    fits = all(r.fits for r in ev.stages)
+    worst = max(ev.stages, key=lambda r: r.memory / r.capacity)
+    if not detail:
+        detail = (f"fullest stage {worst.index}: {worst.memory / GIB:.2f} of {worst.capacity / GIB:.2f} GiB")
+    return Alternative(change, ev.plan.to_json(), fits, ev.predicted_time, detail)
+
+
+def best_plan_of(instance, tp: int, dp: int, pp: int, micro_batch: int, cost_model: str):
+    """The exact search's best plan for one (tp, dp, pp, micro-batch) candidate, or None if none fits."""
+    search = Search(instance, solve_options(cost_model=cost_model))
+    cand = Candidate(tp, dp, pp, micro_batch)
+    graph, to_stages = candidate_graph(search.tables, cand, search.model, search.options.placement)
+    best = optimal_path(graph)
+    if best is None:
+        return None
+    return search.evaluate(cand.plan(best[1].bounds, to_stages(best[1])))
+
+
+def _searched(change: str, instance, tp, dp, pp, b, cost_model) -> Alternative:
+    ev = best_plan_of(instance, tp, dp, pp, b, cost_model)
+    if ev is None:
+        return Alternative(change, None, False, None, "no layer partition and device grouping of this candidate fits")
+    return Alternative(change, ev.plan.to_json(), True, ev.predicted_time, "best partition and grouping found by the exact search")
+
+
+def plan_alternatives(instance, plan, cost_model: str) -> list[Alternative]:
+    """Smaller micro-batch, ZeRO-1, more pipeline stages (same tp), larger tp: each scored."""
+    out = []
+    n_dev, batch, L = instance.num_devices, instance.training.global_batch, instance.num_layers
+    for b in sorted({m for m in instance.search.micro_batches if m < plan.micro_batch} | {
+            m for m in (1, 2, 4, 8) if m < plan.micro_batch and batch % (plan.dp * m) == 0}, reverse=True):
+        if batch % (plan.dp * b) == 0:
+            out.append(_evaluated(f"micro_batch {plan.micro_batch} -> {b} (same partition and devices)", instance,
+                                  dataclasses.replace(plan, micro_batch=b), cost_model))
+    if instance.training.zero_stage == 0:
+        zero = dataclasses.replace(instance, training=dataclasses.replace(instance.training, zero_stage=1))
+        out.append(_evaluated("ZeRO stage 1 (optimizer states sharded over dp)", zero, plan, cost_model))
+    for pp in range(plan.pp + 1, min(L, n_dev // plan.tp) + 1):
+        if (n_dev // plan.tp) % pp:
+            continue
+        dp = n_dev // (plan.tp * pp)
+        bs = [b for b in sorted({plan.micro_batch, 1}, reverse=True) if batch % (dp * b) == 0]
+        if bs:
+            out.append(_searched(f"pp {plan.pp} -> {pp} (tp {plan.tp}, dp {dp}, micro_batch {bs[0]})",
+                                 instance, plan.tp, dp, pp, bs[0], cost_model))
+        if len([a for a in out if a.change.startswith("pp ")]) >= 3:
+            break
+    for tp in allowed_tp(instance) + [m for m in (2, 4, 8) if m not in instance.search.tp]:
+        if tp <= plan.tp or any(node.devices % tp for node in instance.nodes) or n_dev % (tp * plan.pp):
+            continue
+        dp = n_dev // (tp * plan.pp)
+        if batch % (dp * plan.micro_batch) == 0:
+            out.append(_searched(f"tp {plan.tp} -> {tp} (pp {plan.pp}, dp {dp}, micro_batch {plan.micro_batch})",
+                                 instance, tp, dp, plan.pp, plan.micro_batch, cost_model))
+    return out
+
+
+def explain_plan(instance, plan, cost_model: str = "hetero") -> dict[str, Any]:
+    """Why a plan does (not) fit, per stage, and which concrete alternatives fit."""
+    plan = check_plan(instance, plan)
+    ev = evaluate(instance, plan, cost_model)
+    parts = memory_parts(instance, ev)
+    over = overflows(instance, ev, parts)
+    stages = [
+        {"stage": r.index, "device_types": list(r.device_types), "memory": r.memory, "capacity": r.capacity,
+         "headroom": r.capacity - r.memory, "model_state": p.model_state, "activations": p.activations,
+         "reserve": p.reserve, "dominant": p.dominant}
+        for r, p in zip(ev.stages, parts)
+    ]
+    out: dict[str, Any] = {
+        "plan": ev.plan.to_json(),
+        "cost_model": cost_model,
+        "fits": not over,
+        "feasible": ev.feasible,
+        "predicted_time": ev.predicted_time,
+        "stages": stages,
+        "overflows": [{"stage": o.stage, "device_type": o.device_type, "memory": o.memory, "capacity": o.capacity,
+                       "over_bytes": o.over, "dominant": o.parts.dominant} for o in over],
+    }
+    if cost_model != "hetero":
+        out["note"] = "the amp cost model does not enforce memory; the memory figures are the hetero model's eq. H5"
+    if over:
+        out["alternatives"] = [dataclasses.asdict(a) for a in plan_alternatives(instance, plan, cost_model)]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Explaining an instance
+
+
+def relaxations(instance) -> list[tuple[str, Any]]:
+    """Modified copies of an instance, each relaxing one rule that may keep every plan out of memory."""
+    out = []
+    tr, search = instance.training, instance.search
+    if tr.zero_stage == 0:
+        out.append(("ZeRO stage 1", dataclasses.replace(instance, training=dataclasses.replace(tr, zero_stage=1))))
+    wider = dataclasses.replace(instance, search=dataclasses.replace(search, tp=tuple(sorted({*search.tp, *DEFAULT_TP}))))
+    if allowed_tp(wider) != allowed_tp(instance):
+        out.append((f"allow tp in {allowed_tp(wider)}", wider))
+    if 1 not in search.micro_batches:
+        out.append(("allow micro_batch 1", dataclasses.replace(
+            instance, search=dataclasses.replace(search, micro_batches=tuple(sorted({1, *search.micro_batches}))))))
+    if search.max_pp < instance.num_layers:
+        out.append((f"allow up to {instance.num_layers} pipeline stages",
+                    dataclasses.replace(instance, search=dataclasses.replace(search, max_pp=instance.num_layers))))
+    if tr.memory_reserve > 0:
+        out.append(("memory_reserve 1 GiB -> 0.5 GiB" if tr.memory_reserve == GIB else
+                    f"memory_reserve halved to {tr.memory_reserve / 2 / GIB:.2f} GiB",
+                    dataclasses.replace(instance, training=dataclasses.replace(tr, memory_reserve=tr.memory_reserve / 2))))
+    if len(out) > 2:  # all together, except the reserve: the framework's needs are real
+        out.append(("all of the above except the reserve", _merged(instance, [r for _, r in out[:-1]])))
+    return out
+
+
+def _merged(instance, relaxed) -> Any:
+    """One instance with every relaxed training/search field of the given copies."""
+    tr, search = instance.training, instance.search
+    for r in relaxed:
+        tr = dataclasses.replace(tr, **{f.name: getattr(r.training, f.name) for f in dataclasses.fields(tr)
+                                        if getattr(r.training, f.name) != getattr(instance.training, f.name)})
+        search = dataclasses.replace(search, **{f.name: getattr(r.search, f.name) for f in dataclasses.fields(search)
+                                                if getattr(r.search, f.name) != getattr(instance.search, f.name)})
+    return dataclasses.replace(instance, training=tr, search=search)
+
+
+def explain_instance(instance, cost_model: str = "hetero", time_limit: float = 30.0) -> dict[str, Any]:
+    """Solve; if nothing fits, say why and which relaxations make a plan fit (each solve time-limited)."""
+    try:
+        result = solve(instance, cost_model=cost_model, time_limit=time_limit)
+    except InfeasibleError as exc:
+        reason = str(exc)
+    else:
+        best = result.best
+        return {"solvable": True, "cost_model": cost_model, "predicted_time": best.predicted_time,
+                "plan": best.plan.to_json(), "solver_status": result.solver.status,
+                "stages": [{"stage": r.index, "headroom": r.capacity - r.memory} for r in best.stages]}
+    tried = []
+    for change, relaxed in relaxations(instance):
+        start = time.perf_counter()
+        try:
+            r = solve(relaxed, cost_model=cost_model, time_limit=time_limit)
+        except InfeasibleError as exc:
+            tried.append({"change": change, "fits": False, "detail": str(exc),
+                          "seconds": time.perf_counter() - start})
+        else:
+            tried.append({"change": change, "fits": True, "predicted_time": r.best.predicted_time,
+                          "plan": r.best.plan.to_json(), "seconds": time.perf_counter() - start})
+    return {"solvable": False, "cost_model": cost_model, "reason": reason, "relaxations": tried}
+
+
+# ---------------------------------------------------------------------------
+# Text
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:.2f} GiB"
+
+
+def plan_text(instance, doc: dict[str, Any]) -> str:
+    p = doc["plan"]
+    lines = [f"{instance.name}: tp={p['tp']} dp={p['dp']} pp={p['pp']} micro_batch={p['micro_batch']} "
+             f"partition {p['partition']} (cost model {doc['cost_model']})"]
+    if doc.get("note"):
+        lines.append(f"note: {doc['note']}")
+    if doc["fits"]:
+        lines.append(f"the plan fits in memory; predicted {doc['predicted_time']:.4f} s per iteration. Headroom per device:")
+        for s in doc["stages"]:
+            lines.append(f"  stage {s['stage']} ({', '.join(s['device_types'])}): {_gib(s['memory'])} of "
+                         f"{_gib(s['capacity'])}, headroom {_gib(s['headroom'])}")
+        return "\n".join(lines)
+    lines.append("the plan does NOT fit in memory:")
+    for o in doc["overflows"]:
+        s = doc["stages"][o["stage"]]
+        lines.append(
+            f"  stage {o['stage']} on {o['device_type']}: needs {_gib(o['memory'])} per device, capacity "
+            f"{_gib(o['capacity'])}, over by {_gib(o['over_bytes'])} ({o['over_bytes']:.0f} bytes); "
+            f"model state {_gib(s['model_state'])}, activations {_gib(s['activations'])}, reserve "
+            f"{_gib(s['reserve'])}: {o['dominant']} dominates")
+    fit = [a for a in doc["alternatives"] if a["fits"]]
+    lines.append("alternatives (each scored by the evaluator):")
+    for a in doc["alternatives"]:
+        verdict = f"FITS, {a['predicted_time']:.4f} s" if a["fits"] else "does not fit"
+        lines.append(f"  {a['change']}: {verdict} ({a['detail']})")
+    if fit:
+        best = min(fit, key=lambda a: a["predicted_time"])
+        lines.append(f"fastest that fits: {best['change']} -> {json.dumps(best['plan'])}")
+    else:
+        lines.append("none of the alternatives fits; try `amp-opt explain INSTANCE` without a plan")
+    return "\n".join(lines)
+
+
+def instance_text(instance, doc: dict[str, Any]) -> str:
+    head = f"{instance.name}: {instance.num_devices} devices, {instance.num_layers} layers (cost model {doc['cost_model']})"
+    if doc["solvable"]:
+        p = doc["plan"]
+        return (f"{head}\nsolvable: the best plan tp={p['tp']} dp={p['dp']} pp={p['pp']} "
+                f"micro_batch={p['micro_batch']} takes {doc['predicted_time']:.4f} s per iteration; "
+                f"smallest headroom {_gib(min(s['headroom'] for s in doc['stages']))}")
+    lines = [head, f"no plan fits: {doc['reason']}", "relaxations (each solved on a modified instance):"]
+    for r in doc["relaxations"]:
+        if r["fits"]:
+            p = r["plan"]
+            lines.append(f"  {r['change']}: FITS, best tp={p['tp']} dp={p['dp']} pp={p['pp']} "
+                         f"micro_batch={p['micro_batch']} at {r['predicted_time']:.4f} s")
+        else:
+            lines.append(f"  {r['change']}: still infeasible")
+    if not any(r["fits"] for r in doc["relaxations"]):
+        lines.append("nothing tried fits: the model needs more (or larger) devices")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Command
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("explain", help="say why a plan or an instance does not fit, and what would")
+    p.add_argument("instance", help="instance JSON file")
+    p.add_argument("plan", nargs="?", default=None, help="JSON file with one plan object (optional)")
+    add_cost_model(p)
+    p.add_argument("--time-limit", type=positive_float, default=30.0, metavar="S",
+                   help="seconds per solve when explaining an instance (default 30)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    instance = load_instance(args.instance)
+    if args.plan is not None:
+        doc = explain_plan(instance, load_single_plan(args.plan), args.cost_model)
+        text = plan_text(instance, doc)
+    else:
+        doc = explain_instance(instance, args.cost_model, args.time_limit)
+        text = instance_text(instance, doc)
+    print(json.dumps(doc, indent=2) if args.json else text)
+    return 0

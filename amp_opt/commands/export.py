@@ -1,0 +1,42 @@
+"""``export``: turn a plan into what a training run needs (DeepSpeed config or Megatron-LM flags).
+
+Both exports carry the batch arithmetic, the pipeline layer split and the
+rank-to-device mapping that realises the plan's ``stages`` (:mod:`amp_opt.export`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ..export.deepspeed import export_deepspeed
+from ..export.megatron import export_megatron
+from ..model.evaluate import evaluate
+from ..model.load import load_instance
+from ..model.plan import check_plan
+from .common import add_cost_model, load_single_plan, write_text
+
+EXPORTERS = {"deepspeed": export_deepspeed, "megatron": export_megatron}
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("export", help="write a DeepSpeed config or Megatron-LM arguments for a plan")
+    p.add_argument("instance", help="instance JSON file")
+    p.add_argument("plan", help="JSON file with one plan object")
+    p.add_argument("--format", choices=list(EXPORTERS), required=True, help="deepspeed or megatron")
+    p.add_argument("-o", "--output", default=None, help="write the JSON here instead of stdout")
+    add_cost_model(p, "cost model whose verdict is attached (predicted time, feasibility)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    instance = load_instance(args.instance)
+    plan = check_plan(instance, load_single_plan(args.plan))
+    out = EXPORTERS[args.format](instance, plan)
+    ev = evaluate(instance, plan, args.cost_model)
+    out["evaluation"] = {"cost_model": ev.cost_model, "predicted_time": ev.predicted_time, "feasible": ev.feasible,
+                         "violations": list(ev.violations)}
+    if not ev.feasible:
+        print("amp-opt: warning: the plan does not fit in memory: " + "; ".join(ev.violations), file=sys.stderr)
+    write_text(json.dumps(out, indent=2) + "\n", args.output)
+    return 0

@@ -1,0 +1,29 @@
+"""``generate``: write a random heterogeneous instance (deterministic for a seed)."""
+
+from __future__ import annotations
+
+import json
+
+from ..model.generate import generate_instance
+from ..model.load import parse_instance
+from .common import positive_int, write_text
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="write a random heterogeneous instance (deterministic for a seed)")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--nodes", type=positive_int, default=4)
+    p.add_argument("--devices-per-node", type=positive_int, default=4)
+    p.add_argument("--device-types", type=positive_int, default=2)
+    p.add_argument("--layers", type=positive_int, default=8, help="entries of the layer list (>= 3)")
+    p.add_argument("--global-batch", type=positive_int, default=16)
+    p.add_argument("-o", "--output", required=True, help="instance file to write ('-' for stdout)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    doc = generate_instance(args.seed, args.nodes, args.devices_per_node, args.device_types, args.layers,
+                            args.global_batch)
+    parse_instance(doc)  # generated instances must always validate
+    write_text(json.dumps(doc, indent=1) + "\n", args.output)
+    return 0

@@ -1,0 +1,109 @@
+"""Readable reports of evaluations and solve results (rich tables on stdout)."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from ..model.evaluate import Evaluation
+from ..search.result import SolveResult
+
+GIB = 2**30
+TERM_LABELS = {
+    "pipeline_bottleneck": "(n-1) x slowest stage",
+    "stage_compute": "sum of stage times (fill/drain)",
+    "p2p": "pipeline p2p",
+    "allreduce": "largest gradient allreduce",
+}
+
+
+def make_console() -> Console:
+    return Console(width=130, highlight=False, soft_wrap=False)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
+def _groups(groups) -> str:
+    """Compact device list: 0-3 for runs, groups joined by spaces."""
+    parts = []
+    for group in groups:
+        group = list(group)
+        if len(group) > 1 and group == list(range(group[0], group[0] + len(group))):
+            parts.append(f"{group[0]}-{group[-1]}")
+        else:
+            parts.append(",".join(map(str, group)))
+    text = " ".join(parts)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def evaluation_tables(instance, ev: Evaluation):
+    """The stage table and the breakdown table of one evaluation."""
+    plan = ev.plan
+    title = (
+        f"tp={plan.tp} dp={plan.dp} pp={plan.pp} micro_batch={plan.micro_batch}  "
+        f"({ev.n_micro} micro-batches/iteration, cost model {ev.cost_model})"
+    )
+    stages = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for col, justify in [("stage", "right"), ("layers", "left"), ("first..last", "left"),
+                         ("types", "left"), ("devices", "left"), ("compute ms", "right"), ("p2p ms", "right"),
+                         ("allreduce ms", "right"), ("mem GiB", "right"), ("cap GiB", "right")]:
+        wide = col in ("first..last", "devices")
+        stages.add_column(col, justify=justify, no_wrap=wide, overflow="ellipsis", max_width=28 if wide else None,
+                          min_width=len(col))
+    for r in ev.stages:
+        a, b = r.layers
+        names = instance.layers[a].name if b - a == 1 else f"{instance.layers[a].name}..{instance.layers[b - 1].name}"
+        mem = f"{r.memory / GIB:.2f}" + ("" if r.fits else " !")
+        stages.add_row(str(r.index), f"{a}-{b - 1}", names, ", ".join(r.device_types), _groups(r.groups),
+                       _ms(r.compute), _ms(r.p2p), _ms(r.allreduce), mem, f"{r.capacity / GIB:.2f}")
+
+    terms = Table(title=f"predicted time per iteration: {ev.predicted_time:.4f} s", title_justify="left",
+                  box=box.SIMPLE_HEAD)
+    terms.add_column("term")
+    terms.add_column("seconds", justify="right")
+    terms.add_column("share", justify="right")
+    for key, value in sorted(ev.breakdown.items(), key=lambda kv: -kv[1]):
+        share = value / ev.predicted_time if ev.predicted_time > 0 else 0.0
+        terms.add_row(TERM_LABELS.get(key, key), f"{value:.4f}", f"{share:.1%}")
+    return stages, terms
+
+
+def print_evaluation(instance, ev: Evaluation, out: Console | None = None) -> None:
+    console = out or make_console()
+    stages, terms = evaluation_tables(instance, ev)
+    console.print(stages)
+    console.print(terms)
+    verdict = "feasible" if ev.feasible else "INFEASIBLE"
+    console.print(f"{verdict}" + ("" if ev.cost_model == "hetero" else " (the amp cost model ignores memory)"))
+    for v in ev.violations:
+        console.print(f"  memory: {v}")
+    for note in ev.notes:
+        console.print(f"  note: {note}")
+
+
+def print_solve(instance, result: SolveResult, show_top: bool = False) -> None:
+    out = make_console()
+    s = result.solver
+    out.print(f"[bold]{instance.name}[/bold]: {instance.num_devices} devices on {len(instance.nodes)} nodes, "
+                  f"{instance.num_layers} layers, global batch {instance.training.global_batch}")
+    print_evaluation(instance, result.best, out)
+    extra = ", ".join(f"{k} {v}" for k, v in s.extra.items())
+    out.print(f"solver {s.name}: {s.status} in {s.wall_time:.3f} s; objective {s.objective:.6f} s, "
+                  f"bound {s.bound:.6f} s, gap {s.gap:.2%}" + (f"; {extra}" if extra else ""))
+    if show_top and len(result.top) > 1:
+        out.print(top_table(result))
+
+
+def top_table(result: SolveResult):
+    table = Table(title="best plans", title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("#", "tp", "dp", "pp", "micro_batch", "partition", "time s", "vs best"):
+        table.add_column(col, justify="right" if col not in ("partition",) else "left")
+    best = result.top[0].predicted_time
+    for i, ev in enumerate(result.top):
+        p = ev.plan
+        table.add_row(str(i + 1), str(p.tp), str(p.dp), str(p.pp), str(p.micro_batch), str(list(p.partition)),
+                      f"{ev.predicted_time:.4f}", f"{ev.predicted_time / best:.3f}x")
+    return table

@@ -1,0 +1,136 @@
+"""Built-in GPU catalog: memory, peak tensor FLOP/s and a typical intra-node link.
+
+Lets an instance say ``"gpu": "A100-80GB"`` instead of spelling out numbers.
+Conventions, applied to every entry:
+
+* ``memory_bytes`` is the nominal capacity with the vendor's "GB" read as GiB
+  (2**30 bytes).  DRAM parts (HBM stacks and GDDR chips alike) come in binary
+  sizes, and ``nvidia-smi`` reports e.g. 40960 MiB for an A100-40GB and 24564 MiB
+  for an RTX 4090.  Nothing is subtracted for ECC, the CUDA context or the
+  allocator: the memory model applies its own reserve.  H200's "141 GB" is the
+  usable part of 144 GiB of HBM3e and is taken as 141 GiB.
+* ``peak_flops`` is the dense (no 2:4 sparsity) FP16/BF16 tensor-core rate with
+  FP32 accumulation, from the vendor datasheet; where a datasheet only quotes the
+  sparse figure, half of it.
+* ``intra_node_bandwidth`` is a convenience for the instance generator: the
+  per-GPU, per-direction GPU-to-GPU bandwidth of a typical server for that GPU
+  (half of NVIDIA's bidirectional NVLink figure; PCIe x16 per direction when
+  the usual server has no NVLink).  Real clusters should state their own links.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+GIB = 2**30
+TERA = 1e12
+GB_PER_S = 1e9
+
+# Per-direction link rates used below (bytes/s).
+_NVLINK2_V100 = 150 * GB_PER_S  # 300 GB/s bidirectional, DGX-1 / p3.16xlarge
+_NVLINK3_A100 = 300 * GB_PER_S  # 600 GB/s bidirectional, HGX A100 NVSwitch
+_NVLINK4_H100 = 450 * GB_PER_S  # 900 GB/s bidirectional, HGX H100/H200 NVSwitch
+_PCIE3_X16 = 16 * GB_PER_S  # "32 GB/s" bidirectional in the T4 datasheet
+_PCIE4_X16 = 32 * GB_PER_S  # "64 GB/s" bidirectional in the A10/L4 datasheets
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU model: capacity (bytes), dense fp16/bf16 peak (FLOP/s), datasheet."""
+
+    name: str
+    memory_bytes: float
+    peak_flops: float
+    source: str
+    intra_node_bandwidth: float | None = None  # bytes/s per direction; None if unknown
+
+
+def _spec(name, gib, tflops, source, link):
+    return GpuSpec(name, float(gib * GIB), float(tflops * TERA), source, float(link))
+
+
+CATALOG: dict[str, GpuSpec] = {
+    spec.name: spec
+    for spec in (
+        _spec("V100-16GB", 16, 125.0,
+              "NVIDIA Tesla V100 GPU datasheet: SXM2, 125 TFLOPS deep-learning (tensor) performance",
+              _NVLINK2_V100),
+        _spec("V100-32GB", 32, 125.0,
+              "NVIDIA Tesla V100 GPU datasheet: SXM2, 125 TFLOPS deep-learning (tensor) performance",
+              _NVLINK2_V100),
+        _spec("T4", 16, 65.0,
+              "NVIDIA T4 Tensor Core GPU datasheet: 65 TFLOPS mixed precision (FP16/FP32)",
+              _PCIE3_X16),
+        _spec("A10", 24, 125.0,
+              "NVIDIA A10 Tensor Core GPU datasheet: FP16/BF16 Tensor Core 125 TF (250 TF with sparsity)",
+              _PCIE4_X16),
+        _spec("A10G", 24, 70.0,
+              "AWS EC2 G5 NVIDIA A10G (AWS-specific A10 variant; ~70 TFLOPS FP16 tensor, "
+              "lower than the A10's 125 TF): third-party spec comparison, no public NVIDIA datasheet",
+              _PCIE4_X16),
+        _spec("L4", 24, 121.0,
+              "NVIDIA L4 Tensor Core GPU datasheet: FP16/BF16 Tensor Core 242 TFLOPS with sparsity, halved",
+              _PCIE4_X16),
+        _spec("A100-40GB", 40, 312.0,
+              "NVIDIA A100 Tensor Core GPU datasheet: SXM4, BF16/FP16 Tensor Core 312 TFLOPS (624 with sparsity)",
+              _NVLINK3_A100),
+        _spec("A100-80GB", 80, 312.0,
+              "NVIDIA A100 Tensor Core GPU datasheet: SXM4, BF16/FP16 Tensor Core 312 TFLOPS (624 with sparsity)",
+              _NVLINK3_A100),
+        _spec("H100-80GB", 80, 989.4,
+              "NVIDIA H100 Tensor Core GPU datasheet: SXM5, BF16/FP16 Tensor Core 1,979 TFLOPS with sparsity, halved",
+              _NVLINK4_H100),
+        _spec("H200", 141, 989.4,
+              "NVIDIA H200 Tensor Core GPU datasheet: SXM, 141 GB HBM3e, BF16/FP16 Tensor Core "
+              "1,979 TFLOPS with sparsity, halved",
+              _NVLINK4_H100),
+        _spec("RTX-4090", 24, 165.2,
+              "NVIDIA Ada Lovelace GPU architecture whitepaper (GeForce RTX 4090): peak FP16 Tensor TFLOPS "
+              "with FP32 accumulate 165.2 (330.4 with sparsity; 330.3 dense with FP16 accumulate)",
+              _PCIE4_X16),
+    )
+}
+
+# Other spellings people use, mapped to catalog names (after normalisation).
+_ALIASES = {
+    "H100": "H100-80GB",
+    "H100-SXM": "H100-80GB",
+    "H100-SXM5": "H100-80GB",
+    "H100-SXM-80GB": "H100-80GB",
+    "H200-141GB": "H200",
+    "H200-SXM": "H200",
+    "T4-16GB": "T4",
+    "A10-24GB": "A10",
+    "A10G-24GB": "A10G",
+    "L4-24GB": "L4",
+    "RTX-4090-24GB": "RTX-4090",
+    "GeForce-RTX-4090": "RTX-4090",
+    "4090": "RTX-4090",
+    "A100-SXM4-40GB": "A100-40GB",
+    "A100-SXM4-80GB": "A100-80GB",
+    "V100-SXM2-16GB": "V100-16GB",
+    "V100-SXM2-32GB": "V100-32GB",
+}
+
+
+def normalize_name(name: str) -> str:
+    """Case-folded name without '-', '_' or whitespace, the key ``lookup`` matches on."""
+    return re.sub(r"[-_\s]+", "", name).casefold()
+
+
+_INDEX: dict[str, str] = {normalize_name(n): n for n in CATALOG}
+_INDEX.update({normalize_name(alias): target for alias, target in _ALIASES.items()})
+
+
+def lookup(name: str, field: str) -> GpuSpec:
+    """The catalog entry for ``name``, spelled loosely ("a100_80gb", "A100 80GB")."""
+    if not isinstance(name, str):
+        raise InputError(field, f"expected a GPU name (string), got {type(name).__name__}")
+    key = _INDEX.get(normalize_name(name))
+    if key is None:
+        known = ", ".join(CATALOG)
+        raise InputError(field, f"unknown GPU {name!r}; known GPUs: {known}")
+    return CATALOG[key]

@@ -1,0 +1,61 @@
+"""Node classes: nodes that are interchangeable for every cost term.
+
+Two nodes are in one class when they have the same device type, device count and
+intra- and inter-node bandwidths.  The free-grouping DP, the stage-kind search and
+the MIPs all aggregate by class (``formulations/mip.md``, eq. M10), and the hetero
+bounds by compute class (device type and intra-node link, which is what a layer's
+time depends on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NodeClass:
+    """Identical nodes, in instance order."""
+
+    index: int
+    device_type: str
+    devices: int  # per node
+    intra: float  # bytes/s between two devices of a node
+    inter: float  # bytes/s of a node's network link
+    nodes: tuple[int, ...]
+
+    @property
+    def compute_key(self) -> tuple[str, float]:
+        """What a layer's time on a group of this class depends on (eq. H2)."""
+        return self.device_type, self.intra
+
+    def groups_per_node(self, tp: int) -> int:
+        """Tensor-parallel groups of ``tp`` devices one node offers."""
+        return self.devices // tp
+
+    def groups(self, tp: int) -> int:
+        """Tensor-parallel groups the whole class offers (G_c)."""
+        return len(self.nodes) * (self.devices // tp)
+
+
+def node_classes(instance) -> tuple[NodeClass, ...]:
+    """The classes of an instance's nodes, numbered by first appearance.
+
+    Examples
+    --------
+    >>> from amp_opt import load_instance
+    >>> [(c.device_type, c.nodes) for c in node_classes(load_instance("instances/amp_het_cluster.json"))]
+    [('V100-16GB', (0, 1, 2)), ('T4', (3,))]
+    """
+    members: dict[tuple, list[int]] = {}
+    for j, n in enumerate(instance.nodes):
+        members.setdefault((n.device_type, n.devices, n.intra_bandwidth, n.inter_bandwidth), []).append(j)
+    return tuple(NodeClass(i, *key, tuple(nodes)) for i, (key, nodes) in enumerate(members.items()))
+
+
+def class_of_node(instance) -> list[int]:
+    """The class index of every node."""
+    out = [0] * len(instance.nodes)
+    for c in node_classes(instance):
+        for j in c.nodes:
+            out[j] = c.index
+    return out

@@ -1,0 +1,180 @@
+"""The ``hetero`` cost model (``formulations/hetero.md``) and its candidate bound (``formulations/mip.md`` B2-B3).
+
+Each stage runs at its slowest replica's device speed (H1), a boundary's p2p and a
+stage's ring allreduce use the slowest link they cross (H3, H4), and every device must
+hold its stage (H5, enforced).  Any placement can be priced: AMP's rank order or the
+search's free grouping.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from ..classes import node_classes
+from ..ranges import INF, grid, min_max_chain, min_max_step, min_sum_step, range_table, stage_room, start_row
+from .terms import CandidateTerms, CostModel, StageCosts, allreduce_factor, hetero_link
+
+LABELLED_BUDGET = 1.5e8  # cells of the labelled DP (B2) before falling back to B3
+
+
+class HeteroCosts(StageCosts):
+    """Stage terms of the hetero model."""
+
+    def _price(self) -> None:
+        nodes, b = self.instance.nodes, self.micro_batch
+        for place in self.placement:
+            keys = sorted({(nodes[j].device_type, nodes[j].intra_bandwidth) for j in place.nodes})
+            self._compute_prefixes.append(
+                [np.concatenate([[0.0], np.cumsum(self._layer_times(t, bw, b))]) for t, bw in keys])
+        # H3: one micro-batch's boundary activation over the slowest link of the two stages.
+        self._p2p_factor = [1.0 / self.boundary_bandwidth(s) for s in range(self.pp - 1)] + [0.0]
+        # H4: ring allreduce of the stage's gradients over its slowest link.
+        self._allreduce_factor = [allreduce_factor(self.instance, self.dp, self.ring_bandwidth(s))
+                                  for s in range(self.pp)]
+
+    def ring_bandwidth(self, s: int) -> float:
+        """Bytes/s of stage s's data-parallel ring (eq. H4)."""
+        return hetero_link(self.instance, self.placement[s].nodes)
+
+    def boundary_bandwidth(self, s: int) -> float:
+        """Bytes/s between stage s and s+1 (eq. H3)."""
+        return hetero_link(self.instance, self.placement[s].nodes + self.placement[s + 1].nodes)
+
+
+class ComputeClass:
+    """Groups of one compute class (device type, intra link) at a candidate's (tp, micro-batch)."""
+
+    def __init__(self, times: np.ndarray, groups: int, capacity: float, link: float):
+        self.times, self.groups, self.capacity, self.link = times, groups, capacity, link
+
+
+def compute_classes(tables, cand) -> list[ComputeClass]:
+    """Per compute class, fastest first: per-layer times, groups, memory capacity and the fastest
+    ring link a stage holding such a group can have (its node's, if a node can hold the stage)."""
+    inst = tables.instance
+    info: dict[tuple[str, float], list] = {}
+    for c in node_classes(inst):
+        link = max(c.inter, c.intra if c.groups_per_node(cand.tp) >= cand.dp else 0.0)
+        entry = info.setdefault(c.compute_key, [0, 0.0])
+        entry[0] += c.groups(cand.tp)
+        entry[1] = max(entry[1], link)
+    out = [ComputeClass(tables.layer_times(t, bw, cand.tp, cand.micro_batch).seconds, g,
+                        inst.device_types[t].memory, link) for (t, bw), (g, link) in info.items()]
+    return sorted(out, key=lambda c: float(c.times.sum()))
+
+
+class HeteroModel(CostModel):
+    name = "hetero"
+    description = "per-device speeds, the slowest links a stage uses, memory limits (default)"
+    enforces_memory = True
+    placements = ("free", "rank-order")
+
+    def stage_costs(self, tables, cand, stages) -> HeteroCosts:
+        return HeteroCosts(self, tables, cand, stages)
+
+    def lower_bound(self, tables, cand, *, labelled: bool = True) -> float:
+        """time >= (n-1) T_lb + S_lb (+ U_lb under B2); communication otherwise left out.
+
+        A stage's label is the slowest compute class among its groups; at most
+        floor((G_1 + ... + G_k) / dp) stages carry one of the k fastest labels.  B2: DPs over
+        (labels used so far, layer position), with memory, when small enough (``labelled``);
+        else B3: a fractional speed bound and the min-max partition of the fastest times.
+        """
+        classes = compute_classes(tables, cand)
+        caps = _caps(classes, cand.dp, cand.pp)
+        n, p, L = cand.n_micro(tables.instance), cand.pp, tables.instance.num_layers
+        if labelled:
+            vectors = [v for v in itertools.product(*(range(c + 1) for c in caps))
+                       if sum(v) <= p and all(sum(v[: i + 1]) <= caps[i] for i in range(len(caps)))]
+            if len(vectors) * len(classes) * (L + 1) ** 2 <= LABELLED_BUDGET:
+                return _labelled_bound(tables, cand, classes, caps, vectors)
+        fastest = np.min([c.times for c in classes], axis=0)
+        return (n - 1) * _fractional_bottleneck(classes, caps, p) + float(fastest.sum())
+
+
+HETERO = HeteroModel()
+
+
+def _caps(classes, dp: int, p: int) -> list[int]:
+    """Most stages whose slowest class is among the k fastest, k = 1..C."""
+    total, caps = 0, []
+    for c in classes:
+        total += c.groups
+        caps.append(min(p, total // dp))
+    caps[-1] = p
+    return caps
+
+
+def _labelled_bound(tables, cand, classes, caps, vectors) -> float:
+    """Eq. B2: DPs over (labels used so far, layer position), with memory.
+
+    Stage s labelled c holds a group of class c, so it runs no faster than c (E >= range
+    time of c), fits no more memory than c's capacity, and reduces its gradients no faster
+    than c's best ring link.  The three terms are minimised separately, which keeps their
+    sum a valid bound.
+    """
+    terms = CandidateTerms(tables, cand)
+    n, p, d = terms.n_micro, cand.pp, cand.dp
+    L, C = tables.instance.num_layers, len(classes)
+    g = grid(L)
+    params = terms.sums.params_in(g.start, g.stop)
+    compute = [range_table(c.times) for c in classes]
+    allreduce = [np.where(g.nonempty, params * allreduce_factor(tables.instance, d, c.link), INF) for c in classes]
+    fits = []
+    for s in range(p):
+        memory = terms.memory(s, g.start, g.stop)
+        room = stage_room(L, p, s)
+        fits.append([room & (memory <= c.capacity) for c in classes])
+
+    def ok(v):
+        return all(sum(v[: i + 1]) <= caps[i] for i in range(C))
+
+    start = start_row(L)
+    best = {(0,) * C: (start, start, start)}  # min max E, min sum E, min max AR
+    for v in sorted(vectors, key=sum):
+        if v not in best or sum(v) == p:
+            continue
+        s = sum(v)
+        bmax, bsum, bar = best[v]
+        for c in range(C):
+            w = v[:c] + (v[c] + 1,) + v[c + 1:]
+            if not ok(w):
+                continue
+            mask = fits[s][c]
+            rows = (min_max_step(bmax, compute[c], mask), min_sum_step(bsum, compute[c], mask),
+                    min_max_step(bar, allreduce[c], mask))
+            best[w] = tuple(np.minimum(a, b) for a, b in zip(best[w], rows)) if w in best else rows
+    finals = [rows for v, rows in best.items() if sum(v) == p]
+    if not finals:
+        return INF
+    t_lb = min(r[0][L] for r in finals)
+    s_lb = min(r[1][L] for r in finals)
+    u_lb = min(r[2][L] for r in finals)
+    if not np.isfinite(t_lb):
+        return INF
+    return float((n - 1) * t_lb + s_lb + u_lb)
+
+
+def _fractional_bottleneck(classes, caps, p: int) -> float:
+    """B3: max of the fractional speed bound and the min-max partition of per-layer fastest times."""
+    reference = classes[0].times
+    safe = np.where(reference > 0, reference, 1.0)
+    ratios = [float(np.min(np.where(reference > 0, c.times / safe, np.inf))) if np.any(reference > 0) else 1.0
+              for c in classes]
+    # A stage labelled k runs at most 1/rho_k of the reference speed; taking the suffix maximum
+    # makes the speeds non-increasing in k, so filling the fastest labels first maximises the
+    # total speed under the nested caps (and only over-estimates it, which keeps the bound valid).
+    speeds = [1.0 / rho if rho > 0 and math.isfinite(rho) else math.inf for rho in ratios]
+    speeds = [max(speeds[k:]) for k in range(len(speeds))]
+    taken, speed = 0, 0.0
+    for cap, v in zip(caps, speeds):
+        count = max(0, min(cap, p) - taken)
+        speed += count * v
+        taken += count
+    work = float(reference.sum())
+    fractional = work / speed if 0 < speed < math.inf else 0.0
+    fastest = np.min([c.times for c in classes], axis=0)
+    return max(fractional, min_max_chain([range_table(fastest)] * p))

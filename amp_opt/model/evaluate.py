@@ -1,0 +1,184 @@
+"""The one evaluator: the score of a plan under a cost model, term by term.
+
+Every solver's plan, every baseline and every plug-in's plan is re-scored here:
+:func:`evaluate` checks the plan against the instance, prices each stage through the
+cost model's :class:`~amp_opt.model.costs.StageCosts` and adds the terms with the
+shared iteration-time formula (eq. A5 / H6).  :func:`memory_parts` splits a stage's
+bytes per device into the parts of eq. H5, for reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .costs import CandidateTerms, CostModel, StageCosts, cost_model as get_cost_model, iteration_time
+from .plan import Plan, check_plan
+from .tables import Tables
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class StageReport:
+    index: int
+    layers: tuple[int, int]  # [start, stop)
+    groups: tuple[tuple[int, ...], ...]
+    device_types: tuple[str, ...]
+    nodes: tuple[str, ...]
+    compute: float
+    p2p: float
+    allreduce: float
+    memory: float  # bytes per device
+    capacity: float  # bytes, the smallest device type in the stage
+    fits: bool
+
+    def to_json(self, instance) -> dict[str, Any]:
+        a, b = self.layers
+        return {
+            "stage": self.index,
+            "layers": [a, b],
+            "layer_names": [instance.layers[a].name, instance.layers[b - 1].name],
+            "devices": [list(g) for g in self.groups],
+            "device_types": list(self.device_types),
+            "nodes": list(self.nodes),
+            "compute": self.compute,
+            "p2p": self.p2p,
+            "allreduce": self.allreduce,
+            "memory": self.memory,
+            "capacity": self.capacity,
+            "fits": self.fits,
+        }
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A plan's score under one cost model, with every term that makes it up."""
+
+    plan: Plan
+    cost_model: str
+    predicted_time: float  # seconds per iteration
+    feasible: bool
+    breakdown: dict[str, float]
+    n_micro: int
+    stages: tuple[StageReport, ...]
+    violations: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    def to_json(self, instance) -> dict[str, Any]:
+        return {
+            "plan": self.plan.to_json(),
+            "cost_model": self.cost_model,
+            "predicted_time": self.predicted_time,
+            "feasible": self.feasible,
+            "breakdown": dict(self.breakdown),
+            "micro_batches_per_iteration": self.n_micro,
+            "stages": [s.to_json(instance) for s in self.stages],
+            "violations": list(self.violations),
+            "notes": list(self.notes),
+        }
+
+
+def stage_costs(instance, plan: Plan, model: str | CostModel, tables: Tables | None = None) -> StageCosts:
+    """The StageCosts of a checked plan (explicit stages)."""
+    model = get_cost_model(model)
+    return model.stage_costs(tables or Tables(instance), plan.candidate, plan.stages)
+
+
+def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, tables: Tables | None = None) -> Evaluation:
+    """Score a plan: predicted seconds per iteration, feasibility and the breakdown.
+
+    Parameters
+    ----------
+    instance : Instance
+    plan : Plan
+        Validated against the instance here (missing ``stages`` means rank order).
+    cost_model : "hetero" (default), "amp", or a :class:`~amp_opt.model.costs.CostModel`
+    tables : Tables, optional
+        Derived tables to reuse (a solve passes its own); built afresh when omitted.
+
+    Returns
+    -------
+    Evaluation
+
+    Examples
+    --------
+    >>> import amp_opt
+    >>> inst = amp_opt.load_instance("instances/amp_het_cluster.json")
+    >>> plan = amp_opt.parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]})
+    >>> round(amp_opt.evaluate(inst, plan, "amp").predicted_time, 4)
+    1.0859
+    """
+    model = get_cost_model(cost_model)
+    plan = check_plan(instance, plan)
+    costs = stage_costs(instance, plan, model, tables)
+    bounds = plan.partition
+    reports = []
+    for s in range(plan.pp):
+        k, l = bounds[s], bounds[s + 1]
+        place = costs.placement[s]
+        memory = float(costs.memory(s, k, l))
+        reports.append(StageReport(
+            index=s, layers=(k, l), groups=plan.stages[s], device_types=place.device_types,
+            nodes=tuple(dict.fromkeys(instance.nodes[j].name for j in place.nodes)),
+            compute=float(costs.compute(s, k, l)), p2p=float(costs.p2p(s, l)), allreduce=float(costs.allreduce(s, k, l)),
+            memory=memory, capacity=costs.capacity[s], fits=memory <= costs.capacity[s]))
+    compute = [r.compute for r in reports]
+    n = costs.n_micro
+    breakdown = {
+        "pipeline_bottleneck": (n - 1) * max(compute),
+        "stage_compute": sum(compute),
+        "p2p": sum(r.p2p for r in reports),
+        "allreduce": max(r.allreduce for r in reports),
+    }
+    total = iteration_time(n, compute, [r.p2p for r in reports], [r.allreduce for r in reports])
+    over = [r for r in reports if not r.fits]
+    violations = tuple(
+        f"stage {r.index} ({', '.join(r.device_types)}) needs {r.memory / GIB:.2f} GiB per device, "
+        f"capacity {r.capacity / GIB:.2f} GiB"
+        for r in over
+    )
+    notes = []
+    if costs.estimated:
+        notes.append("some compute times were estimated from FLOPs (no measured profile for a device type at this tp degree)")
+    if not model.enforces_memory and over:
+        notes.append(f"the {model.name} cost model does not enforce memory; the plan would not fit: " + "; ".join(violations))
+    return Evaluation(
+        plan=plan,
+        cost_model=model.name,
+        predicted_time=total,
+        feasible=not over if model.enforces_memory else True,
+        breakdown=breakdown,
+        n_micro=n,
+        stages=tuple(reports),
+        violations=violations if model.enforces_memory else (),
+        notes=tuple(notes),
+    )
+
+
+@dataclass(frozen=True)
+class MemoryParts:
+    """Per-device bytes of one stage, split as eq. H5 adds them up."""
+
+    stage: int
+    model_state: float  # weights + gradients + optimizer states
+    activations: float  # kept for backward, for the micro-batches in flight
+    reserve: float  # training.memory_reserve
+    total: float
+
+    @property
+    def dominant(self) -> str:
+        parts = {"model state": self.model_state, "activations": self.activations, "reserve": self.reserve}
+        return max(parts, key=parts.get)
+
+
+def memory_parts(instance, evaluation: Evaluation) -> tuple[MemoryParts, ...]:
+    """An evaluation's per-stage memory split into model state, activations and reserve (eq. H5)."""
+    plan = evaluation.plan
+    terms = CandidateTerms(Tables(instance), plan.candidate)
+    reserve = instance.training.memory_reserve
+    out = []
+    for r in evaluation.stages:
+        state = float(terms.sums.params_in(*r.layers)) * terms.state_bytes_per_param
+        out.append(MemoryParts(r.index, state, r.memory - state - reserve, reserve, r.memory))
+    return tuple(out)

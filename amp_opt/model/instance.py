@@ -1,0 +1,132 @@
+"""Problem instances: the typed immutable records the rest of amp_opt trusts.
+
+:mod:`amp_opt.model.load` builds them from JSON, validating every field once;
+nothing after that re-checks an :class:`Instance`.  Quantities are SI: bytes,
+bytes/s, seconds, FLOP/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Mapping
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Split:
+    """A per-device quantity under tensor parallelism t: ``replicated + sharded / t``."""
+
+    replicated: float = 0.0
+    sharded: float = 0.0
+
+    def at(self, tp: int) -> float:
+        return self.replicated + self.sharded / tp
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One entry of the model's ordered layer list (per-sample quantities)."""
+
+    name: str
+    kind: str
+    params: Split  # parameter count
+    activation_bytes: Split  # bytes sent to the next layer per sample
+    activation_memory_bytes: Split  # bytes kept for backward per sample
+    flops: float | None  # forward+backward FLOPs per sample, all tp ranks together
+    tp_comm_bytes: float  # bytes all-reduced in the tp group per sample, fwd+bwd
+    tie: str | None = None
+    tied_params: float | None = None  # count of the shared tensor, split over tp
+
+
+@dataclass(frozen=True)
+class DeviceType:
+    name: str
+    memory: float  # bytes
+    peak_flops: float | None  # dense fp16/bf16 FLOP/s
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    device_type: str
+    devices: int
+    intra_bandwidth: float  # bytes/s between two devices of this node
+    inter_bandwidth: float  # bytes/s of this node's link to other nodes
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Measured forward+backward seconds per layer for one micro-batch."""
+
+    device_type: str
+    tp: int
+    micro_batch: int
+    layer_times: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Training:
+    global_batch: int
+    weight_bytes: float  # model state bytes per parameter, by part
+    gradient_bytes: float
+    optimizer_bytes: float
+    allreduce_bytes_per_param: float
+    activation_element_bytes: float
+    zero_stage: int
+    memory_reserve: float  # bytes per device
+    analytic_efficiency: float
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    tp: tuple[int, ...]
+    micro_batches: tuple[int, ...]
+    max_pp: int
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A validated problem instance.  Devices are numbered node-major."""
+
+    name: str
+    layers: tuple[Layer, ...]
+    device_types: Mapping[str, DeviceType]
+    nodes: tuple[Node, ...]
+    profiles: tuple[Profile, ...]
+    training: Training
+    search: SearchSpace
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @cached_property
+    def num_devices(self) -> int:
+        return sum(node.devices for node in self.nodes)
+
+    @cached_property
+    def device_node(self) -> np.ndarray:
+        """Node index of every global device id."""
+        return np.repeat(np.arange(len(self.nodes)), [n.devices for n in self.nodes])
+
+    @cached_property
+    def node_first_device(self) -> tuple[int, ...]:
+        starts = np.concatenate([[0], np.cumsum([n.devices for n in self.nodes])[:-1]])
+        return tuple(int(s) for s in starts)
+
+    @cached_property
+    def devices_by_type(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for node in self.nodes:
+            counts[node.device_type] = counts.get(node.device_type, 0) + node.devices
+        return counts
+
+    def link_bandwidth(self, a: int, b: int) -> float:
+        """Bytes/s between devices a and b: intra-node, else the slower NIC."""
+        na, nb = self.nodes[self.device_node[a]], self.nodes[self.device_node[b]]
+        if self.device_node[a] == self.device_node[b]:
+            return na.intra_bandwidth
+        return min(na.inter_bandwidth, nb.inter_bandwidth)

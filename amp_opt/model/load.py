@@ -1,0 +1,245 @@
+"""Loading instances: JSON in, a validated :class:`~amp_opt.model.instance.Instance` out.
+
+All validation happens here, at the boundary: the JSON Schema checks the
+shape (``schema/instance.schema.json``), then the cross-references and the
+semantics are checked field by field.  Units are converted to SI once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import InputError
+from . import catalog
+from .hf_config import preset_from_hf_config
+from .instance import DeviceType, Instance, Layer, Node, Profile, SearchSpace, Split, Training
+from .presets import expand_preset
+from .units import parse_bandwidth, parse_bytes
+
+FORMAT_VERSION = 1
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema" / "instance.schema.json"
+
+DEFAULT_TP = (1, 2, 4, 8)
+DEFAULT_MEMORY_RESERVE = 2**30  # 1 GiB: CUDA context, allocator slack, workspaces
+DEFAULT_EFFICIENCY = 0.4  # fraction of peak FLOP/s an analytic estimate assumes
+MIXED_PRECISION_ADAM = {"weights": 2.0, "gradients": 2.0, "optimizer": 12.0}
+
+
+def load_json(path: str | Path, what: str) -> Any:
+    """Parse a JSON file; any failure is an InputError naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(str(path), f"{what} file not found") from None
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read {what} file ({exc.strerror})") from None
+    def reject(constant):
+        raise InputError(str(path), f"not valid JSON: {constant} is not a number JSON allows")
+
+    try:
+        return json.loads(text, parse_constant=reject)
+    except json.JSONDecodeError as exc:
+        raise InputError(str(path), f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+
+
+def json_path(parts) -> str:
+    """Render a JSON location as ``nodes[2].devices``."""
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def check_schema(data: Any, schema_path: Path, root: str) -> None:
+    """Validate against a JSON Schema; raise the most relevant error as InputError."""
+    import jsonschema  # imported here: only loading needs it
+
+    schema = json.loads(schema_path.read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    if error is not None:
+        where = json_path(error.absolute_path)
+        raise InputError(f"{root}.{where}" if where else root, error.message)
+
+
+def load_instance(source: str | Path | Mapping) -> Instance:
+    """Load and validate an instance from a JSON file path or an already parsed dict.
+
+    Raises :class:`InputError` naming the offending field.
+    """
+    if isinstance(source, Mapping):
+        return parse_instance(source, base_dir=Path.cwd())
+    path = Path(source)
+    data = load_json(path, "instance")
+    return parse_instance(data, base_dir=path.parent, default_name=path.stem)
+
+
+def parse_instance(data: Any, base_dir: Path | None = None, default_name: str = "instance") -> Instance:
+    """Validate a parsed instance document and build the typed record."""
+    if not isinstance(data, Mapping):
+        raise InputError("instance", "must be a JSON object")
+    if "version" in data and data["version"] != FORMAT_VERSION:
+        raise InputError("instance.version", f"this amp_opt reads format version {FORMAT_VERSION}, got {data['version']!r}")
+    check_schema(data, SCHEMA_PATH, "instance")
+
+    notes: list[str] = []
+    layers = _parse_model(data["model"], base_dir or Path.cwd(), notes)
+    device_types = _parse_device_types(data.get("device_types", []))
+    nodes = _parse_nodes(data["nodes"], device_types)
+    profiles = _parse_profiles(data.get("profiles", []), device_types, len(layers))
+    training = _parse_training(data["training"])
+    search = _parse_search(data.get("search", {}), training, len(layers))
+    return Instance(
+        name=data.get("name", default_name),
+        layers=layers,
+        device_types=device_types,
+        nodes=nodes,
+        profiles=profiles,
+        training=training,
+        search=search,
+        notes=tuple(notes),
+    )
+
+
+def _split(value, default_sharded: bool) -> Split:
+    if isinstance(value, Mapping):
+        return Split(float(value.get("replicated", 0.0)), float(value.get("sharded", 0.0)))
+    return Split(0.0, float(value)) if default_sharded else Split(float(value), 0.0)
+
+
+def _parse_model(model: Mapping, base_dir: Path, notes: list[str]) -> tuple[Layer, ...]:
+    if "preset" in model:
+        raw_layers = expand_preset(dict(model), field="instance.model")
+    elif "hf_config" in model:
+        config = model["hf_config"]
+        if isinstance(config, str):
+            config = load_json(base_dir / config, "Hugging Face config")
+        preset = preset_from_hf_config(config, field="instance.model.hf_config", seq_len=model.get("seq_len"))
+        raw_layers = expand_preset(preset, field="instance.model.hf_config")
+        notes.append(f"model expanded from a Hugging Face config into the {preset['preset']} preset")
+    else:
+        raw_layers = model["layers"]
+
+    layers = []
+    for i, raw in enumerate(raw_layers):
+        layers.append(
+            Layer(
+                name=raw["name"],
+                kind=raw.get("kind", "layer"),
+                params=_split(raw["params"], default_sharded=True),
+                activation_bytes=_split(raw["activation_bytes"], default_sharded=False),
+                activation_memory_bytes=_split(raw.get("activation_memory_bytes", 0.0), default_sharded=False),
+                flops=float(raw["flops"]) if raw.get("flops") is not None else None,
+                tp_comm_bytes=float(raw.get("tp_comm_bytes", 0.0)),
+                tie=raw.get("tie"),
+                tied_params=float(raw["tied_params"]) if raw.get("tied_params") is not None else None,
+            )
+        )
+    return tuple(layers)
+
+
+def _catalog_find(name: str):
+    """The catalog entry for a name, or None."""
+    try:
+        return catalog.lookup(name, "")
+    except InputError:
+        return None
+
+
+def _parse_device_types(raw_types) -> dict[str, DeviceType]:
+    types: dict[str, DeviceType] = {}
+    for i, raw in enumerate(raw_types):
+        where = f"instance.device_types[{i}]"
+        name = raw["name"]
+        if name in types:
+            raise InputError(f"{where}.name", f"device type {name!r} is defined twice")
+        base = None
+        if "catalog" in raw:
+            base = catalog.lookup(raw["catalog"], f"{where}.catalog")
+        else:
+            base = _catalog_find(name)
+        memory = parse_bytes(raw["memory"], f"{where}.memory") if "memory" in raw else (base.memory_bytes if base else None)
+        if memory is None:
+            raise InputError(f"{where}.memory", f"device type {name!r} is not in the GPU catalog, so its memory must be given")
+        peak = float(raw["peak_flops"]) if "peak_flops" in raw else (base.peak_flops if base else None)
+        types[name] = DeviceType(name=name, memory=memory, peak_flops=peak)
+    return types
+
+
+def _parse_nodes(raw_nodes, device_types: dict[str, DeviceType]) -> tuple[Node, ...]:
+    nodes: list[Node] = []
+    names: set[str] = set()
+    for i, raw in enumerate(raw_nodes):
+        where = f"instance.nodes[{i}]"
+        type_name = raw["device_type"]
+        if type_name not in device_types:
+            spec = _catalog_find(type_name)
+            if spec is None:
+                known = ", ".join(sorted(device_types)) or "none"
+                raise InputError(
+                    f"{where}.device_type",
+                    f"unknown device type {type_name!r}: not in device_types ({known}) nor in the GPU catalog",
+                )
+            device_types[type_name] = DeviceType(type_name, spec.memory_bytes, spec.peak_flops)
+        intra = parse_bandwidth(raw["intra_bandwidth"], f"{where}.intra_bandwidth")
+        inter = parse_bandwidth(raw["inter_bandwidth"], f"{where}.inter_bandwidth")
+        count = raw.get("count", 1)
+        base_name = raw.get("name", f"node{i}")
+        for j in range(count):
+            name = base_name if count == 1 else f"{base_name}-{j}"
+            if name in names:
+                raise InputError(f"{where}.name", f"node name {name!r} is used twice")
+            names.add(name)
+            nodes.append(Node(name, type_name, raw["devices"], intra, inter))
+    return tuple(nodes)
+
+
+def _parse_profiles(raw_profiles, device_types, num_layers: int) -> tuple[Profile, ...]:
+    seen = set()
+    profiles = []
+    for i, raw in enumerate(raw_profiles):
+        where = f"instance.profiles[{i}]"
+        if raw["device_type"] not in device_types:
+            raise InputError(f"{where}.device_type", f"unknown device type {raw['device_type']!r}")
+        times = tuple(float(t) for t in raw["layer_times"])
+        if not all(math.isfinite(t) for t in times):
+            raise InputError(f"{where}.layer_times", "every time must be a finite number of seconds")
+        if len(times) != num_layers:
+            raise InputError(f"{where}.layer_times", f"has {len(times)} entries, the model has {num_layers} layers")
+        key = (raw["device_type"], raw["tp"], raw.get("micro_batch", 1))
+        if key in seen:
+            raise InputError(where, f"a second profile for device type {key[0]!r}, tp {key[1]}, micro_batch {key[2]}")
+        seen.add(key)
+        profiles.append(Profile(key[0], key[1], key[2], times))
+    return tuple(profiles)
+
+
+def _parse_training(raw: Mapping) -> Training:
+    state = dict(MIXED_PRECISION_ADAM)
+    state.update(raw.get("model_state_bytes_per_param", {}))
+    reserve = raw.get("memory_reserve")
+    return Training(
+        global_batch=raw["global_batch"],
+        weight_bytes=float(state["weights"]),
+        gradient_bytes=float(state["gradients"]),
+        optimizer_bytes=float(state["optimizer"]),
+        allreduce_bytes_per_param=float(raw.get("gradient_allreduce_bytes_per_param", state["gradients"]) or 0.0),
+        activation_element_bytes=float(raw.get("activation_element_bytes", 2.0)),
+        zero_stage=int(raw.get("zero_stage", 0)),
+        memory_reserve=DEFAULT_MEMORY_RESERVE if reserve is None else (0.0 if reserve == 0 else parse_bytes(reserve, "instance.training.memory_reserve")),
+        analytic_efficiency=float(raw.get("analytic_efficiency", DEFAULT_EFFICIENCY)),
+    )
+
+
+def _parse_search(raw: Mapping, training: Training, num_layers: int) -> SearchSpace:
+    tp = tuple(sorted(set(raw.get("tp", DEFAULT_TP))))
+    if "micro_batches" in raw:
+        micro = tuple(sorted(set(raw["micro_batches"])))
+    else:
+        micro = tuple(2**k for k in range(int(math.log2(training.global_batch)) + 1))
+    max_pp = raw.get("max_pp", num_layers)
+    return SearchSpace(tp=tp, micro_batches=micro, max_pp=min(max_pp, num_layers))

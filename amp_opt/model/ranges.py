@@ -1,0 +1,144 @@
+"""Layer ranges [k, l): the grid every per-range table is built on, and the DP kernel over it.
+
+A stage runs a contiguous range of layers, so every stage term is a table indexed
+``[k, l]`` for 0 <= k < l <= L, with ``inf`` (or ``False``) where k >= l.  The
+kernel below is the one implementation of the two steps every DP of amp_opt
+takes from one stage to the next over such tables, and of walking a DP's
+back-pointers; the partition DP, the candidate bounds and the stage-kind DPs all
+call it (``formulations/partition.md``).
+
+* :func:`min_max_step` -- ``row[l] = min_k max(values[k], table[k, l])``
+* :func:`min_sum_step` -- ``row[l] = min_k values[k] + table[k, l]``
+* :func:`min_max_chain` -- p stages of min-max steps: the least possible largest
+  value of a table over partitions into p ranges, and a partition reaching it
+* :func:`backtrack` -- from the last stage to the first, any DP's pointers
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Sequence
+
+import numpy as np
+
+INF = np.inf
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Index arrays of every pair (k, l), shape (L+1, L+1).
+
+    ``start``/``stop`` are k and l where the range is non-empty and (0, 1) elsewhere, so
+    that a prefix-sum difference can be taken everywhere and masked afterwards.
+    """
+
+    k: np.ndarray
+    l: np.ndarray
+    nonempty: np.ndarray
+    start: np.ndarray
+    stop: np.ndarray
+
+
+@lru_cache(maxsize=16)
+def grid(num_layers: int) -> Grid:
+    """The range grid of a model of ``num_layers`` layers (arrays are shared: do not write to them)."""
+    k, l = np.meshgrid(np.arange(num_layers + 1), np.arange(num_layers + 1), indexing="ij")
+    nonempty = k < l
+    out = Grid(k, l, nonempty, np.where(nonempty, k, 0), np.where(nonempty, l, 1))
+    for array in (out.k, out.l, out.nonempty, out.start, out.stop):
+        array.flags.writeable = False
+    return out
+
+
+def range_table(per_layer: np.ndarray) -> np.ndarray:
+    """Sums of ``per_layer`` over every range [k, l): (L+1, L+1), inf where k >= l.
+
+    Examples
+    --------
+    >>> range_table(np.array([1.0, 2.0]))[0, 2], range_table(np.array([1.0, 2.0]))[1, 1]
+    (3.0, inf)
+    """
+    prefix = np.concatenate([[0.0], np.cumsum(per_layer)])
+    g = grid(len(per_layer))
+    return np.where(g.nonempty, prefix[g.stop] - prefix[g.start], INF)
+
+
+def stage_room(num_layers: int, stages: int, stage: int) -> np.ndarray:
+    """Ranges stage ``stage`` of ``stages`` may take: non-empty and leaving a layer for every other stage."""
+    g = grid(num_layers)
+    return g.nonempty & (g.k >= stage) & (g.l <= num_layers - (stages - 1 - stage))
+
+
+def min_max_step(values: np.ndarray, table: np.ndarray, feasible: np.ndarray | None = None, *,
+                 arg: bool = False):
+    """One stage of a min-max DP: ``row[l] = min_k max(values[k], table[k, l])`` over feasible ranges.
+
+    ``values`` is (L+1,), the best value of ending the previous stage at k.  Returns the new
+    row, and with ``arg`` also, per l, the k reaching it.
+    """
+    return _reduce(np.maximum(values[:, None], table), feasible, arg)
+
+
+def min_sum_step(values: np.ndarray, table: np.ndarray, feasible: np.ndarray | None = None, *,
+                 arg: bool = False):
+    """One stage of a min-sum DP: ``row[l] = min_k values[k] + table[k, l]`` over feasible ranges."""
+    return _reduce(values[:, None] + table, feasible, arg)
+
+
+def _reduce(cand: np.ndarray, feasible, arg: bool):
+    if feasible is not None:
+        cand = np.where(feasible, cand, INF)
+    return (cand.min(axis=0), cand.argmin(axis=0)) if arg else cand.min(axis=0)
+
+
+def start_row(num_layers: int) -> np.ndarray:
+    """The DP row before the first stage: position 0 reached at no cost, nothing else."""
+    row = np.full(num_layers + 1, INF)
+    row[0] = 0.0
+    return row
+
+
+def min_max_chain(tables: Sequence[np.ndarray], feasible: Sequence[np.ndarray] | None = None,
+                  *, with_path: bool = False):
+    """min over partitions into ``len(tables)`` ranges of max_s tables[s][range s].
+
+    Returns the value (inf if no partition is feasible) and, with ``with_path``, the p+1
+    boundaries of a partition reaching it (None if there is none).
+
+    Examples
+    --------
+    >>> t = range_table(np.array([3.0, 1.0, 1.0, 1.0]))
+    >>> min_max_chain([t, t], with_path=True)
+    (3.0, (0, 1, 4))
+    """
+    L = tables[0].shape[-1] - 1
+    values, back = start_row(L), []
+    for s, table in enumerate(tables):
+        if with_path:
+            values, arg = min_max_step(values, table, None if feasible is None else feasible[s], arg=True)
+            back.append(arg)
+        else:
+            values = min_max_step(values, table, None if feasible is None else feasible[s])
+    value = float(values[L])
+    if not with_path:
+        return value
+    if not np.isfinite(value):
+        return value, None
+    _, bounds = backtrack(len(tables), L, None, lambda s, state, end: (None, int(back[s][end]), None))
+    return value, bounds
+
+
+def backtrack(stages: int, end: int, state, step: Callable) -> tuple[tuple, tuple[int, ...]]:
+    """Walk a DP's back-pointers from the last stage to the first.
+
+    ``step(s, state, end)`` returns ``(choice, start, previous state)`` for stage s ending at
+    ``end`` in ``state``.  Returns the choices and the p+1 boundaries, in stage order.
+    """
+    choices, bounds = [], [end]
+    for s in range(stages - 1, -1, -1):
+        choice, start, state = step(s, state, end)
+        choices.append(choice)
+        bounds.append(start)
+        end = start
+    return tuple(reversed(choices)), tuple(reversed(bounds))

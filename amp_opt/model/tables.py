@@ -1,0 +1,80 @@
+"""The derived tables of an instance that a solve computes once and reuses.
+
+An :class:`Instance` is immutable and holds no caches.  Whoever needs derived
+tables many times (a solve, an evaluation, a bound) owns a :class:`Tables` and
+passes it on: per-layer times per (device type, link, tp, micro-batch) and
+per-layer parameter and activation sums per tp degree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .profiles import LayerTimes, layer_times
+
+
+class LayerSums:
+    """Per-rank layer quantities at one tp degree, summed over any range [k, l)."""
+
+    def __init__(self, instance, tp: int):
+        layers = instance.layers
+        self.params = np.array([layer.params.at(tp) for layer in layers])
+        self.activation_bytes = np.array([layer.activation_bytes.at(tp) for layer in layers])
+        self.activation_memory = np.array([layer.activation_memory_bytes.at(tp) for layer in layers])
+        self._params_prefix = np.concatenate([[0.0], np.cumsum(self.params)])
+        self._act_mem_prefix = np.concatenate([[0.0], np.cumsum(self.activation_memory)])
+        # A tie group's shared tensor is held once per stage: per rank, the smallest
+        # member's declared shared count (default: its whole params) split over tp.
+        groups: dict[str, list[int]] = {}
+        for i, layer in enumerate(layers):
+            if layer.tie is not None:
+                groups.setdefault(layer.tie, []).append(i)
+        self.ties: list[tuple[np.ndarray, float]] = []  # (member layers, per-rank shared parameters)
+        for members in groups.values():
+            if len(members) > 1:
+                shared = min(
+                    layers[i].tied_params / tp if layers[i].tied_params is not None else self.params[i] for i in members
+                )
+                self.ties.append((np.array(members), min(shared, *(self.params[i] for i in members))))
+
+    def params_in(self, k, l):
+        """Parameters per rank held by a stage of layers [k, l); tied tensors once."""
+        k, l = np.asarray(k), np.asarray(l)
+        total = self._params_prefix[l] - self._params_prefix[k]
+        for members, shared in self.ties:
+            inside = ((k[..., None] <= members) & (members < l[..., None])).sum(axis=-1)
+            total = total - np.maximum(inside - 1, 0) * shared
+        return total
+
+    def activation_memory_in(self, k, l):
+        """Bytes per rank and sample kept for backward by layers [k, l)."""
+        return self._act_mem_prefix[np.asarray(l)] - self._act_mem_prefix[np.asarray(k)]
+
+
+class Tables:
+    """Remembered layer times and layer sums of one instance.
+
+    Examples
+    --------
+    >>> from amp_opt import load_instance
+    >>> tables = Tables(load_instance("instances/amp_homogeneous.json"))
+    >>> tables.layer_sums(2) is tables.layer_sums(2)
+    True
+    """
+
+    def __init__(self, instance):
+        self.instance = instance
+        self._times: dict[tuple, LayerTimes] = {}
+        self._sums: dict[int, LayerSums] = {}
+
+    def layer_times(self, device_type: str, intra_bw: float, tp: int, micro_batch: int) -> LayerTimes:
+        """Seconds per layer for one micro-batch (eq. H2), see :func:`amp_opt.model.profiles.layer_times`."""
+        key = (device_type, intra_bw, tp, micro_batch)
+        if key not in self._times:
+            self._times[key] = layer_times(self.instance, device_type, intra_bw, tp, micro_batch)
+        return self._times[key]
+
+    def layer_sums(self, tp: int) -> LayerSums:
+        if tp not in self._sums:
+            self._sums[tp] = LayerSums(self.instance, tp)
+        return self._sums[tp]

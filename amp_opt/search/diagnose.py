@@ -1,0 +1,64 @@
+"""Why no plan fits: the least overfull plan, and the sentence that names its fullest stage.
+
+When a search proves that no plan fits in device memory, the user is told which plan
+came closest and by how much its fullest stage overflows: a min-max DP over the
+memory-over-capacity ratio of every stage (:func:`amp_opt.search.partition.min_max_path`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model.candidates import candidates
+from ..model.plan import Candidate, Stages
+from .grouping import candidate_graph
+from .partition import Path, StageGraph, min_max_path
+
+
+@dataclass(frozen=True)
+class Overfull:
+    """A plan's largest memory over capacity among its stages (1.0 = exactly full)."""
+
+    ratio: float
+    candidate: Candidate
+    stages: Stages
+    path: Path
+
+
+def least_overfull(graph: StageGraph, cand: Candidate, to_stages, tightest: Overfull | None) -> Overfull | None:
+    """The tighter of ``tightest`` and the least overfull plan of one candidate's graph."""
+    ratio, path = min_max_path(graph, graph.memory_ratio, np.broadcast_to(graph.structural, graph.feasible.shape))
+    if path is not None and (tightest is None or ratio < tightest.ratio):
+        return Overfull(ratio, cand, to_stages(path), path)
+    return tightest
+
+
+def least_overfull_rank_order(search) -> Overfull | None:
+    """The least overfull plan over every candidate in AMP's rank order."""
+    tightest = None
+    for cand in candidates(search.instance):
+        graph, to_stages = candidate_graph(search.tables, cand, search.model, "rank-order")
+        tightest = least_overfull(graph, cand, to_stages, tightest)
+    return tightest
+
+
+def infeasible_reason(search, tightest: Overfull | None, example: str = "") -> str:
+    """Why no plan exists, shown on the least overfull plan known (``example`` says which kind
+    of plan that is when it is not from the placement searched)."""
+    if tightest is None:
+        return f"no candidate has a valid layer partition ({search.instance.num_layers} layers)"
+    if tightest.ratio <= 1.0:
+        return "no plan fits the constraints"
+    cand = tightest.candidate
+    ev = search.evaluate(cand.plan(tightest.path.bounds, tightest.stages))
+    worst = max(ev.stages, key=lambda r: r.memory / r.capacity)
+    gib = 2**30
+    return (
+        f"no plan fits in device memory. The tightest{example} is tp={cand.tp} dp={cand.dp} pp={cand.pp} "
+        f"micro_batch={cand.micro_batch} with partition {list(tightest.path.bounds)}: stage {worst.index} "
+        f"({', '.join(worst.device_types)}, layers {worst.layers[0]}-{worst.layers[1] - 1}) needs "
+        f"{worst.memory / gib:.2f} GiB per device, over its capacity of {worst.capacity / gib:.2f} GiB "
+        f"by {(worst.memory - worst.capacity) / gib:.2f} GiB"
+    )

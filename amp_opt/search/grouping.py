@@ -1,0 +1,253 @@
+"""Free device grouping: which nodes' tensor-parallel groups serve which stage.
+
+Node j offers g_j = devices_j / tp groups (tp consecutive devices of one
+node).  A grouping gives every stage dp groups and uses every group once.
+Under the hetero model a stage's cost depends only on the set of nodes it
+uses, and a boundary's on the two stages' node sets, so the exact search walks
+the stages in order with the state
+
+    (groups left on each node, whether the node hosts the previous stage)
+
+(``formulations/partition.md``, free grouping).  Identical nodes (same device
+type, size and bandwidths) are interchangeable: states are kept in a canonical
+order, and tied nodes take groups in non-increasing amounts, so symmetric
+groupings are explored once.  :func:`groupings` lists whole grouping matrices
+instead; tests use it as an independent check on small instances.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..errors import SearchTooLarge
+from ..model.classes import class_of_node
+from ..model.costs import HETERO, StageCosts, hetero_link
+from ..model.plan import Candidate, Stages, rank_order_stages
+from .partition import Path, StageGraph, fixed_placement_graph, make_graph, memory_ratio, range_tables
+
+MAX_TRANSITIONS = 50_000
+
+
+def node_groups(instance, tp: int, node: int, start: int, count: int) -> list[tuple[int, ...]]:
+    """Groups start..start+count-1 of a node: tp consecutive device ids each."""
+    first = instance.node_first_device[node]
+    return [tuple(range(first + (start + q) * tp, first + (start + q + 1) * tp)) for q in range(count)]
+
+
+def assign_groups(instance, tp: int, counts_per_stage) -> Stages:
+    """Device ids per stage from group counts: stage s takes the next ``count`` unused
+    groups of each ``(node, count)`` in ``counts_per_stage[s]``."""
+    used: dict[int, int] = {}
+    stages = []
+    for counts in counts_per_stage:
+        replicas = []
+        for node, count in counts:
+            replicas += node_groups(instance, tp, node, used.get(node, 0), count)
+            used[node] = used.get(node, 0) + count
+        stages.append(tuple(sorted(replicas)))
+    return tuple(stages)
+
+
+def _canonical(entries: tuple, classes: list[list[int]]) -> tuple[tuple, list[int]]:
+    """Sort the entries of each class of identical nodes; return them and the permutation.
+
+    ``perm[i]`` is the old position whose entry lands at position i.
+    """
+    perm = list(range(len(entries)))
+    for members in classes:
+        ordered = sorted(members, key=lambda j: entries[j], reverse=True)
+        for pos, j in zip(members, ordered):
+            perm[pos] = j
+    return tuple(entries[perm[i]] for i in range(len(entries))), perm
+
+
+def _moves(entries: tuple, d: int, tied_with_prev: list[bool]) -> Iterator[tuple[int, ...]]:
+    """Vectors y with sum d, y_j <= groups left, non-increasing across tied nodes."""
+    n = len(entries)
+    left_after = [0] * (n + 1)
+    for j in range(n - 1, -1, -1):
+        left_after[j] = left_after[j + 1] + entries[j][0]
+    y = [0] * n
+
+    def rec(j: int, need: int):
+        if j == n:
+            if need == 0:
+                yield tuple(y)
+            return
+        hi = min(entries[j][0], need)
+        if j > 0 and tied_with_prev[j] and entries[j] == entries[j - 1]:
+            hi = min(hi, y[j - 1])
+        lo = max(0, need - left_after[j + 1])
+        for v in range(hi, lo - 1, -1):
+            y[j] = v
+            yield from rec(j + 1, need - v)
+        y[j] = 0
+
+    yield from rec(0, d)
+
+
+@dataclass(frozen=True)
+class FreeGraph:
+    graph: StageGraph
+    moves: tuple  # per stage, per transition: y in the canonical labels of the source state
+    perms: tuple  # per stage, per transition: canonicalisation permutation of the target state
+    node_order: tuple[int, ...]  # canonical position -> node index at the start
+
+
+def candidate_graph(tables, cand: Candidate, model, placement: str) -> tuple[StageGraph, Callable[[Path], Stages]]:
+    """The stage graph of a candidate under a placement, and a function from a path to device stages."""
+    if placement == "rank-order":
+        stages = rank_order_stages(cand.tp, cand.dp, cand.pp)
+        costs = model.stage_costs(tables, cand, stages)
+        return fixed_placement_graph(costs, tables.instance.num_layers), lambda path: stages
+    fg = free_graph(tables, cand)
+    return fg.graph, lambda path: stages_of_path(tables.instance, cand, fg, path.transitions)
+
+
+def free_graph(tables, cand: Candidate, max_transitions: int = MAX_TRANSITIONS) -> FreeGraph:
+    """The stage graph of every free grouping of a candidate (hetero cost model)."""
+    instance = tables.instance
+    m, d, p, L = cand.tp, cand.dp, cand.pp, instance.num_layers
+    cls = class_of_node(instance)
+    order = sorted(range(len(instance.nodes)), key=lambda j: (cls[j], j))
+    class_of = [cls[j] for j in order]
+    groups = [instance.nodes[j].devices // m for j in order]
+    class_members: list[list[int]] = []
+    for pos, c in enumerate(class_of):
+        if pos == 0 or c != class_of[pos - 1]:
+            class_members.append([])
+        class_members[-1].append(pos)
+    tied_with_prev = [pos > 0 and class_of[pos] == class_of[pos - 1] for pos in range(len(order))]
+
+    kinds: dict[tuple, int] = {}
+    kind_costs: list[StageCosts] = []
+    # A state: (groups left and "hosts the previous stage" per node in canonical order,
+    # min inter-node bandwidth of the previous stage when it spans several nodes).  The
+    # next boundary's link depends on a multi-node previous stage only through that
+    # minimum, so such states merge; ``prev_of`` keeps one representative node set.
+    start = (tuple((g, False) for g in groups), None)
+    layer = {start: 0}
+    prev_of = {start: ()}
+    transitions, moves, perms = [], [], []
+    total = 0
+    nodes = instance.nodes
+    for s in range(p):
+        nxt: dict[tuple, int] = {}
+        nxt_prev: dict[tuple, tuple] = {}
+        trans_s, moves_s, perms_s = [], [], []
+        for state, sid in layer.items():
+            entries = state[0]
+            prev = tuple(order[pos] for pos in prev_of[state])
+            for y in _moves(entries, d, tied_with_prev):
+                positions = [pos for pos in range(len(y)) if y[pos]]
+                used = tuple(order[pos] for pos in positions)
+                key = _kind_key(instance, used)
+                if key not in kinds:
+                    kinds[key] = len(kinds)
+                    kind_costs.append(_kind_costs(tables, cand, y, order))
+                factor = 1.0 / hetero_link(instance, prev + used) if s > 0 else 0.0
+                single = len(positions) == 1
+                raw = tuple((entries[pos][0] - y[pos], single and y[pos] > 0) for pos in range(len(y)))
+                canon, perm = _canonical(raw, class_members)
+                multi = None if single else min(nodes[j].inter_bandwidth for j in used)
+                target = (canon, multi)
+                if target not in nxt:
+                    nxt[target] = len(nxt)
+                    where = {old: new for new, old in enumerate(perm)}
+                    nxt_prev[target] = tuple(sorted(where[pos] for pos in positions))
+                trans_s.append((sid, kinds[key], factor, nxt[target]))
+                if total + len(trans_s) > max_transitions:
+                    raise SearchTooLarge(
+                        "--placement",
+                        f"free grouping of tp={m} dp={d} pp={p} has more than {max_transitions} stage transitions: "
+                        "too large for the enumerator; use --solver cpsat or --placement rank-order",
+                    )
+                moves_s.append(y)
+                perms_s.append(tuple(perm))
+        total += len(trans_s)
+        transitions.append(tuple(trans_s))
+        moves.append(tuple(moves_s))
+        perms.append(tuple(perms_s))
+        layer, prev_of = nxt, nxt_prev
+
+    ranges = [range_tables(c, L, 0) for c in kind_costs]
+    ratio = np.stack([np.stack([memory_ratio(c, L, s) for c in kind_costs]) for s in range(p)])
+    volume = np.concatenate([[0.0], kind_costs[0].p2p_volume()])
+    graph = make_graph(cand.n_micro(instance), np.stack([t[0] for t in ranges]), np.stack([t[1] for t in ranges]),
+                       ratio, True, volume, transitions)
+    return FreeGraph(graph, tuple(moves), tuple(perms), tuple(order))
+
+
+def _kind_key(instance, used: tuple[int, ...]):
+    """What a stage's own cost depends on: its compute classes and its ring link."""
+    nodes = instance.nodes
+    classes = frozenset((nodes[j].device_type, nodes[j].intra_bandwidth) for j in used)
+    return classes, hetero_link(instance, used), len(set(used)) == 1
+
+
+def _kind_costs(tables, cand, y, order) -> StageCosts:
+    """A StageCosts whose every stage has this kind's devices (to tabulate its terms)."""
+    groups = []
+    for pos, count in enumerate(y):
+        first = tables.instance.node_first_device[order[pos]]
+        groups += [tuple(range(first, first + cand.tp))] * count
+    return HETERO.stage_costs(tables, cand, (tuple(groups),) * cand.pp)
+
+
+def stages_of_path(instance, cand, fg: FreeGraph, transitions: tuple[int, ...]) -> Stages:
+    """Device ids per stage and replica for a path through the free graph."""
+    label = list(fg.node_order)  # canonical position -> node index
+    counts = []
+    for s, t in enumerate(transitions):
+        counts.append([(label[pos], count) for pos, count in enumerate(fg.moves[s][t]) if count])
+        perm = fg.perms[s][t]
+        label = [label[perm[i]] for i in range(len(label))]
+    return assign_groups(instance, cand.tp, counts)
+
+
+def groupings(instance, cand) -> Iterator[Stages]:
+    """Every grouping matrix (canonical up to identical nodes) as device ids; for tests."""
+    cls = class_of_node(instance)
+    order = sorted(range(len(instance.nodes)), key=lambda j: (cls[j], j))
+    counts = [instance.nodes[j].devices // cand.tp for j in order]
+    p, d = cand.pp, cand.dp
+    remaining = [d] * p
+    cols: list[tuple[int, ...]] = []
+
+    def columns(total, upper):
+        def rec(s, left, prefix, tight):
+            if s == p:
+                if left == 0:
+                    yield tuple(prefix)
+                return
+            hi = min(remaining[s], left)
+            if tight:
+                hi = min(hi, upper[s])
+            for v in range(hi, -1, -1):
+                prefix.append(v)
+                yield from rec(s + 1, left - v, prefix, tight and v == upper[s])
+                prefix.pop()
+
+        yield from rec(0, total, [], upper is not None)
+
+    def rec(i):
+        if i == len(order):
+            if not any(remaining):
+                yield tuple(cols)
+            return
+        upper = cols[i - 1] if i > 0 and cls[order[i]] == cls[order[i - 1]] else None
+        for col in columns(counts[i], upper):
+            for s in range(p):
+                remaining[s] -= col[s]
+            cols.append(col)
+            yield from rec(i + 1)
+            cols.pop()
+            for s in range(p):
+                remaining[s] += col[s]
+
+    for columns_ in rec(0):
+        yield assign_groups(instance, cand.tp, [[(j, col[s]) for j, col in zip(order, columns_) if col[s]]
+                                                for s in range(p)])

@@ -1,0 +1,241 @@
+"""The Lagrangian kind bound of a candidate (``formulations/mip.md`` eq. B4).
+
+For thresholds T on the largest stage compute and U on the largest allreduce,
+
+    time >= w * T_lo + U_lo + h_lambda(T, U) - lambda . G
+
+for every plan whose largest stage compute lies in (T_lo, T] and whose largest
+allreduce lies in (U_lo, U] (h from :meth:`KindModel.sweep`).  :class:`KindSearch`
+works best-first over such threshold cells, raising each cell's dual by a
+trust-region cutting-plane ascent (:class:`Ascent`); a bound that reaches
+``KindModel.ceiling`` proves the candidate has no plan.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...model.ranges import INF
+from .model import KindModel, KindPath, min_max
+
+LP_MS = 2000  # milliseconds one dual step's LP may take (a guard; it takes about one)
+WAVE = 8  # threshold cells whose duals are raised together, in one batched DP sweep
+
+
+@dataclass
+class Cell:
+    """Plans whose largest stage compute is in (T_lo, T_hi] and largest allreduce in (U_lo, U_hi]."""
+
+    T_lo: float
+    T_hi: float
+    U_lo: float
+    U_hi: float
+    lam: np.ndarray
+    bound: float = -INF
+    settled: bool = False  # the dual over lambda has converged for this cell
+    tries: int = 0  # dual ascents run on this cell
+    ascent: object = None  # its Ascent (cuts so far), kept between tries
+    path: KindPath | None = None  # the relaxed path at the best lambda so far
+
+    def lead(self, w: float) -> float:
+        return w * self.T_lo + self.U_lo
+
+
+class Ascent:
+    """The dual of one cell over lambda, by a trust-region cutting-plane method (eq. B4).
+
+    The dual function is concave and piecewise linear in lambda (one cut per DP path); the
+    next lambda maximises the cuts' minimum in a box around the best lambda so far.  Shifting
+    every price by the same amount changes nothing (the stages take p*d = sum G groups), so
+    the first class's price stays where it is.
+    """
+
+    def __init__(self, cell: Cell, target: float, classes: int):
+        self.cell, self.target, self.classes = cell, target, classes
+        self.lam, self.center = cell.lam.copy(), cell.lam.copy()
+        self.radius, self.boxed = 0.2 * max(1e-3, float(np.abs(self.center).max())), False
+        self.done = False
+        self.rows: list[tuple[float, np.ndarray]] = []  # cuts as theta - g . y <= rhs
+
+    def record(self, value: float, g: np.ndarray, path: KindPath) -> None:
+        """Take the dual value, subgradient and DP path at ``self.lam``; choose the next lambda
+        or finish."""
+        from ortools.linear_solver import pywraplp  # heavy: imported when a dual step runs
+
+        cell = self.cell
+        # The cut theta <= value + g . (y - lam), as theta - g . y <= value - g . lam
+        self.rows.append((float(value - g @ self.lam), g.copy()))
+        if value > cell.bound or cell.path is None:
+            cell.path = path
+        if value > cell.bound:
+            cell.bound, cell.lam, self.center = value, self.lam.copy(), self.lam.copy()
+            if self.boxed:
+                self.radius *= 2
+        elif len(self.rows) > 1:
+            self.radius *= 0.5
+        C = self.classes
+        # A path meeting the supply and the cuts with complementary slackness: the dual is solved.
+        solved = not g[:C].any() and (g[C:] <= 0).all() and not (self.lam[C:] * g[C:]).any()
+        if cell.bound >= self.target or solved:
+            self.done = cell.settled = True
+            return
+        for _ in range(20):  # widenings of the box; flat directions (a cut met exactly) end it
+            # A fresh LP per step, rows set coefficient by coefficient (GLOP's expression API is
+            # slow at this size, and re-solving one kept model from its last basis could stall).
+            lp = pywraplp.Solver.CreateSolver("GLOP")
+            lp.SetTimeLimit(LP_MS)
+            theta = lp.NumVar(-lp.infinity(), lp.infinity(), "theta")
+            # The box: lambda_0 fixed, the rest within the radius; mu >= 0 (K7 rows are inequalities).
+            reach = np.full(len(self.center), self.radius)
+            reach[0] = 0.0
+            low = self.center - reach
+            low[C:] = np.maximum(0.0, low[C:])
+            y = [lp.NumVar(float(lo), float(hi), f"y{c}") for c, (lo, hi) in enumerate(zip(low, self.center + reach))]
+            for rhs, g_row in self.rows:
+                row = lp.Constraint(-lp.infinity(), rhs)
+                row.SetCoefficient(theta, 1.0)
+                for c in np.flatnonzero(g_row):
+                    row.SetCoefficient(y[c], -float(g_row[c]))
+            objective = lp.Objective()
+            objective.SetCoefficient(theta, 1.0)
+            objective.SetMaximization()
+            if lp.Solve() != pywraplp.Solver.OPTIMAL:
+                self.done = True
+                return
+            self.lam = np.array([var.solution_value() for var in y])
+            self.boxed = bool(np.abs(self.lam - self.center).max() >= self.radius * (1 - 1e-6))
+            if theta.solution_value() - cell.bound > 1e-4 * self.target:
+                return
+            if not self.boxed:
+                break
+            self.radius *= 4
+        self.done = cell.settled = True  # no price in reach gains more
+
+
+def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int) -> int:
+    """Raise the bounds of ``cells`` together (one batched DP sweep per round) for at most
+    ``iterations`` rounds; marks each cell settled when its dual has converged.  Returns the
+    number of DP paths computed."""
+    w = model.w
+    for cell in cells:
+        # A cell's cuts stay valid for it; a new target only changes when to stop.
+        if cell.ascent is None:
+            cell.ascent = Ascent(cell, target, len(model.classes))
+        cell.ascent.target, cell.ascent.done, cell.settled = target, False, False
+    ascents = [cell.ascent for cell in cells]
+    paths_seen = 0
+    for _ in range(iterations):
+        live = [a for a in ascents if not a.done]
+        if not live:
+            break
+        T = np.array([a.cell.T_hi for a in live])
+        U = np.array([a.cell.U_hi for a in live])
+        lam = np.array([a.lam for a in live])
+        h, paths = model.sweep(lam, T, U, paths=True)
+        paths_seen += len(live)
+        for a, value, path in zip(live, h, paths):
+            if path is None:
+                a.cell.bound, a.done, a.cell.settled = INF, True, True  # nothing fits these thresholds
+                continue
+            g = model.subgradient(path, a.lam)
+            a.record(a.cell.lead(w) + float(value) - model.constant(a.lam), g, path)
+    for cell in cells:
+        cell.tries += 1
+    return paths_seen
+
+
+class KindSearch:
+    """Eq. B4 for one candidate, kept between calls: best-first over threshold cells.
+
+    The cells with the smallest bounds get dual steps until their duals are settled, then
+    are split in two along the term (w*T or U) whose range is wider; a wave of up to WAVE
+    cells is worked on at once.  The lowest cells also say where good plans may lie
+    (``promising``).
+    """
+
+    def __init__(self, model: KindModel, target: float):
+        w = model.w
+        self.model, self.sweeps, self.pushed = model, 0, 0
+        self.heap: list = []
+        self.floor = INF
+        T0 = min_max(model, model.compute) if w > 0 else 0.0
+        U0 = min_max(model, model.allreduce)
+        if not (np.isfinite(T0) and np.isfinite(U0)):
+            return
+        # Plans with w*max E + max AR above the first target cannot be of interest.
+        T_hi = max(T0, (target - U0) / w) if w > 0 else INF
+        U_hi = max(U0, target - w * T0)
+        self._work([Cell(T0, T_hi, U0, U_hi, np.zeros(model.dims))], target, 40)
+
+    @property
+    def bound(self) -> float:
+        return float(min([self.floor] + [b for b, _, _ in self.heap]))
+
+    def _work(self, cells: list[Cell], target: float, iterations: int) -> None:
+        self.sweeps += ascend(self.model, cells, target, iterations)
+        for cell in cells:
+            self.pushed += 1
+            heapq.heappush(self.heap, (cell.bound, self.pushed, cell))
+
+    def raise_to(self, target: float, sweeps: int, deadline: float | None = None) -> float:
+        """Refine until the bound reaches ``target`` or ``sweeps`` more DP paths are spent.
+
+        Returns v with every plan of the candidate costing at least v; v <= target (the cells
+        only cover plans below the first target, and targets only decrease).
+        """
+        w, stop = self.model.w, self.sweeps + sweeps
+        while self.heap and self.sweeps < stop and not (deadline is not None and time.perf_counter() >= deadline):
+            wave = []
+            while self.heap and self.heap[0][0] < target and len(wave) < WAVE:
+                cell = heapq.heappop(self.heap)[2]
+                T_hi = min(cell.T_hi, max(cell.T_lo, (target - cell.U_lo) / w)) if w > 0 else cell.T_hi
+                U_hi = min(cell.U_hi, max(cell.U_lo, target - w * cell.T_lo))
+                if np.isfinite(target) and (_halved(cell.T_lo, cell.T_hi, T_hi) or _halved(cell.U_lo, cell.U_hi, U_hi)):
+                    # Started with a much higher target (or none): plans above the target are of
+                    # no interest (the bound is reported as at most it), so the cell shrinks, and
+                    # its dual starts afresh (cuts at the wider thresholds would undershoot).
+                    cell.T_hi, cell.U_hi = T_hi, U_hi
+                    cell.settled, cell.ascent = False, None
+                if not cell.settled and cell.tries < 2:
+                    wave.append(cell)
+                    continue
+                wide_T = w * (cell.T_hi - cell.T_lo) if w > 0 else 0.0
+                wide_U = cell.U_hi - cell.U_lo
+                if not np.isfinite(max(wide_T, wide_U)):
+                    heapq.heappush(self.heap, (cell.bound, self.pushed, cell))  # no target to split at yet
+                    break
+                if max(wide_T, wide_U) <= 1e-6 * target:
+                    self.floor = min(self.floor, cell.bound)  # as fine as it gets: the bound is final
+                    continue
+                for half in (0, 1):
+                    child = Cell(cell.T_lo, cell.T_hi, cell.U_lo, cell.U_hi, cell.lam.copy(), cell.bound)
+                    if wide_T >= wide_U:
+                        mid = (cell.T_lo + cell.T_hi) / 2
+                        child.T_lo, child.T_hi = (cell.T_lo, mid) if half == 0 else (mid, cell.T_hi)
+                    else:
+                        mid = (cell.U_lo + cell.U_hi) / 2
+                        child.U_lo, child.U_hi = (cell.U_lo, mid) if half == 0 else (mid, cell.U_hi)
+                    wave.append(child)
+            if not wave:
+                break
+            self._work(wave, target, 15)
+        return min(self.bound, target)
+
+    def promising(self, count: int) -> list[Cell]:
+        """The ``count`` cells with the smallest bounds."""
+        return [cell for _, _, cell in heapq.nsmallest(count, self.heap, key=lambda e: e[:2])]
+
+
+def _halved(lo: float, hi: float, new_hi: float) -> bool:
+    """Whether clipping (lo, hi] at new_hi removes at least half of it (or all of an open end)."""
+    return new_hi < hi and (not np.isfinite(hi) or new_hi - lo <= 0.5 * (hi - lo))
+
+
+def kind_bound(model: KindModel, target: float, sweeps: int = 1500, deadline: float | None = None) -> float:
+    """Eq. B4: a lower bound on every plan of the candidate, raised until it reaches ``target``
+    or ``sweeps`` DP sweeps (or the deadline) are spent."""
+    return KindSearch(model, target).raise_to(target, sweeps, deadline)

@@ -1,0 +1,271 @@
+"""Stage kinds of a candidate and their Lagrangian DP (``formulations/mip.md`` eq. K1-K4, K7).
+
+Under the hetero model with free grouping a stage's cost depends on its groups only
+through the set S of node classes it uses (its *kind*): compute is the slowest class's
+range time, memory the smallest capacity, the ring and p2p links the slowest
+inter-node link (or, for a kind of one class whose node can hold a whole stage,
+possibly the intra-node link).  What couples the stages is the supply of groups per
+class.  Pricing that supply with multipliers lambda_c (a Lagrangian relaxation), and
+the rounding rows (at most floor(G_B / d) stages inside a class set B, eq. K7) with
+multipliers mu_B, leaves a shortest-path DP over layer positions:
+:meth:`KindModel.sweep`.  The bound built on it is in :mod:`.bound`, the plans built
+from it in :mod:`.construct`, and the phase of the MIP driver that runs both in
+:mod:`.refine`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...model.classes import node_classes
+from ...model.costs import CandidateTerms, allreduce_factor
+from ...model.ranges import INF, backtrack, grid, min_max_chain
+
+MAX_KINDS = 63  # 6 node classes; more and the bound falls back to eq. B2/B3
+
+
+@dataclass(frozen=True)
+class KindPath:
+    """A DP solution: the kind and layer range of every stage."""
+
+    kinds: tuple[int, ...]
+    bounds: tuple[int, ...]
+
+
+def band_layout(usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ranges stored by (end l, length - 1) up to the longest one ``usable`` ((L+1, L+1) bool,
+    [k, l]) allows: the start of each (l, j) cell, clipped to 0, and whether it is a real range."""
+    first, last = np.nonzero(usable)
+    band = max(1, int((last - first).max())) if len(first) else 1
+    starts = np.arange(usable.shape[1])[:, None] - 1 - np.arange(band)[None, :]
+    valid = starts >= 0
+    return np.where(valid, starts, 0), valid
+
+
+class KindModel:
+    """Per-kind range tables of one candidate (eq. K1-K3), and the Lagrangian DP over them (K4).
+
+    Tables are indexed [kind, k, l] over layer ranges [k, l): ``compute`` (seconds of one
+    micro-batch, the slowest class of the kind), ``allreduce`` (seconds), ``fits[f]`` (bool:
+    the range fits the kind's capacity with f micro-batches in flight).
+    """
+
+    def __init__(self, tables, cand):
+        instance = tables.instance
+        self.tables, self.instance, self.cand = tables, instance, cand
+        m, d = cand.tp, cand.dp
+        self.w = cand.n_micro(instance) - 1
+        self.classes = node_classes(instance)
+        C, self.L = len(self.classes), instance.num_layers
+        self.supply = np.array([c.groups(m) for c in self.classes], dtype=float)
+        self.kinds = [S for r in range(1, min(C, d) + 1) for S in itertools.combinations(range(C), r)
+                      if sum(self.supply[c] for c in S) >= d]
+        terms = CandidateTerms(tables, cand)
+        params = self._tables(tables, terms)
+        self._memory(terms)
+        # Kinds that behave the same (tables, capacity, link) share a representative: the
+        # multiset DP only needs to tell behaviours apart.
+        seen: dict[tuple, int] = {}
+        self.representative = np.array([
+            seen.setdefault((self.compute[i].tobytes(), self.allreduce[i].tobytes(), self.capacity[i], self.ring(S)), i)
+            for i, S in enumerate(self.kinds)])
+        # K3: a boundary at position k costs volume[k] over the slower of its two stages' links,
+        # so the DP remembers the link level of the previous stage.
+        self.volume = np.concatenate([[0.0], terms.volume[:-1], [0.0]])  # boundary at position k
+        self.links = np.array(sorted({self.ring(S) for S in self.kinds}))
+        self.link_of = np.array([int(np.searchsorted(self.links, self.ring(S))) for S in self.kinds])
+        self.p2p_factor = 1.0 / np.minimum(self.links[:, None], self.links[None, :])  # [previous, next]
+        self.ceiling = self._ceiling(params)
+        self._cuts()
+
+    def _tables(self, tables, terms: CandidateTerms) -> np.ndarray:
+        """Compute and allreduce of every kind over every range (eq. K1, K2); returns the
+        parameters per range."""
+        m, d, L = self.cand.tp, self.cand.dp, self.L
+        g = grid(L)
+        ranges = []
+        for c in self.classes:
+            prefix = np.concatenate([[0.0], np.cumsum(tables.layer_times(c.device_type, c.intra, m,
+                                                                         self.cand.micro_batch).seconds)])
+            ranges.append(prefix[g.stop] - prefix[g.start])
+        params = terms.sums.params_in(g.start, g.stop)
+        K = len(self.kinds)
+        self.compute = np.full((K, L + 1, L + 1), INF)
+        self.allreduce = np.full((K, L + 1, L + 1), INF)
+        self.capacity = np.zeros(K)
+        for i, S in enumerate(self.kinds):
+            self.compute[i] = np.where(g.nonempty, np.max([ranges[c] for c in S], axis=0), INF)
+            self.allreduce[i] = np.where(g.nonempty, params * allreduce_factor(self.instance, d, self.ring(S)), INF)
+            self.capacity[i] = min(self.instance.device_types[self.classes[c].device_type].memory for c in S)
+        return params
+
+    def _memory(self, terms: CandidateTerms) -> None:
+        """Which ranges fit each kind (eq. H5), by micro-batches in flight, the only way the
+        stage index enters memory."""
+        g = grid(self.L)
+        self.in_flight = [terms.in_flight(s) for s in range(self.cand.pp)]
+        self.fits = {}
+        for s, f in enumerate(self.in_flight):
+            if f not in self.fits:
+                need = terms.memory(s, g.start, g.stop)
+                self.fits[f] = g.nonempty[None] & (need[None] <= self.capacity[:, None, None])
+        self.fitting = np.any(list(self.fits.values()), axis=0)  # (K, k, l): fits at some stage
+
+    def _ceiling(self, params: np.ndarray) -> float:
+        """A cost above every plan's: each term at its largest over ranges that fit, links at the
+        slowest the cluster has.  A bound reaching it proves the candidate has no plan."""
+        usable = self.fitting.any(axis=0)
+        if not usable.any():
+            return 0.0  # nothing fits anywhere
+        p, d = self.cand.pp, self.cand.dp
+        slow = min(min(c.inter, c.intra) for c in self.classes)
+        crude = ((self.w + p) * float(self.compute[self.fitting].max())
+                 + (p - 1) * float(self.volume.max()) / slow
+                 + float(params[usable].max()) * allreduce_factor(self.instance, d, slow))
+        return 2.0 * crude
+
+    def _cuts(self) -> None:
+        """K7: at most floor(G_B / d) stages have kinds inside a class set B.  The supply allows
+        G_B / d of them in the relaxation; only the rounding cuts, so only sets where d does
+        not divide G_B are kept.  Each cut gets a multiplier mu_B >= 0 beside lambda."""
+        C, d = len(self.classes), self.cand.dp
+        totals = {B: int(sum(self.supply[c] for c in B)) for r in range(1, C) for B in itertools.combinations(range(C), r)}
+        sets = [B for B, G in totals.items() if G >= d and G % d]
+        self.cut_sets = sets
+        self.cut_rhs = np.array([totals[B] // d for B in sets], dtype=float)
+        self.inside = np.array([[set(S) <= set(B) for B in sets] for S in self.kinds],
+                               dtype=float).reshape(len(self.kinds), len(sets))
+        self.dims = C + len(sets)  # multipliers: lambda (one per class), then mu (one per cut)
+
+    def ring(self, S) -> float:
+        """The fastest link a stage of kind S can reduce over and send on (eq. K1)."""
+        d = self.cand.dp
+        if len(S) == 1:
+            c = self.classes[S[0]]
+            if c.devices // self.cand.tp >= d:
+                return max(c.inter, c.intra)
+        return min(self.classes[c].inter for c in S)
+
+    def prices(self, y: np.ndarray) -> np.ndarray:
+        """What a stage of each kind pays under multipliers y = (lambda, mu): its cheapest groups
+        (``compositions``) plus mu_B for every cut set B (eq. K7) that holds the kind; (K,)."""
+        C = len(self.classes)
+        return self.compositions(y[:C])[0] + self.inside @ y[C:]
+
+    def subgradient(self, path: KindPath, y: np.ndarray) -> np.ndarray:
+        """The relaxed constraints' excess at a path: groups taken minus the supply (lambda),
+        stages inside each cut set minus its limit (mu)."""
+        C = len(self.classes)
+        inside = self.inside[list(path.kinds)].sum(axis=0)
+        return np.concatenate([self.usage(path, y[:C]) - self.supply, inside - self.cut_rhs])
+
+    def constant(self, y: np.ndarray) -> float:
+        """The multipliers' constant term: lambda . G + mu . floor(G_B / d)."""
+        C = len(self.classes)
+        return float(y[:C] @ self.supply + y[C:] @ self.cut_rhs)
+
+    def compositions(self, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per kind, the cheapest groups per class under prices ``lam`` (one of each class of
+        the kind, the rest from the cheapest ones up to their supply): prices (K,), counts (K, C)."""
+        d = self.cand.dp
+        counts = np.zeros((len(self.kinds), len(self.classes)))
+        for i, S in enumerate(self.kinds):
+            left = d - len(S)
+            for c in S:
+                counts[i, c] = 1
+            for c in sorted(S, key=lambda c: (lam[c], c)):
+                take = min(left, int(self.supply[c]) - 1)
+                counts[i, c] += take
+                left -= take
+        return counts @ lam, counts
+
+    def sweep(self, y: np.ndarray, T: np.ndarray, U: np.ndarray, paths: bool = False):
+        """h(T, U) under multipliers y for a batch of thresholds (eq. K4, K7) and, if asked, a
+        minimising path each.
+
+        h is the least sum over p stages of E + P + price(kind) with every stage's compute <= T,
+        allreduce <= U and memory within its kind's capacity.  States: (link level of the
+        previous stage, layer position).  Ranges are stored by (end l, length - 1) up to the
+        longest usable one.
+        """
+        p, L = self.cand.pp, self.L
+        batch, B = len(T), len(self.links)
+        y = np.broadcast_to(y, (batch, self.dims))
+        prices = np.array([self.prices(row) for row in y])  # (batch, K)
+        usable = {f: fits[None] & (self.compute[None] <= T[:, None, None, None])
+                  & (self.allreduce[None] <= U[:, None, None, None]) for f, fits in self.fits.items()}  # (batch, K, k, l)
+        pos = np.arange(L + 1)
+        # Per link level b: ranges stored by (end l, length - 1) up to the longest usable one.
+        layout = [band_layout(np.any([u[:, self.link_of == b].any(axis=(0, 1)) for u in usable.values()], axis=0))
+                  for b in range(B)]
+        arcs, which = {}, {}  # [f, b]: the cheapest kind of link level b per (batch, end, length - 1)
+        for f in self.fits:
+            for b, (starts, valid) in enumerate(layout):
+                best = np.full((batch, L + 1, starts.shape[1]), INF)
+                arg = np.zeros(best.shape, dtype=np.int16)
+                for i in np.flatnonzero(self.link_of == b):
+                    ok = usable[f][:, i][:, starts, pos[:, None]] & valid
+                    cost = np.where(ok, self.compute[i][starts, pos[:, None]][None] + prices[:, i, None, None], INF)
+                    better = cost < best
+                    best = np.where(better, cost, best)
+                    arg = np.where(better, i, arg)
+                arcs[f, b] = best if np.isfinite(best).any() else None
+                which[f, b] = arg
+        hop = self.volume[None, None, None, :] * self.p2p_factor[None, :, :, None]  # [batch, prev, next, k]
+        values = np.full((batch, B, L + 1), INF)
+        values[:, 0, 0] = 0.0
+        back = []
+        for s in range(p):
+            f = self.in_flight[s]
+            ls = slice(s + 1, L - p + s + 2)  # ends stage s can have
+            entry = values[:, :, None, :] + hop  # (batch, prev, next, L+1)
+            came = entry.argmin(axis=1)  # (batch, B, L+1)
+            entry = entry.min(axis=1)
+            new = np.full((batch, B, L + 1), INF)
+            span = np.zeros((batch, B, L + 1), dtype=np.int16)
+            for b, (starts, valid) in enumerate(layout):
+                if arcs[f, b] is not None:
+                    stay = entry[:, b][..., starts[ls]] + arcs[f, b][:, ls]  # (batch, window, band_b)
+                    span[:, b, ls] = stay.argmin(axis=2)
+                    new[:, b, ls] = stay.min(axis=2)
+            if paths:
+                back.append((span, came))
+            values = new
+        ends = values[:, :, L]
+        h = ends.min(axis=1)
+        if not paths:
+            return h, None
+        found = []
+        for j in range(batch):
+            if not np.isfinite(h[j]):
+                found.append(None)
+                continue
+            def step(s, b, end, j=j):
+                span, came = back[s]
+                width = int(span[j, b, end])
+                start = end - 1 - width
+                return int(which[self.in_flight[s], b][j, end, width]), start, int(came[j, b, start])
+
+            found.append(KindPath(*backtrack(p, L, int(np.argmin(ends[j])), step)))
+        return h, found
+
+    def usage(self, path: KindPath, lam: np.ndarray) -> np.ndarray:
+        """Groups per class the relaxed path takes (the subgradient is this minus the supply)."""
+        _, counts = self.compositions(lam)
+        return counts[list(path.kinds)].sum(axis=0)
+
+
+def min_max(model: KindModel, table: np.ndarray) -> float:
+    """The least possible largest value of ``table`` (indexed [kind, k, l]) over p-stage paths
+    that fit in memory, supply ignored: no plan's maximum is smaller."""
+    best_kind = {f: np.where(fits, table, INF).min(axis=0) for f, fits in model.fits.items()}
+    return min_max_chain([best_kind[f] for f in model.in_flight])
+
+
+def kind_model(tables, cand) -> KindModel | None:
+    """The candidate's kind model; None when there are too many kinds (node classes) for it."""
+    classes = len(node_classes(tables.instance))
+    return KindModel(tables, cand) if 2 ** classes - 1 <= MAX_KINDS else None

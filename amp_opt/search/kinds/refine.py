@@ -1,0 +1,122 @@
+"""Phase 1b of the MIP driver: the stage-kind search on large free-grouping clusters.
+
+``formulations/mip.md`` (eq. B4, K6): in rounds, every candidate whose lower bound is
+more than the requested gap below the best plan gets more of the Lagrangian kind bound
+(infinite once it proves the candidate has no plan); then the candidates with the
+lowest bounds get plans built from their relaxed paths (kinds repaired to fit the
+supply), and their incumbents re-ordered and re-partitioned keeping their kinds, at
+the thresholds where the bound is weakest.  The MIPs' programs run afterwards,
+warm-started from what this phase found.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+
+from .bound import KindSearch
+from .construct import POLISH_RATE, POLISH_WORK, construct, polish
+from .model import kind_model
+
+KIND_MIN_NODES = 8  # nodes from which the stage-kind search (phase 1b) runs
+KIND_ROUNDS = 4  # rounds of bound refinement and plan building (eq. B4, K6); more while they pay
+KIND_PROGRESS = 1e-4  # relative move of the best plan or the weakest bound that pays for a round
+KIND_SHARE = 0.75  # share of the time left that phase 1b may spend
+KIND_SWEEPS = 400  # DP paths per candidate and round for the Lagrangian kind bound
+POLISHED = 3  # candidates (lowest bounds first) that get plans built per round
+QUICK_SWEEPS = 60  # DP paths of the kind bound before a candidate's first incumbent
+POLISH_CELLS = 3  # threshold cells (the weakest) at which an incumbent is re-partitioned
+
+
+def runs_kinds(search) -> bool:
+    """Whether phase 1b runs: hetero, free grouping, and a cluster large enough for it to pay
+    (on a few nodes the programs alone are exact in well under a second)."""
+    return (search.model.name == "hetero" and search.options.placement == "free"
+            and len(search.instance.nodes) >= KIND_MIN_NODES)
+
+
+class KindPhase:
+    """The kind searches of one solve's candidates, created on first use and kept between rounds."""
+
+    def __init__(self, search):
+        self.search = search
+        self.searches: dict = {}  # candidate -> KindSearch, or None (too many node classes)
+        self.tried: set = set()  # (candidate, what) pairs already used to build plans
+
+    def of(self, cand, best: float) -> KindSearch | None:
+        """The candidate's kind search (eq. B4), started at target ``best`` on first use."""
+        if cand not in self.searches:
+            model = kind_model(self.search.tables, cand)
+            self.searches[cand] = None if model is None else KindSearch(model, min(best, model.ceiling))
+        return self.searches[cand]
+
+    def raise_bound(self, cand, best: float, sweeps: int, deadline) -> float:
+        """The candidate's kind bound raised towards ``best``, or infinity once it reaches the cost
+        no plan of the candidate exceeds (``KindModel.ceiling``): then it has no plan at all."""
+        search = self.searches[cand]
+        ceiling = search.model.ceiling
+        value = search.raise_to(min(best, ceiling), sweeps, deadline)
+        return np.inf if value >= ceiling else value
+
+    def quick_bound(self, cand, lower: float, best: float) -> float:
+        """Phase 1's quick try at ruling a candidate out before its DP incumbent is built."""
+        if self.of(cand, best) is None:
+            return lower
+        return max(lower, self.raise_bound(cand, best, QUICK_SWEEPS, self.search.deadline))
+
+    def refine(self, incumbents: dict, lower: dict, best: float, gap: float) -> float:
+        """Rounds of bound raising and plan building; updates ``incumbents`` and ``lower`` and
+        returns the best value.  Spends at most KIND_SHARE of the time left; KIND_ROUNDS rounds,
+        and under a time limit more while they pay."""
+        deadline = self.search.deadline
+        stop = None if deadline is None else time.perf_counter() + KIND_SHARE * (deadline - time.perf_counter())
+        for round_ in itertools.count():
+            # Open: candidates whose bound leaves more than the requested gap below the best plan.
+            open_ = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if lower[c] < best * (1 - gap)]
+            before = (best, min([lower[c] for c in open_], default=np.inf))
+            for c in open_:
+                if _past(stop) or lower[c] >= best or self.of(c, best) is None:
+                    continue
+                lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, stop))
+            # Plans where the bounds leave the most room: the likeliest to hold better ones.
+            ranked = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if self.searches.get(c) is not None]
+            for c in ranked[:POLISHED]:
+                if lower[c] >= best or _past(stop):
+                    continue
+                for found in self._plans(c, incumbents.get(c), stop):
+                    if found is not None and (c not in incumbents or found.value < incumbents[c].value):
+                        incumbents[c] = found
+                        best = min(best, found.value)
+            if not open_ or _past(stop):
+                break
+            # After KIND_ROUNDS, more rounds only under a time limit and only while they pay: the
+            # best plan or the weakest open bound moved by more than KIND_PROGRESS of the best.
+            weakest = min([lower[c] for c in open_ if lower[c] < best], default=np.inf)
+            moved = before[0] - best > KIND_PROGRESS * best or weakest - before[1] > KIND_PROGRESS * best
+            if round_ + 1 >= KIND_ROUNDS and (stop is None or not moved):
+                break
+        return best
+
+    def _plans(self, c, inc, stop) -> list:
+        """Plans built from the weakest cells' relaxed paths (eq. K6), and the incumbent's kinds
+        re-laid out at their thresholds and its own."""
+        model, cells = self.searches[c].model, self.searches[c].promising(POLISH_CELLS)
+        left = None if stop is None else max(0.0, stop - time.perf_counter())
+        work = POLISH_WORK if left is None else POLISH_RATE * 0.25 * left
+        seconds = 5.0 if left is None else 0.1 * left
+        found = [construct(model, [x for x in cells if (c, x.path) not in self.tried], work / 2, seconds)]
+        self.tried.update((c, x.path) for x in cells)
+        if inc is not None:
+            ev = self.search.evaluate(inc.plan)
+            pairs = [(max(s.compute for s in ev.stages), max(s.allreduce for s in ev.stages))]
+            pairs += [(x.T_hi, x.U_hi) for x in cells]
+            pairs = [x for x in dict.fromkeys(pairs) if (c, inc.bounds, x) not in self.tried]
+            self.tried.update((c, inc.bounds, x) for x in pairs)
+            found.append(polish(model, inc.stages, pairs, work / 2))
+        return found
+
+
+def _past(deadline) -> bool:
+    return deadline is not None and time.perf_counter() >= deadline

@@ -1,0 +1,213 @@
+"""The MIP solvers: the outer loop over candidates around one program per candidate.
+
+``formulations/mip.md`` states the program and this loop.  Outer choices (tp, dp, pp,
+micro-batch) are enumerated around it: there are few of them, each program is then
+smaller and tighter (w = n-1 and the memory in flight are constants), and candidates
+are pruned with the best objective found so far.  In order:
+
+1. every candidate gets a fast incumbent from the exact stage DP on a few fixed node
+   orders (AMP's rank order, fastest nodes first, slowest first);
+1b. under the hetero model with free grouping on large clusters, the stage-kind search
+   (:mod:`amp_opt.search.kinds.refine`) tightens every candidate's bound and improves
+   the plans;
+2. the programs, most promising first, warm-started and cut off at the k-th best value.
+
+The returned plans are re-scored by the evaluator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import InfeasibleError
+from ...model.candidates import candidates, why_empty
+from ...model.plan import Candidate, rank_order_stages
+from ..diagnose import infeasible_reason, least_overfull_rank_order
+from ..kinds.refine import KindPhase, runs_kinds
+from ..partition import fixed_placement_graph, good_path
+from ..result import Incumbent, SolverStats, SolveResult
+from .backends import resolution_for, solve_cbc, solve_cpsat
+from .formulation import build
+
+SAME = 1e-6  # relative difference below which a bound counts as reaching a value
+
+
+def node_orders(search, cand: Candidate) -> list[list[int]]:
+    """Node orders whose rank-order placement seeds the search: AMP's rank order and,
+    under free placement, the nodes fastest first and slowest first."""
+    instance = search.instance
+    orders = [list(range(len(instance.nodes)))]
+    if search.options.placement == "free":
+        speed = [float(search.tables.layer_times(n.device_type, n.intra_bandwidth, cand.tp, cand.micro_batch)
+                       .seconds.sum()) for n in instance.nodes]
+        fast_first = sorted(range(len(speed)), key=lambda j: (speed[j], j))
+        orders += [fast_first, fast_first[::-1]]
+    return [o for i, o in enumerate(orders) if o not in orders[:i]]
+
+
+def stages_in_order(instance, cand: Candidate, order: list[int]):
+    """Rank-order placement over the devices of the nodes taken in ``order``."""
+    devices = [dev for j in order for dev in range(instance.node_first_device[j],
+                                                   instance.node_first_device[j] + instance.nodes[j].devices)]
+    return tuple(tuple(tuple(devices[r] for r in group) for group in stage)
+                 for stage in rank_order_stages(cand.tp, cand.dp, cand.pp))
+
+
+def heuristic(search, cand: Candidate) -> Incumbent | None:
+    """The best partition (stage DP) over a few fixed placements (``node_orders``)."""
+    best = None
+    for order in node_orders(search, cand):
+        stages = stages_in_order(search.instance, cand, order)
+        found = good_path(fixed_placement_graph(search.stage_costs(cand, stages), search.instance.num_layers))
+        if found and (best is None or found[0] < best.value):
+            best = Incumbent(found[0], cand, found[1].bounds, stages)
+    return best
+
+
+@dataclass
+class Proofs:
+    """What phase 2 found and proved, per candidate."""
+
+    results: list[Incumbent] = field(default_factory=list)  # plans, with the solver's objective
+    bound: dict = field(default_factory=dict)  # candidate -> proven lower bound
+    closed: bool = True  # every candidate's bound is proven (no program was cut short without one)
+    sizes: dict = field(default_factory=lambda: {"variables": 0, "constraints": 0, "programs": 0})
+
+
+def solve_mip(search) -> SolveResult:
+    """Solve every promising candidate's program with CP-SAT or CBC; exact unless stopped by time or gap."""
+    instance, opts = search.instance, search.options
+    cands = candidates(instance)
+    if not cands:
+        raise InfeasibleError(why_empty(instance))
+    phase = KindPhase(search) if runs_kinds(search) else None
+    lower = {c: search.lower_bound(c, labelled=phase is None) for c in cands}
+    incumbents, best = _incumbents(search, cands, lower, phase)
+    if phase is not None:
+        best = phase.refine(incumbents, lower, best, max(opts.gap, SAME))
+    proofs = _programs(search, cands, lower, incumbents)
+    if not proofs.results:
+        if not proofs.closed:
+            raise InfeasibleError(f"no feasible plan found within the time limit of {opts.time_limit} s")
+        example = " rank-order plan (free grouping was searched too)" if opts.placement == "free" else ""
+        raise InfeasibleError(infeasible_reason(search, least_overfull_rank_order(search), example))
+    return _result(search, cands, proofs)
+
+
+def _incumbents(search, cands, lower: dict, phase: KindPhase | None) -> tuple[dict, float]:
+    """Phase 1: incumbents from the DP, candidates in order of their lower bound.  Under free
+    grouping the kind bound (eq. B4) first gets a quick try at ruling the candidate out."""
+    incumbents: dict[Candidate, Incumbent] = {}
+    best = np.inf
+    for c in sorted(cands, key=lambda c: (lower[c], c)):
+        if lower[c] >= best or search.out_of_time():
+            break
+        if phase is not None:
+            lower[c] = phase.quick_bound(c, lower[c], best)
+            if lower[c] >= best:
+                continue
+        inc = heuristic(search, c)
+        if inc is not None:
+            incumbents[c] = inc
+            best = min(best, inc.value)
+    return incumbents, best
+
+
+def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
+    """Phase 2: the programs, most promising first, each cut off at the k-th best value so far."""
+    opts = search.options
+    gap = max(opts.gap, SAME)
+    order = sorted(cands, key=lambda c: (incumbents[c].value if c in incumbents else np.inf, lower[c], c))
+    proofs = Proofs()
+
+    def kth_best():
+        values = sorted([r.value for r in proofs.results]
+                        + [incumbents[x].value for x in incumbents if x not in proofs.bound])
+        return values[opts.top_k - 1] if len(values) >= opts.top_k else np.inf
+
+    for i, c in enumerate(order):
+        kth = kth_best()
+        if lower[c] >= kth * (1 - gap):
+            # Nothing of this candidate beats the k-th best; its own warm start may be that plan.
+            if c in incumbents:
+                proofs.results.append(incumbents[c])
+            proofs.bound[c] = lower[c]
+        elif search.out_of_time():
+            proofs.closed = False
+            proofs.bound[c] = lower[c]
+        else:
+            # Share what is left among the candidates still open; the first ones get a bit more.
+            left = search.remaining()
+            if left is not None:
+                left = max(0.05, left)
+                still_open = sum(1 for x in order[i:] if lower[x] < kth)
+                left = min(left, max(0.05, 1.5 * left / max(1, still_open)))
+            _program(search, c, lower[c], incumbents.get(c), kth, left, proofs)
+        if opts.progress is not None:
+            opts.progress(i + 1, len(order))
+    return proofs
+
+
+def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: float, seconds, proofs: Proofs) -> None:
+    """Build, solve and decode one candidate's program; record its plan and what it proved."""
+    opts = search.options
+    form = build(search, c, None if opts.placement == "free" else rank_order_stages(c.tp, c.dp, c.pp))
+    if inc is not None:
+        form.hint_from(inc.bounds, inc.stages)
+    scale = inc.value if inc is not None else lower
+    delta = resolution_for(scale, form.model)
+    tol = form.terms * delta + 1e-9 * scale
+    cutoff = kth * (1 + 1e-9) + tol if np.isfinite(kth) else None
+    if opts.solver == "cpsat":
+        out = solve_cpsat(form.model, delta, seconds, opts.seed, opts.workers, cutoff, opts.gap)
+    else:
+        out = solve_cbc(form.model, seconds, opts.seed, opts.workers, cutoff, opts.gap, scale)
+    sizes = proofs.sizes
+    sizes["programs"] += 1
+    sizes["variables"] = max(sizes["variables"], form.model.size["variables"])
+    sizes["constraints"] = max(sizes["constraints"], form.model.size["constraints"])
+    found = np.inf
+    if out.values is not None:
+        bounds, stages = form.decode(out.values)
+        ev = search.evaluate(c.plan(bounds, stages))
+        if ev.feasible:
+            found = ev.predicted_time
+            # A solution stopped short of optimality may leave slack (a class marked in use that
+            # is not); re-scoring tightens it, so the program's value of this plan is the score.
+            proofs.results.append(Incumbent(found, c, bounds, stages, min(out.objective, found)))
+    if inc is not None and inc.value < found:
+        proofs.results.append(inc)  # the program stopped without beating its warm start
+    if out.status == "OPTIMAL" and inc is not None and inc.value < out.objective - tol:
+        # A known plan beats the claimed optimum: do not trust the proof (numerics).
+        proofs.closed = False
+        proofs.bound[c] = lower
+    elif out.status == "OPTIMAL":
+        proofs.bound[c] = out.objective
+    elif out.status == "INFEASIBLE":
+        proofs.bound[c] = cutoff if cutoff is not None else np.inf
+    else:
+        proofs.closed = False
+        proofs.bound[c] = max(lower, out.bound if out.bound is not None else -np.inf)
+
+
+def _result(search, cands, proofs: Proofs) -> SolveResult:
+    opts = search.options
+    ranked = sorted(proofs.results, key=lambda r: (r.value, r.candidate))
+    top = ranked[:opts.top_k]
+    evaluations = tuple(search.evaluate(r.plan) for r in top)
+    objective = top[0].objective if top[0].objective is not None else top[0].value
+    bound = min([objective] + list(proofs.bound.values()))
+    stats = SolverStats(
+        name=opts.solver,
+        # Every candidate's bound is proven (solved, cut off, or bounded), so a bound that meets
+        # the objective proves it optimal even when some program stopped at the time limit.
+        status="OPTIMAL" if bound >= objective * (1 - SAME) else "FEASIBLE",
+        wall_time=search.elapsed(),
+        objective=objective,
+        bound=min(bound, objective),
+        extra={"placement": opts.placement, "candidates": len(cands), **proofs.sizes,
+               **({"time_resolution_relative": 1e-8} if opts.solver == "cpsat" else {})},
+    )
+    return SolveResult(evaluations[0], evaluations, stats)

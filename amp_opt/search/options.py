@@ -1,0 +1,83 @@
+"""The options of a solve: one frozen record, validated once at the boundary.
+
+Everything inside the search trusts a :class:`SolveOptions`; :func:`solve_options` is
+the only place that checks what a caller (the library or the CLI) passed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import InputError
+from ..model.costs import CostModel, cost_model as get_cost_model
+from ..model.fields import whole_number
+from ..model.placement import check_placement
+
+SOLVERS = ("auto", "enumerate", "cpsat", "cbc")
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """What to search and how.
+
+    Attributes
+    ----------
+    solver : str
+        "auto", "enumerate", "cpsat" or "cbc".
+    cost_model : str
+        The cost model's name ("hetero" or "amp"); :attr:`model` is the model itself.
+    placement : str
+        "free" or "rank-order" (checked against the cost model).
+    top_k : int
+        How many of the best plans to return.
+    time_limit : float or None
+        Seconds for the whole search.
+    seed, workers : int
+        For the MIP solvers; fixed so that runs repeat.
+    gap : float
+        Relative gap at which the MIP search may stop (0: prove optimality).
+    progress : callable or None
+        ``progress(done, total)`` after each candidate.
+    """
+
+    solver: str = "auto"
+    cost_model: str = "hetero"
+    placement: str = "free"
+    top_k: int = 1
+    time_limit: float | None = None
+    seed: int = 0
+    workers: int = 1
+    gap: float = 0.0
+    progress: Callable[[int, int], None] | None = field(default=None, compare=False)
+
+    @property
+    def model(self) -> CostModel:
+        return get_cost_model(self.cost_model)
+
+
+def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero", placement: str | None = None,
+                  top_k: int = 1, time_limit: float | None = None, seed: int = 0, workers: int = 1,
+                  gap: float = 0.0, progress=None) -> SolveOptions:
+    """Check every option once and return the record; InputError names the first bad one.
+
+    Examples
+    --------
+    >>> solve_options(cost_model="amp").placement
+    'rank-order'
+    """
+    model = get_cost_model(cost_model)
+    if solver not in SOLVERS:
+        raise InputError("--solver", f"unknown solver {solver!r} (choose from {', '.join(SOLVERS)})")
+    whole_number(top_k, "--top-k")
+    whole_number(workers, "--workers")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InputError("--seed", f"must be an integer, got {seed!r}")
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
+                                   or not time_limit > 0 or not math.isfinite(time_limit)):
+        raise InputError("--time-limit", f"must be positive seconds, got {time_limit!r}")
+    if not 0 <= gap < 1:
+        raise InputError("gap", f"must be a fraction in [0, 1), got {gap!r}")
+    return SolveOptions(solver, model.name, check_placement(placement, model), top_k,
+                        None if time_limit is None else float(time_limit), seed, workers, float(gap), progress)

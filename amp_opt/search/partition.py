@@ -1,0 +1,351 @@
+"""Exact stage-by-stage optimisation of the layer partition (and, optionally, the grouping).
+
+The problem (``formulations/partition.md``): walk through p stages; stage s
+picks a *transition* (from a state to a state, with a stage *kind*) and a layer
+range [k, l) that starts where stage s-1 ended.  A kind fixes the stage's
+compute C(k, l) and allreduce A(k, l) tables; a transition also fixes the p2p
+factor of the boundary before the stage.  For AMP's rank order there is one
+state and one transition per stage; for free grouping the states are the
+groups still unassigned (see :mod:`amp_opt.search.grouping`).  Minimise
+
+    f = w * max_s C_s + max_s A_s + sum_s (C_s + P_s),   w = n - 1.
+
+Two maxima make a plain min-sum DP inexact (AMP's own DP is not exact).  For
+thresholds (T, U) let h(T, U) be the least sum over paths whose every stage
+has C <= T and A <= U (a min-sum DP).  Then
+
+    min f = min over (T, U) of  w*T + U + h(T, U)
+
+over the distinct values of C and A.  Pairs whose bound w*T + U + h(inf, inf)
+cannot beat the incumbent are skipped; the rest are solved in numpy batches.
+:func:`brute_force` checks the result on small cases.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model.costs import StageCosts, iteration_time
+from ..model.ranges import INF, backtrack, grid, min_max_step, stage_room, start_row
+
+
+@dataclass(frozen=True)
+class StageGraph:
+    """Everything the DP needs; kinds index the compute/allreduce tables."""
+
+    n_micro: int
+    compute: np.ndarray  # (K, L+1, L+1) seconds, inf off the upper triangle
+    allreduce: np.ndarray  # (K, L+1, L+1) seconds
+    feasible: np.ndarray  # (p, K, L+1, L+1) bool: non-empty, room left, memory fits
+    volume: np.ndarray  # (L+1,) p2p seconds x bandwidth of a boundary at position k (0 at k = 0)
+    transitions: tuple  # per stage: tuple of (from_state, kind, p2p factor of the boundary before, to_state)
+    memory_ratio: np.ndarray  # (p, K, L+1, L+1) per-device memory over capacity
+    structural: np.ndarray  # (p, 1, L+1, L+1) bool: non-empty and leaving room
+
+    @property
+    def stages(self) -> int:
+        return len(self.transitions)
+
+    @property
+    def layers(self) -> int:
+        return self.compute.shape[1] - 1
+
+
+@dataclass(frozen=True)
+class Path:
+    """A solution: per stage the transition index and the layer range."""
+
+    transitions: tuple[int, ...]
+    bounds: tuple[int, ...]
+
+
+def range_tables(costs: StageCosts, num_layers: int, stage: int):
+    """Compute and allreduce tables of one stage of a StageCosts over all ranges."""
+    g = grid(num_layers)
+    compute = np.where(g.nonempty, costs.compute(stage, g.start, g.stop), INF)
+    allreduce = np.where(g.nonempty, costs.allreduce(stage, g.start, g.stop), INF)
+    return compute, allreduce
+
+
+def memory_ratio(costs: StageCosts, num_layers: int, stage: int) -> np.ndarray:
+    """Per-device memory of stage ``stage`` over its capacity, for every range (eq. H5)."""
+    g = grid(num_layers)
+    return costs.memory(stage, g.start, g.stop) / costs.capacity[stage]
+
+
+def fixed_placement_graph(costs: StageCosts, num_layers: int) -> StageGraph:
+    """The graph of a fixed placement: one state and one transition per stage."""
+    p, L = costs.pp, num_layers
+    compute, allreduce = zip(*(range_tables(costs, L, s) for s in range(p)))
+    ratio = np.zeros((p, p, L + 1, L + 1))
+    for s in range(p):
+        ratio[s, s] = memory_ratio(costs, L, s)
+    volume = np.concatenate([[0.0], costs.p2p_volume()])
+    factors = [0.0] + [costs.p2p_factor(s) for s in range(p - 1)]
+    transitions = tuple(((0, s, factors[s], 0),) for s in range(p))
+    return make_graph(costs.n_micro, np.stack(compute), np.stack(allreduce), ratio, costs.enforces_memory, volume,
+                      transitions)
+
+
+def make_graph(n_micro, compute, allreduce, ratio, enforce_memory: bool, volume, transitions) -> StageGraph:
+    p, L = len(transitions), compute.shape[1] - 1
+    structural = np.stack([stage_room(L, p, s) for s in range(p)])[:, None]
+    feasible = structural & (ratio <= 1.0) if enforce_memory else np.broadcast_to(structural, ratio.shape).copy()
+    return StageGraph(n_micro, compute, allreduce, feasible, volume, tuple(transitions), ratio, structural)
+
+
+def path_terms(g: StageGraph, path: Path):
+    """Per-stage (compute, p2p after the stage, allreduce) of a path."""
+    b = path.bounds
+    kinds = [g.transitions[s][t][1] for s, t in enumerate(path.transitions)]
+    compute = [float(g.compute[kinds[s], b[s], b[s + 1]]) for s in range(g.stages)]
+    allreduce = [float(g.allreduce[kinds[s], b[s], b[s + 1]]) for s in range(g.stages)]
+    p2p = [float(g.volume[b[s + 1]] * g.transitions[s + 1][path.transitions[s + 1]][2]) for s in range(g.stages - 1)]
+    return compute, p2p + [0.0], allreduce
+
+
+def path_value(g: StageGraph, path: Path) -> float:
+    """f of a path through the shared iteration-time formula."""
+    return iteration_time(g.n_micro, *path_terms(g, path))
+
+
+def _sweep(g: StageGraph, T: np.ndarray, U: np.ndarray, pointers: bool = False):
+    """Min-sum DP for a batch of thresholds; returns h (batch,) and, if asked, back-pointers.
+
+    Transitions that share (source state, kind, p2p factor) share their work.
+    """
+    p, L = g.stages, g.layers
+    width = L - p + 1
+    batch = len(T)
+    values = {0: np.tile(start_row(L), (batch, 1))}
+    back = []
+    for s in range(p):
+        ks, ls = slice(s, s + width), slice(s + 1, s + width + 1)
+        groups: dict[tuple, list[tuple[int, int]]] = {}
+        for t, (src, kind, factor, dst) in enumerate(g.transitions[s]):
+            if src in values:
+                groups.setdefault((src, kind, factor), []).append((t, dst))
+        masked: dict[int, np.ndarray] = {}
+        new: dict[int, np.ndarray] = {}
+        ptr: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for (src, kind, factor), targets in groups.items():
+            if kind not in masked:
+                C = g.compute[kind, ks, ls]
+                ok = g.feasible[s, kind, ks, ls][None] & (C[None] <= T[:, None, None])
+                ok &= g.allreduce[kind, ks, ls][None] <= U[:, None, None]
+                masked[kind] = np.where(ok, C[None], INF)
+            start = values[src][:, ks] + g.volume[ks] * factor
+            cand = start[:, :, None] + masked[kind]
+            row = np.full((batch, L + 1), INF)
+            row[:, ls] = cand.min(axis=1)
+            arg = None
+            if pointers:
+                arg = np.zeros((batch, L + 1), dtype=int)
+                arg[:, ls] = np.argmin(cand, axis=1) + s
+            for t, dst in targets:
+                _keep_better(new, ptr, dst, row, t, arg)
+        values = new
+        back.append(ptr)
+    final = np.full(batch, INF)
+    final_state = np.zeros(batch, dtype=int)
+    for state, row in values.items():
+        better = row[:, L] < final
+        final = np.where(better, row[:, L], final)
+        final_state = np.where(better, state, final_state)
+    if pointers:
+        return final, (back, final_state)
+    return final
+
+
+def _keep_better(new: dict, ptr: dict, dst: int, row: np.ndarray, t: int, arg: np.ndarray | None) -> None:
+    """Per end position, keep the better of the best way into state ``dst`` so far and ``row``
+    (reached through transition t from the starts in ``arg``; no pointers when ``arg`` is None)."""
+    if dst not in new:
+        new[dst] = row
+        if arg is not None:
+            ptr[dst] = (np.full(row.shape, t), arg)
+        return
+    better = row < new[dst]
+    new[dst] = np.where(better, row, new[dst])
+    if arg is not None:
+        ptr[dst] = (np.where(better, t, ptr[dst][0]), np.where(better, arg, ptr[dst][1]))
+
+
+def _paths(g: StageGraph, T: np.ndarray, U: np.ndarray) -> tuple[np.ndarray, list[Path | None]]:
+    """h for a batch of thresholds, and the path reaching each finite one."""
+    h, (back, final_state) = _sweep(g, T, U, pointers=True)
+    paths: list[Path | None] = []
+    for b in range(len(T)):
+        if not np.isfinite(h[b]):
+            paths.append(None)
+            continue
+        paths.append(_walk_back(g, back, int(final_state[b]), (b,)))
+    return h, paths
+
+
+def _walk_back(g: StageGraph, back, state: int, at: tuple = ()) -> Path:
+    """The path ending at the last layer in ``state``, from per-stage pointers
+    ``back[s][state] = (transition, start)`` arrays indexed ``at + (end,)``."""
+    def step(s, state, end):
+        t_idx, arg = back[s][state]
+        t = int(t_idx[at + (end,)])
+        return t, int(arg[at + (end,)]), g.transitions[s][t][0]
+
+    return Path(*backtrack(g.stages, g.layers, state, step))
+
+
+def min_max_path(g: StageGraph, table: np.ndarray, feasible: np.ndarray | None = None) -> tuple[float, Path | None]:
+    """min over paths of max over stages of a table (a min-max DP) and a path reaching it.
+
+    ``table`` is indexed [kind, k, l], or [stage, kind, k, l] when it depends on the stage.
+    """
+    p, L = g.stages, g.layers
+    feasible = g.feasible if feasible is None else feasible
+    values = {0: start_row(L)}
+    back = []
+    for s in range(p):
+        new: dict[int, np.ndarray] = {}
+        ptr: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for t, (src, kind, _, dst) in enumerate(g.transitions[s]):
+            if src not in values:
+                continue
+            tab = table[s, kind] if table.ndim == 4 else table[kind]
+            row, arg = min_max_step(values[src], tab, feasible[s, kind], arg=True)
+            _keep_better(new, ptr, dst, row, t, arg)
+        values = new
+        back.append(ptr)
+    if not values:
+        return INF, None
+    state = min(values, key=lambda st: values[st][L])
+    value = float(values[state][L])
+    if not np.isfinite(value):
+        return INF, None
+    return value, _walk_back(g, back, state)
+
+
+def _bottleneck(g: StageGraph, table: np.ndarray) -> float:
+    return min_max_path(g, table)[0]
+
+
+def _batch_size(g: StageGraph, limit_bytes: float = 4e8) -> int:
+    """Thresholds per sweep so that one stage's DP rows stay under ``limit_bytes``."""
+    states = max((len({t[3] for t in trans}) for trans in g.transitions), default=1)
+    return int(max(8, min(256, limit_bytes / (8 * states * (g.layers + 1) * 2))))
+
+
+def optimal_path(g: StageGraph, batch: int | None = None) -> tuple[float, Path] | None:
+    """The exact minimum of f over paths and a path reaching it, or None if none is feasible."""
+    p, L = g.stages, g.layers
+    batch = batch or _batch_size(g)
+    if p > L:
+        return None
+    w = float(g.n_micro - 1)
+    h, paths = _paths(g, np.array([INF]), np.array([INF]))
+    h0 = float(h[0])
+    if not np.isfinite(h0):
+        return None
+    best_path = paths[0]
+    best = path_value(g, best_path)
+
+    # Distinct thresholds in the window where they could still pay off.
+    usable = g.feasible.any(axis=0)
+    U_lo = _bottleneck(g, g.allreduce)
+    T_lo = _bottleneck(g, g.compute) if w > 0 else 0.0
+    T_all = np.unique(g.compute[usable]) if w > 0 else np.array([INF])
+    if w > 0:
+        T_all = T_all[(T_all >= T_lo) & (w * T_all + U_lo + h0 < best)]
+    U_all = np.unique(g.allreduce[usable])
+    U_all = U_all[(U_all >= U_lo) & ((w * T_lo if w > 0 else 0.0) + U_all + h0 < best)]
+    if not len(T_all) or not len(U_all):
+        return best, best_path
+
+    # One-sided sweeps: h(T, inf) and h(inf, U) bound h(T, U) from below, and their
+    # paths are good incumbents.
+    hT = np.empty(len(T_all))
+    for i in range(0, len(T_all), batch):
+        hT[i:i + batch], found = _paths(g, T_all[i:i + batch], np.full(len(T_all[i:i + batch]), INF))
+        best, best_path = _better(g, best, best_path, found)
+    hU = np.empty(len(U_all))
+    for i in range(0, len(U_all), batch):
+        hU[i:i + batch], found = _paths(g, np.full(len(U_all[i:i + batch]), INF), U_all[i:i + batch])
+        best, best_path = _better(g, best, best_path, found)
+
+    lead_T = (w * T_all if w > 0 else np.zeros(len(T_all)))
+    TT, UU = np.meshgrid(np.arange(len(T_all)), np.arange(len(U_all)), indexing="ij")
+    TT, UU = TT.ravel(), UU.ravel()
+    base = lead_T[TT] + U_all[UU]
+    lower = base + np.maximum(hT[TT], hU[UU])
+    keep = lower < best
+    order = np.argsort(lower[keep], kind="stable")
+    TT, UU, base, lower = TT[keep][order], UU[keep][order], base[keep][order], lower[keep][order]
+    pos = 0
+    while pos < len(TT) and lower[pos] < best:
+        sl = slice(pos, pos + batch)
+        best, best_path = _better(g, best, best_path, _paths(g, T_all[TT[sl]], U_all[UU[sl]])[1])
+        pos += batch
+    return best, best_path
+
+
+def good_path(g: StageGraph, samples: int = 64) -> tuple[float, Path] | None:
+    """A fast, usually optimal path: the min-sum path and the one-sided threshold sweeps
+    (``samples`` thresholds each, the smallest first).  Not a proof; seeds the MIPs."""
+    p, L = g.stages, g.layers
+    if p > L:
+        return None
+    h, paths = _paths(g, np.array([INF]), np.array([INF]))
+    if not np.isfinite(h[0]):
+        return None
+    best_path = paths[0]
+    best = path_value(g, best_path)
+    usable = g.feasible.any(axis=0)
+    sweeps = []
+    if g.n_micro > 1:
+        T = np.unique(g.compute[usable])
+        T = T[T >= _bottleneck(g, g.compute)][:samples]
+        sweeps.append((T, np.full(len(T), INF)))
+    U = np.unique(g.allreduce[usable])
+    U = U[U >= _bottleneck(g, g.allreduce)][:samples]
+    sweeps.append((np.full(len(U), INF), U))
+    for T, U in sweeps:
+        if len(T):
+            best, best_path = _better(g, best, best_path, _paths(g, T, U)[1])
+    return best, best_path
+
+
+def _better(g: StageGraph, best: float, best_path: Path, candidates) -> tuple[float, Path]:
+    """The best of the incumbent and the candidate paths (None entries skipped), by f."""
+    for path in candidates:
+        if path is not None:
+            value = path_value(g, path)
+            if value < best:
+                best, best_path = value, path
+    return best, best_path
+
+
+def brute_force(g: StageGraph) -> tuple[float, Path] | None:
+    """Try every path and partition; for tests on small cases only."""
+    p, L = g.stages, g.layers
+    best = None
+
+    def walks(s, state, chosen):
+        if s == p:
+            yield tuple(chosen)
+            return
+        for t, (src, _, _, dst) in enumerate(g.transitions[s]):
+            if src == state:
+                yield from walks(s + 1, dst, chosen + [t])
+
+    for chosen in walks(0, 0, []):
+        kinds = [g.transitions[s][t][1] for s, t in enumerate(chosen)]
+        for cuts in itertools.combinations(range(1, L), p - 1):
+            bounds = (0, *cuts, L)
+            if not all(g.feasible[s, kinds[s], bounds[s], bounds[s + 1]] for s in range(p)):
+                continue
+            path = Path(chosen, bounds)
+            value = path_value(g, path)
+            if best is None or value < best[0]:
+                best = (value, path)
+    return best
