@@ -10,6 +10,7 @@ import platform
 import time
 from pathlib import Path
 
+from .. import __version__
 from .rows import COLUMNS, ratio
 
 def machine_info() -> dict[str, str]:
@@ -26,8 +27,6 @@ def machine_info() -> dict[str, str]:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = os.cpu_count() or 0
-    from .. import __version__
-
     return {
         "cpu": cpu,
         "cores": f"{os.cpu_count()} ({usable} usable)",

@@ -13,9 +13,8 @@ from ..search.options import SOLVERS
 from .common import positive_float
 
 
-def add_parser(subparsers) -> None:
-    """Register ``bench`` with the CLI."""
-    p = subparsers.add_parser("bench", help="run solvers on an instance suite and compare with baselines")
+def add_arguments(p) -> None:
+    """The options of the command."""
     p.add_argument("--suite", choices=SUITE_CHOICES, default="paper",
                    help="paper: the AMP paper's 3 instances; scale: instances/suite/scale; all: both")
     p.add_argument("--solvers", default="enumerate", type=_solver_list, metavar="LIST",
@@ -25,7 +24,6 @@ def add_parser(subparsers) -> None:
                         f"{1 + MARGIN_FRACTION:g} x S + {MARGIN_SECONDS:g} s")
     p.add_argument("--out", default="benchmarks/results", metavar="DIR", help="output directory")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    p.set_defaults(run=run)
 
 
 def _solver_list(text: str) -> list[str]:

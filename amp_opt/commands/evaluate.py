@@ -12,13 +12,12 @@ from .common import add_cost_model
 from .report import make_console, print_evaluation
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("evaluate", help="score one plan or a list of plans")
+def add_arguments(p) -> None:
+    """The options of the command."""
     p.add_argument("instance", help="instance JSON file")
     p.add_argument("plan", help="JSON file with a plan object or a list of plans")
     add_cost_model(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of the report")
-    p.set_defaults(run=run)
 
 
 def run(args) -> int:

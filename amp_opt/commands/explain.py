@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import InfeasibleError
 from ..model.candidates import allowed_tp
+from ..model.costs import cost_model as get_cost_model
 from ..model.evaluate import MemoryParts, evaluate, memory_parts
 from ..model.load import DEFAULT_TP, load_instance
 from ..model.plan import Candidate, check_plan
@@ -150,8 +151,8 @@ def explain_plan(instance, plan, cost_model: str = "hetero") -> dict[str, Any]:
         "overflows": [{"stage": o.stage, "device_type": o.device_type, "memory": o.memory, "capacity": o.capacity,
                        "over_bytes": o.over, "dominant": o.parts.dominant} for o in over],
     }
-    if cost_model != "hetero":
-        out["note"] = "the amp cost model does not enforce memory; the memory figures are the hetero model's eq. H5"
+    if not get_cost_model(cost_model).enforces_memory:
+        out["note"] = f"the {ev.cost_model} cost model does not enforce memory; the memory figures are eq. H5's"
     if over:
         out["alternatives"] = [dataclasses.asdict(a) for a in plan_alternatives(instance, plan, cost_model)]
     return out
@@ -286,15 +287,14 @@ def instance_text(instance, doc: dict[str, Any]) -> str:
 # Command
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("explain", help="say why a plan or an instance does not fit, and what would")
+def add_arguments(p) -> None:
+    """The options of the command."""
     p.add_argument("instance", help="instance JSON file")
     p.add_argument("plan", nargs="?", default=None, help="JSON file with one plan object (optional)")
     add_cost_model(p)
     p.add_argument("--time-limit", type=positive_float, default=30.0, metavar="S",
                    help="seconds per solve when explaining an instance (default 30)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.set_defaults(run=run)
 
 
 def run(args) -> int:

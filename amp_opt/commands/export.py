@@ -19,14 +19,13 @@ from .common import add_cost_model, load_single_plan, write_text
 EXPORTERS = {"deepspeed": export_deepspeed, "megatron": export_megatron}
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("export", help="write a DeepSpeed config or Megatron-LM arguments for a plan")
+def add_arguments(p) -> None:
+    """The options of the command."""
     p.add_argument("instance", help="instance JSON file")
     p.add_argument("plan", help="JSON file with one plan object")
     p.add_argument("--format", choices=list(EXPORTERS), required=True, help="deepspeed or megatron")
     p.add_argument("-o", "--output", default=None, help="write the JSON here instead of stdout")
     add_cost_model(p, "cost model whose verdict is attached (predicted time, feasibility)")
-    p.set_defaults(run=run)
 
 
 def run(args) -> int:

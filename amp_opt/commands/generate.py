@@ -9,8 +9,8 @@ from ..model.load import parse_instance
 from .common import positive_int, write_text
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("generate", help="write a random heterogeneous instance (deterministic for a seed)")
+def add_arguments(p) -> None:
+    """The options of the command."""
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--nodes", type=positive_int, default=4)
     p.add_argument("--devices-per-node", type=positive_int, default=4)
@@ -18,7 +18,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--layers", type=positive_int, default=8, help="entries of the layer list (>= 3)")
     p.add_argument("--global-batch", type=positive_int, default=16)
     p.add_argument("-o", "--output", required=True, help="instance file to write ('-' for stdout)")
-    p.set_defaults(run=run)
 
 
 def run(args) -> int:

@@ -220,13 +220,12 @@ def _memory_panel(ax, instance, evaluation, parts) -> None:
 # Command
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("plot", help="draw a plan's 1F1B timeline and per-stage memory (needs amp_opt[plot])")
+def add_arguments(p) -> None:
+    """The options of the command."""
     p.add_argument("instance", help="instance JSON file")
     p.add_argument("plan", help="JSON file with one plan object")
     p.add_argument("-o", "--output", required=True, help="image file, .png or .svg")
     add_cost_model(p, "cost model whose terms are drawn")
-    p.set_defaults(run=run)
 
 
 def run(args) -> int:

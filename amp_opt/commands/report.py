@@ -6,6 +6,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from ..model.costs import cost_model
 from ..model.evaluate import Evaluation
 from ..search.result import SolveResult
 
@@ -77,7 +78,8 @@ def print_evaluation(instance, ev: Evaluation, out: Console | None = None) -> No
     console.print(stages)
     console.print(terms)
     verdict = "feasible" if ev.feasible else "INFEASIBLE"
-    console.print(f"{verdict}" + ("" if ev.cost_model == "hetero" else " (the amp cost model ignores memory)"))
+    ignores = "" if cost_model(ev.cost_model).enforces_memory else f" (the {ev.cost_model} cost model ignores memory)"
+    console.print(verdict + ignores)
     for v in ev.violations:
         console.print(f"  memory: {v}")
     for note in ev.notes:

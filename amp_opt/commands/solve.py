@@ -12,8 +12,8 @@ from .common import add_cost_model, positive_float, positive_int, progress_print
 from .report import print_solve
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("solve", help="find the fastest plan of an instance")
+def add_arguments(p) -> None:
+    """The options of the command."""
     p.add_argument("instance", help="instance JSON file")
     p.add_argument("--solver", choices=SOLVERS, default="auto",
                    help="auto (default): the exact enumerator, or CP-SAT when free grouping is too large to enumerate")
@@ -27,7 +27,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--workers", type=positive_int, default=1,
                    help="solver threads (MIP solvers; default 1 for repeatable runs)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the report")
-    p.set_defaults(run=run)
 
 
 def run(args) -> int:

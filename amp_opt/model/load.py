@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
+import jsonschema
+
 from ..errors import InputError
 from . import catalog
 from .hf_config import preset_from_hf_config
@@ -56,8 +58,6 @@ def json_path(parts) -> str:
 
 def check_schema(data: Any, schema_path: Path, root: str) -> None:
     """Validate against a JSON Schema; raise the most relevant error as InputError."""
-    import jsonschema  # imported here: only loading needs it
-
     schema = json.loads(schema_path.read_text())
     validator = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))

@@ -108,77 +108,90 @@ def candidate_graph(tables, cand: Candidate, model, placement: str) -> tuple[Sta
 
 
 def free_graph(tables, cand: Candidate, max_transitions: int = MAX_TRANSITIONS) -> FreeGraph:
-    """The stage graph of every free grouping of a candidate (hetero cost model)."""
-    instance = tables.instance
-    m, d, p, L = cand.tp, cand.dp, cand.pp, instance.num_layers
-    cls = class_of_node(instance)
-    order = sorted(range(len(instance.nodes)), key=lambda j: (cls[j], j))
-    class_of = [cls[j] for j in order]
-    groups = [instance.nodes[j].devices // m for j in order]
-    class_members: list[list[int]] = []
-    for pos, c in enumerate(class_of):
-        if pos == 0 or c != class_of[pos - 1]:
-            class_members.append([])
-        class_members[-1].append(pos)
-    tied_with_prev = [pos > 0 and class_of[pos] == class_of[pos - 1] for pos in range(len(order))]
+    """The stage graph of every free grouping of a candidate (hetero cost model).
 
-    kinds: dict[tuple, int] = {}
-    kind_costs: list[StageCosts] = []
+    Raises SearchTooLarge once the graph has more than ``max_transitions`` transitions.
+    """
+    walk = _StateWalk(tables, cand)
     # A state: (groups left and "hosts the previous stage" per node in canonical order,
     # min inter-node bandwidth of the previous stage when it spans several nodes).  The
     # next boundary's link depends on a multi-node previous stage only through that
     # minimum, so such states merge; ``prev_of`` keeps one representative node set.
-    start = (tuple((g, False) for g in groups), None)
-    layer = {start: 0}
-    prev_of = {start: ()}
+    start = (tuple((g, False) for g in walk.groups), None)
+    layer, prev_of = {start: 0}, {start: ()}
     transitions, moves, perms = [], [], []
-    total = 0
-    nodes = instance.nodes
-    for s in range(p):
+    for s in range(cand.pp):
+        left = max_transitions - sum(map(len, transitions))
+        layer, prev_of, step = walk.expand(s, layer, prev_of, left)
+        if step is None:
+            raise SearchTooLarge(
+                "--placement",
+                f"free grouping of tp={cand.tp} dp={cand.dp} pp={cand.pp} has more than {max_transitions} stage "
+                "transitions: too large for the enumerator; use --solver cpsat or --placement rank-order",
+            )
+        transitions.append(tuple(t for t, _, _ in step))
+        moves.append(tuple(y for _, y, _ in step))
+        perms.append(tuple(perm for _, _, perm in step))
+    L = tables.instance.num_layers
+    ranges = [range_tables(c, L, 0) for c in walk.kind_costs]
+    ratio = np.stack([np.stack([memory_ratio(c, L, s) for c in walk.kind_costs]) for s in range(cand.pp)])
+    volume = np.concatenate([[0.0], walk.kind_costs[0].p2p_volume()])
+    graph = make_graph(cand.n_micro(tables.instance), np.stack([t[0] for t in ranges]), np.stack([t[1] for t in ranges]),
+                       ratio, True, volume, transitions)
+    return FreeGraph(graph, tuple(moves), tuple(perms), tuple(walk.order))
+
+
+class _StateWalk:
+    """The free-grouping states of one candidate, expanded stage by stage; identical nodes are
+    kept in a canonical order, and each distinct stage kind gets its StageCosts once."""
+
+    def __init__(self, tables, cand: Candidate):
+        instance = tables.instance
+        self.tables, self.cand, self.instance = tables, cand, instance
+        cls = class_of_node(instance)
+        self.order = sorted(range(len(instance.nodes)), key=lambda j: (cls[j], j))
+        class_of = [cls[j] for j in self.order]
+        self.groups = [instance.nodes[j].devices // cand.tp for j in self.order]
+        self.class_members: list[list[int]] = []
+        for pos, c in enumerate(class_of):
+            if pos == 0 or c != class_of[pos - 1]:
+                self.class_members.append([])
+            self.class_members[-1].append(pos)
+        self.tied_with_prev = [pos > 0 and class_of[pos] == class_of[pos - 1] for pos in range(len(self.order))]
+        self.kinds: dict[tuple, int] = {}
+        self.kind_costs: list[StageCosts] = []
+
+    def expand(self, s: int, layer: dict, prev_of: dict, limit: int):
+        """Every transition of stage s from the states in ``layer``: the next states, their
+        representative previous-stage nodes, and per transition (transition, y, permutation);
+        the transitions are None as soon as there are more than ``limit``."""
+        order, nodes = self.order, self.instance.nodes
         nxt: dict[tuple, int] = {}
         nxt_prev: dict[tuple, tuple] = {}
-        trans_s, moves_s, perms_s = [], [], []
+        step = []
         for state, sid in layer.items():
             entries = state[0]
             prev = tuple(order[pos] for pos in prev_of[state])
-            for y in _moves(entries, d, tied_with_prev):
+            for y in _moves(entries, self.cand.dp, self.tied_with_prev):
                 positions = [pos for pos in range(len(y)) if y[pos]]
                 used = tuple(order[pos] for pos in positions)
-                key = _kind_key(instance, used)
-                if key not in kinds:
-                    kinds[key] = len(kinds)
-                    kind_costs.append(_kind_costs(tables, cand, y, order))
-                factor = 1.0 / hetero_link(instance, prev + used) if s > 0 else 0.0
+                key = _kind_key(self.instance, used)
+                if key not in self.kinds:
+                    self.kinds[key] = len(self.kinds)
+                    self.kind_costs.append(_kind_costs(self.tables, self.cand, y, order))
+                factor = 1.0 / hetero_link(self.instance, prev + used) if s > 0 else 0.0
                 single = len(positions) == 1
                 raw = tuple((entries[pos][0] - y[pos], single and y[pos] > 0) for pos in range(len(y)))
-                canon, perm = _canonical(raw, class_members)
-                multi = None if single else min(nodes[j].inter_bandwidth for j in used)
-                target = (canon, multi)
+                canon, perm = _canonical(raw, self.class_members)
+                target = (canon, None if single else min(nodes[j].inter_bandwidth for j in used))
                 if target not in nxt:
                     nxt[target] = len(nxt)
                     where = {old: new for new, old in enumerate(perm)}
                     nxt_prev[target] = tuple(sorted(where[pos] for pos in positions))
-                trans_s.append((sid, kinds[key], factor, nxt[target]))
-                if total + len(trans_s) > max_transitions:
-                    raise SearchTooLarge(
-                        "--placement",
-                        f"free grouping of tp={m} dp={d} pp={p} has more than {max_transitions} stage transitions: "
-                        "too large for the enumerator; use --solver cpsat or --placement rank-order",
-                    )
-                moves_s.append(y)
-                perms_s.append(tuple(perm))
-        total += len(trans_s)
-        transitions.append(tuple(trans_s))
-        moves.append(tuple(moves_s))
-        perms.append(tuple(perms_s))
-        layer, prev_of = nxt, nxt_prev
-
-    ranges = [range_tables(c, L, 0) for c in kind_costs]
-    ratio = np.stack([np.stack([memory_ratio(c, L, s) for c in kind_costs]) for s in range(p)])
-    volume = np.concatenate([[0.0], kind_costs[0].p2p_volume()])
-    graph = make_graph(cand.n_micro(instance), np.stack([t[0] for t in ranges]), np.stack([t[1] for t in ranges]),
-                       ratio, True, volume, transitions)
-    return FreeGraph(graph, tuple(moves), tuple(perms), tuple(order))
+                step.append(((sid, self.kinds[key], factor, nxt[target]), y, tuple(perm)))
+                if len(step) > limit:
+                    return nxt, nxt_prev, None
+        return nxt, nxt_prev, step
 
 
 def _kind_key(instance, used: tuple[int, ...]):

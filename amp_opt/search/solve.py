@@ -7,6 +7,7 @@ import dataclasses
 from ..errors import SearchTooLarge
 from .context import Search
 from .enumerate import solve_enumerate
+from .mip.driver import solve_mip
 from .options import solve_options
 from .result import SolveResult
 
@@ -59,8 +60,6 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
                             time_limit=time_limit, seed=seed, workers=workers, progress=progress)
     search = Search(instance, options)
     if options.solver not in ("auto", "enumerate"):
-        from .mip.driver import solve_mip
-
         return solve_mip(search)
     try:
         return solve_enumerate(search)
@@ -68,8 +67,6 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
         if options.solver == "enumerate":
             raise
         spent, why = search.elapsed(), exc.problem
-    from .mip.driver import solve_mip
-
     search.options = dataclasses.replace(options, solver="cpsat")
     result = solve_mip(search)
     # The solver block covers the whole search, the enumerator's attempt included.

@@ -10,7 +10,6 @@ which layers.  The groups are then realised per class by a maximum flow
 
 from __future__ import annotations
 
-import networkx as nx
 import numpy as np
 
 from ...model.costs import HETERO
@@ -32,6 +31,8 @@ def transport(model: KindModel, kinds) -> np.ndarray | None:
     come from its kind's classes, and every class gives all its groups: a transport
     problem, solved as a maximum flow.
     """
+    import networkx as nx  # heavy (70 ms): imported when a plan is realised from kinds
+
     d, C = model.cand.dp, len(model.classes)
     x = np.zeros((len(kinds), C), dtype=int)
     for s, i in enumerate(kinds):
@@ -136,6 +137,36 @@ def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float
     return best
 
 
+def _multiset_states(need: np.ndarray):
+    """The states of the multiset DP: vectors of stages of each kind used so far (mixed radix
+    with digit a in 0..need[a]); per state its digits, level (stages placed) and row among
+    the states of its level."""
+    stride = np.concatenate([[1], np.cumprod(need[:-1] + 1)]).astype(int)
+    total = int(np.prod(need + 1))
+    used = (np.arange(total)[:, None] // stride[None, :]) % (need + 1)[None, :]
+    level = used.sum(axis=1)
+    row_of = np.zeros(total, dtype=int)
+    for s in range(int(need.sum()) + 1):
+        members = np.flatnonzero(level == s)
+        row_of[members] = np.arange(len(members))
+    return stride, used, level, row_of
+
+
+def _kind_arcs(model: KindModel, kinds, T: np.ndarray, U: np.ndarray):
+    """Per kind of the multiset and micro-batches in flight: its compute on every usable range
+    under each threshold pair, stored by (end l, length - 1) up to the longest it can use."""
+    pos = np.arange(model.L + 1)
+    tables, layout = {}, []
+    for a, k in enumerate(kinds):
+        ok = {f: fits[k][None] & (model.compute[k][None] <= T[:, None, None]) & (model.allreduce[k][None] <= U[:, None, None])
+              for f, fits in model.fits.items()}
+        starts, valid = band_layout(np.any([x.any(axis=0) for x in ok.values()], axis=0))
+        layout.append(starts)
+        for f in model.fits:
+            tables[f, a] = np.where(ok[f][:, starts, pos[:, None]] & valid, model.compute[k][starts, pos[:, None]][None], INF)
+    return tables, layout
+
+
 def multiset_paths(model: KindModel, multiset: dict[int, int], T: np.ndarray, U: np.ndarray):
     """For each threshold pair (T[j], U[j]): the least-sum path using exactly ``multiset``
     (kind -> number of stages) with every stage's compute <= T[j] and allreduce <= U[j] (eq. K6).
@@ -150,24 +181,10 @@ def multiset_paths(model: KindModel, multiset: dict[int, int], T: np.ndarray, U:
     need = np.array([multiset[k] for k in kinds])
     if need.sum() != p:
         return [None] * batch
-    stride = np.concatenate([[1], np.cumprod(need[:-1] + 1)]).astype(int)
-    total = int(np.prod(need + 1))
-    used = (np.arange(total)[:, None] // stride[None, :]) % (need + 1)[None, :]
-    level = used.sum(axis=1)
-    row_of = np.zeros(total, dtype=int)  # a state's row among the states of its level
-    for s in range(p + 1):
-        members = np.flatnonzero(level == s)
-        row_of[members] = np.arange(len(members))
+    stride, used, level, row_of = _multiset_states(need)
+    total = len(level)
     pos = np.arange(L + 1)
-    tables, layout = {}, []
-    for a, k in enumerate(kinds):
-        # Kind a's ranges stored by (end l, length - 1) up to the longest it can use.
-        ok = {f: fits[k][None] & (model.compute[k][None] <= T[:, None, None]) & (model.allreduce[k][None] <= U[:, None, None])
-              for f, fits in model.fits.items()}
-        starts, valid = band_layout(np.any([x.any(axis=0) for x in ok.values()], axis=0))
-        layout.append(starts)
-        for f in model.fits:
-            tables[f, a] = np.where(ok[f][:, starts, pos[:, None]] & valid, model.compute[k][starts, pos[:, None]][None], INF)
+    tables, layout = _kind_arcs(model, kinds, T, U)
     links = [int(model.link_of[k]) for k in kinds]
     values = np.full((1, B, batch, L + 1), INF)
     values[0, 0, :, 0] = 0.0
@@ -212,6 +229,7 @@ def multiset_paths(model: KindModel, multiset: dict[int, int], T: np.ndarray, U:
         if not np.isfinite(value):
             out.append(None)
             continue
+
         def step(s, state, end, j=j):
             sid, b = state
             kind, span, came = back[s]

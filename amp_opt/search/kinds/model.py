@@ -182,26 +182,20 @@ class KindModel:
                 left -= take
         return counts @ lam, counts
 
-    def sweep(self, y: np.ndarray, T: np.ndarray, U: np.ndarray, paths: bool = False):
-        """h(T, U) under multipliers y for a batch of thresholds (eq. K4, K7) and, if asked, a
-        minimising path each.
-
-        h is the least sum over p stages of E + P + price(kind) with every stage's compute <= T,
-        allreduce <= U and memory within its kind's capacity.  States: (link level of the
-        previous stage, layer position).  Ranges are stored by (end l, length - 1) up to the
-        longest usable one.
-        """
-        p, L = self.cand.pp, self.L
-        batch, B = len(T), len(self.links)
+    def _arcs(self, y: np.ndarray, T: np.ndarray, U: np.ndarray):
+        """The arcs of the sweep: per (micro-batches in flight f, link level b), the cheapest kind's
+        compute plus price for every (batch, end l, length - 1) whose range is usable under the
+        thresholds; ranges are stored by (end, length - 1) up to the longest usable one per level.
+        Returns the layout per level, the arc costs (None where no arc exists) and the kinds."""
+        batch, B, L = len(T), len(self.links), self.L
         y = np.broadcast_to(y, (batch, self.dims))
         prices = np.array([self.prices(row) for row in y])  # (batch, K)
         usable = {f: fits[None] & (self.compute[None] <= T[:, None, None, None])
                   & (self.allreduce[None] <= U[:, None, None, None]) for f, fits in self.fits.items()}  # (batch, K, k, l)
         pos = np.arange(L + 1)
-        # Per link level b: ranges stored by (end l, length - 1) up to the longest usable one.
         layout = [band_layout(np.any([u[:, self.link_of == b].any(axis=(0, 1)) for u in usable.values()], axis=0))
                   for b in range(B)]
-        arcs, which = {}, {}  # [f, b]: the cheapest kind of link level b per (batch, end, length - 1)
+        arcs, which = {}, {}
         for f in self.fits:
             for b, (starts, valid) in enumerate(layout):
                 best = np.full((batch, L + 1, starts.shape[1]), INF)
@@ -214,6 +208,20 @@ class KindModel:
                     arg = np.where(better, i, arg)
                 arcs[f, b] = best if np.isfinite(best).any() else None
                 which[f, b] = arg
+        return layout, arcs, which
+
+    def sweep(self, y: np.ndarray, T: np.ndarray, U: np.ndarray, paths: bool = False):
+        """h(T, U) under multipliers y for a batch of thresholds (eq. K4, K7) and, if asked, a
+        minimising path each.
+
+        h is the least sum over p stages of E + P + price(kind) with every stage's compute <= T,
+        allreduce <= U and memory within its kind's capacity.  States: (link level of the
+        previous stage, layer position).  Ranges are stored by (end l, length - 1) up to the
+        longest usable one.
+        """
+        p, L = self.cand.pp, self.L
+        batch, B = len(T), len(self.links)
+        layout, arcs, which = self._arcs(y, T, U)
         hop = self.volume[None, None, None, :] * self.p2p_factor[None, :, :, None]  # [batch, prev, next, k]
         values = np.full((batch, B, L + 1), INF)
         values[:, 0, 0] = 0.0
@@ -243,6 +251,7 @@ class KindModel:
             if not np.isfinite(h[j]):
                 found.append(None)
                 continue
+
             def step(s, b, end, j=j):
                 span, came = back[s]
                 width = int(span[j, b, end])

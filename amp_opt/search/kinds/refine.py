@@ -31,10 +31,9 @@ POLISH_CELLS = 3  # threshold cells (the weakest) at which an incumbent is re-pa
 
 
 def runs_kinds(search) -> bool:
-    """Whether phase 1b runs: hetero, free grouping, and a cluster large enough for it to pay
-    (on a few nodes the programs alone are exact in well under a second)."""
-    return (search.model.name == "hetero" and search.options.placement == "free"
-            and len(search.instance.nodes) >= KIND_MIN_NODES)
+    """Whether phase 1b runs: free grouping (which the hetero model prices) on a cluster large
+    enough for it to pay (on a few nodes the programs alone are exact in well under a second)."""
+    return search.options.placement == "free" and len(search.instance.nodes) >= KIND_MIN_NODES
 
 
 class KindPhase:

@@ -20,6 +20,7 @@ import re
 import subprocess
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 
 from .model import BIN, INT, TIME, LinearModel
@@ -53,12 +54,10 @@ def resolution_for(scale: float, model: LinearModel | None = None) -> float:
     return delta
 
 
-def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: int, workers: int,
-                cutoff: float | None = None, gap: float = 0.0) -> Outcome:
-    """Solve with CP-SAT; ``cutoff`` (seconds) keeps only solutions at most that good."""
-    from ortools.sat.python import cp_model
+def _cpsat_model(lm: LinearModel, delta: float, cutoff: float | None):
+    """The LinearModel in CP-SAT's integers: seconds as counts of ``delta``, rows rounded."""
+    from ortools.sat.python import cp_model  # heavy: imported when a CP-SAT program runs
 
-    start = time.perf_counter()
     model = cp_model.CpModel()
     xs = []
     for v in lm.vars:
@@ -93,7 +92,16 @@ def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: i
     for i, value in lm.hint.items():
         v = lm.vars[i]
         model.add_hint(xs[i], int(round(value / delta)) if v.kind == TIME else int(round(value)))
+    return model, xs
 
+
+def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: int, workers: int,
+                cutoff: float | None = None, gap: float = 0.0) -> Outcome:
+    """Solve with CP-SAT; ``cutoff`` (seconds) keeps only solutions at most that good."""
+    from ortools.sat.python import cp_model  # heavy: imported when a CP-SAT program runs
+
+    start = time.perf_counter()
+    model, xs = _cpsat_model(lm, delta, cutoff)
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.num_workers = workers
@@ -105,7 +113,6 @@ def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: i
     if gap > 0:
         params.relative_gap_limit = gap
     code = solver.solve(model)
-    name = solver.status_name(code)
     wall = time.perf_counter() - start
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         values = {i: float(solver.value(x)) * (delta if lm.vars[i].kind == TIME else 1.0) for i, x in enumerate(xs)}
@@ -113,34 +120,25 @@ def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: i
         return Outcome(status, values, solver.objective_value * delta, solver.best_objective_bound * delta, wall)
     if code == cp_model.INFEASIBLE:
         return Outcome("INFEASIBLE", None, None, None, wall)
-    if name == "MODEL_INVALID":
+    if solver.status_name(code) == "MODEL_INVALID":
         raise RuntimeError(f"CP-SAT rejected the model: {model.validate()}")
     return Outcome("UNKNOWN", None, None, None, wall)
 
 
 def _cbc_command():
     """PuLP's CBC driver (its bundled binary); PuLP 3 warns that 4.0 moves it to an extra."""
-    import warnings
-
-    import pulp
+    import pulp  # imported when a CBC program runs
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return pulp.PULP_CBC_CMD(msg=False)
 
 
-def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int,
-              cutoff: float | None = None, gap: float = 0.0, scale: float | None = None) -> Outcome:
-    """Solve with CBC in a child process killed at the time limit.
+def _pulp_problem(lm: LinearModel, scale: float):
+    """The LinearModel as a PuLP problem: seconds divided by ``scale``, every row by its largest
+    coefficient, the hint as initial values."""
+    import pulp  # imported when a CBC program runs
 
-    Times are divided by ``scale`` (the expected objective, so that it is about 1) and
-    every row by its largest coefficient: CBC's absolute tolerances then mean the same
-    on a 10 ms plan as on a 100 s one.
-    """
-    import pulp
-
-    start = time.perf_counter()
-    scale = scale or 1.0
     prob = pulp.LpProblem("amp_opt", pulp.LpMinimize)
     xs = []
     for i, v in enumerate(lm.vars):
@@ -161,37 +159,52 @@ def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int
             prob += expr >= rhs / norm, f"r{k}"
         else:
             prob += expr == rhs / norm, f"r{k}"
-    objective = pulp.lpSum(c * xs[i] for i, c in lm.objective.items())
-    prob += objective
+    prob += pulp.lpSum(c * xs[i] for i, c in lm.objective.items())
     for i, value in lm.hint.items():
         v = lm.vars[i]
         unit = scale if v.kind == TIME else 1.0
         xs[i].setInitialValue(min(max(value, v.lb), v.ub) / unit)
+    return prob
 
+
+def _cbc_args(path: str, mps: str, sol: str, mst: str | None, seed: int, workers: int, budget: float | None,
+              cutoff: float | None, gap: float) -> list[str]:
+    """CBC's command line for one run."""
+    args = [path, mps] + (["-mips", mst] if mst else [])
+    # CBC reads randomSeed 0 as "seed from the time of day": shift to keep runs repeatable.
+    args += ["-randomSeed", str(seed + 1), "-threads", str(workers)]
+    if budget is not None:  # stop a little early so that CBC can write its best solution
+        args += ["-sec", f"{max(0.05, budget - min(CBC_WRITE_S, 0.1 * budget)):.3f}"]
+    if gap > 0:
+        args += ["-ratioGap", str(gap)]
+    if cutoff is not None:  # CBC prunes nodes worse than this (safer than a row, numerically)
+        args += ["-cutoff", repr(cutoff * (1 + 1e-6))]
+    return args + ["-timeMode", "elapsed", "-solve", "-printingOptions", "all", "-solution", sol]
+
+
+def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int,
+              cutoff: float | None = None, gap: float = 0.0, scale: float | None = None) -> Outcome:
+    """Solve with CBC in a child process killed at the time limit.
+
+    Times are divided by ``scale`` (the expected objective, so that it is about 1) and
+    every row by its largest coefficient: CBC's absolute tolerances then mean the same
+    on a 10 ms plan as on a 100 s one.
+    """
+    start = time.perf_counter()
+    scale = scale or 1.0
+    prob = _pulp_problem(lm, scale)
     with tempfile.TemporaryDirectory(prefix="amp_opt_cbc_") as tmp:
         mps, sol, mst = (os.path.join(tmp, f"model.{ext}") for ext in ("mps", "sol", "mst"))
         vs, var_names, con_names, _ = prob.writeMPS(mps, rename=1)
         solver = _cbc_command()
-        args = [solver.path, mps]
         if lm.hint:
             solver.writesol(mst, prob, vs, var_names, con_names)
-            args += ["-mips", mst]
-        # CBC reads randomSeed 0 as "seed from the time of day": shift to keep runs repeatable.
-        args += ["-randomSeed", str(seed + 1), "-threads", str(workers)]
-        budget = None
-        if time_limit is not None:
-            # What is left after building the model; CBC is asked to stop a little before it so
-            # that it can write its best solution, and is killed at it.
-            budget = max(0.1, time_limit - (time.perf_counter() - start))
-            args += ["-sec", f"{max(0.05, budget - min(CBC_WRITE_S, 0.1 * budget)):.3f}"]
-        if gap > 0:
-            args += ["-ratioGap", str(gap)]
-        if cutoff is not None:  # CBC prunes nodes worse than this (safer than a row, numerically)
-            args += ["-cutoff", repr(cutoff / scale * (1 + 1e-6))]
-        args += ["-timeMode", "elapsed", "-solve", "-printingOptions", "all", "-solution", sol]
+        # What is left after building the model; CBC is killed at it.
+        budget = None if time_limit is None else max(0.1, time_limit - (time.perf_counter() - start))
+        args = _cbc_args(solver.path, mps, sol, mst if lm.hint else None, seed, workers, budget,
+                         None if cutoff is None else cutoff / scale, gap)
         try:
-            run = subprocess.run(args, capture_output=True, text=True, timeout=budget)
-            log = run.stdout
+            log = subprocess.run(args, capture_output=True, text=True, timeout=budget).stdout
         except subprocess.TimeoutExpired as exc:  # stuck in preprocessing: the limit is enforced here
             log = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
             return Outcome("UNKNOWN", None, None, _lower_bound(log, scale), time.perf_counter() - start)
@@ -209,7 +222,7 @@ def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int
         if not (head.startswith("optimal") or (head.startswith("stopped") and "no integer solution" not in head)):
             return Outcome("UNKNOWN", None, None, _lower_bound(log, scale), wall)
         _, values, *_ = solver.readsol_MPS(sol, prob, vs, var_names, con_names)
-    result = {i: float(values[f"v{i}"]) * (scale if lm.vars[i].kind == TIME else 1.0) for i in range(len(xs))}
+    result = {i: float(values[f"v{i}"]) * (scale if lm.vars[i].kind == TIME else 1.0) for i in range(len(lm.vars))}
     obj = sum(c * result[i] for i, c in lm.objective.items())
     if head.startswith("optimal"):
         return Outcome("OPTIMAL", result, obj, obj, wall)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 BIN, INT, TIME = "bin", "int", "time"  # TIME: seconds (an integer count of the resolution in CP-SAT)
+CONST = -1  # key of the constant term in an expression
 
 
 @dataclass

@@ -1,0 +1,231 @@
+"""Free device grouping in the programs (``formulations/mip.md`` eq. M5-M8 free, M10-M14).
+
+Node classes (identical nodes, eq. M10) give groups by count; a class whose nodes can
+hold a whole stage (g_c >= d) is modelled node by node (M11), so that the program knows
+when a stage or a boundary stays inside one node and uses its intra-node link.  Every
+max over the classes a stage uses is a family of big-M rows, one per class.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...model.classes import NodeClass, node_classes
+from ...model.costs import allreduce_factor
+from ..grouping import assign_groups
+from .model import BIN, INT, lin
+
+
+@dataclass(frozen=True)
+class ClassTerms:
+    """A node class (eq. M10) at one candidate: its groups, capacity and layer times."""
+
+    node_class: NodeClass
+    groups_per_node: int
+    capacity: float  # bytes per device
+    times: np.ndarray  # seconds per layer for one micro-batch on a group of this class
+    per_node: bool  # a whole stage fits in one node: modelled node by node (eq. M11)
+
+    @property
+    def index(self) -> int:
+        return self.node_class.index
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return self.node_class.nodes
+
+
+def class_terms(tables, cand) -> list[ClassTerms]:
+    """Every node class of the instance at a candidate (eq. M10, M11)."""
+    inst = tables.instance
+    return [ClassTerms(c, c.groups_per_node(cand.tp), inst.device_types[c.device_type].memory,
+                       tables.layer_times(c.device_type, c.intra, cand.tp, cand.micro_batch).seconds,
+                       per_node=c.groups_per_node(cand.tp) >= cand.dp)
+            for c in node_classes(inst)]
+
+
+class FreeGrouping:
+    """The grouping variables and rows of one program; ``prog`` is its :class:`~.formulation.Program`."""
+
+    def __init__(self, prog, classes: list[ClassTerms]):
+        self.prog, self.classes = prog, classes
+        self.x, self.y, self.u, self.loc, self.sh = {}, {}, {}, {}, {}
+        self._groups()
+        self._symmetry()
+        self._locality()
+        self._compute()
+        self._p2p()
+        self._allreduce()
+        if prog.enforce_memory:
+            self._memory()
+
+    def _per_node(self):
+        """(class, node) of every node modelled one by one."""
+        return [(c, j) for c in self.classes if c.per_node for j in c.nodes]
+
+    def _groups(self) -> None:
+        """(M10) groups per stage and class (or node); u[s,c] marks the classes a stage uses;
+        (M11) loc[s,j] = [stage s takes all its groups from node j]."""
+        mdl, d, p = self.prog.mdl, self.prog.cand.dp, self.prog.cand.pp
+        x, y, u, loc = self.x, self.y, self.u, self.loc
+        for s in range(p):
+            for c in self.classes:
+                u[s, c.index] = mdl.var(f"u[{s},{c.index}]", 0, 1, BIN)
+                if c.per_node:
+                    for j in c.nodes:
+                        y[s, j] = mdl.var(f"y[{s},{j}]", 0, min(d, c.groups_per_node), INT)
+                        loc[s, j] = mdl.var(f"loc[{s},{j}]", 0, 1, BIN)
+                        # u >= y/d; loc = [y == d]: d loc <= y and loc >= y - (d-1)
+                        mdl.add({u[s, c.index]: d, y[s, j]: -1}, ">=", 0, "count", f"use[{s},{j}]")
+                        mdl.add({y[s, j]: 1, loc[s, j]: -d}, ">=", 0, "count", f"local_lo[{s},{j}]")
+                        mdl.add({loc[s, j]: 1, y[s, j]: -1}, ">=", -(d - 1), "count", f"local_hi[{s},{j}]")
+                else:
+                    cap = min(d, c.groups_per_node * len(c.nodes))
+                    x[s, c.index] = mdl.var(f"x[{s},{c.index}]", 0, cap, INT)
+                    mdl.add({u[s, c.index]: cap, x[s, c.index]: -1}, ">=", 0, "count", f"use[{s},{c.index}]")
+            groups = [{x[s, c.index]: 1} for c in self.classes if not c.per_node]
+            groups += [{y[s, j]: 1} for _, j in self._per_node()]
+            mdl.add(lin(*groups), "==", d, "count", f"replicas[{s}]")
+        for c in self.classes:
+            if c.per_node:
+                for j in c.nodes:
+                    mdl.add(lin(*[{y[s, j]: 1} for s in range(p)]), "==", c.groups_per_node, "count", f"node[{j}]")
+            else:
+                mdl.add(lin(*[{x[s, c.index]: 1} for s in range(p)]), "==", c.groups_per_node * len(c.nodes),
+                        "count", f"class[{c.index}]")
+
+    def _symmetry(self) -> None:
+        """(M12) identical nodes modelled one by one: lexicographically non-increasing columns on
+        a prefix of stages (weights (g+1)^(K-1-s), K keeping them below 1e6)."""
+        mdl, p, y = self.prog.mdl, self.prog.cand.pp, self.y
+        for c in self.classes:
+            if c.per_node and len(c.nodes) > 1:
+                W = c.groups_per_node + 1
+                K = max(1, min(p, int(math.log(1e6) / math.log(W))))
+                for j, j2 in zip(c.nodes, c.nodes[1:]):
+                    mdl.add(lin(*[(float(W ** (K - 1 - s)), {y[s, j]: 1}) for s in range(K)],
+                                *[(-float(W ** (K - 1 - s)), {y[s, j2]: 1}) for s in range(K)]),
+                            ">=", 0, "count", f"symmetry[{j},{j2}]")
+
+    def _locality(self) -> None:
+        """(M11) a stage sits in at most one node; sh[s,j] = [stages s and s+1 both sit in node j]."""
+        mdl, p, loc, sh = self.prog.mdl, self.prog.cand.pp, self.loc, self.sh
+        self.loc_s = [lin(*[{loc[s, j]: 1} for _, j in self._per_node()]) for s in range(p)]
+        for s in range(p):
+            if self.loc_s[s]:
+                mdl.add(self.loc_s[s], "<=", 1, "count", f"one_home[{s}]")
+        for s in range(p - 1):
+            for _, j in self._per_node():
+                sh[s, j] = mdl.var(f"sh[{s},{j}]", 0, 1, BIN)
+                mdl.add({sh[s, j]: 1, loc[s, j]: -1}, "<=", 0, "count", f"share_a[{s},{j}]")
+                mdl.add({sh[s, j]: 1, loc[s + 1, j]: -1}, "<=", 0, "count", f"share_b[{s},{j}]")
+                mdl.add({sh[s, j]: 1, loc[s, j]: -1, loc[s + 1, j]: -1}, ">=", -1, "count", f"share_c[{s},{j}]")
+        self.sh_s = [lin(*[{sh[s, j]: 1} for _, j in self._per_node()]) for s in range(p - 1)]
+
+    def _compute(self) -> None:
+        """(M5) the slowest class present sets the pace: one big-M row per class."""
+        prog = self.prog
+        for s in range(prog.cand.pp):
+            for c in self.classes:
+                M = 1.001 * float(c.times.sum())  # slack so that rounded coefficients never bind when unused
+                prog.mdl.add(lin({prog.E[s]: 1}, *[(-float(c.times[l]), prog.layers.z(s, l)) for l in range(prog.L)],
+                                 (-M, {self.u[s, c.index]: 1})), ">=", -M, "time", f"compute[{s},{c.index}]")
+                prog.ub["E"] = max(prog.ub["E"], M)
+
+    def _p2p(self) -> None:
+        """(M7) p2p over the slowest link the two stages use, or the shared node's intra link."""
+        prog, vol = self.prog, self.prog.vol
+        vmax = float(vol.max()) if len(vol) else 0.0
+        for s in range(prog.cand.pp - 1):
+            for c in self.classes:
+                inter, intra = c.node_class.inter, c.node_class.intra
+                M = vmax / inter
+                for t in (s, s + 1):
+                    prog.mdl.add(lin({prog.P[s]: 1}, *[(-float(vol[l] / inter), prog.layers.e(s, l)) for l in range(prog.L)],
+                                     (-M, {self.u[t, c.index]: 1}), (M, self.sh_s[s])), ">=", -M, "time",
+                                 f"p2p[{s},{c.index},{t}]")
+                prog.ub["P"] = max(prog.ub["P"], M)
+                if c.per_node:
+                    M2 = vmax / intra
+                    for j in c.nodes:
+                        prog.mdl.add(lin({prog.P[s]: 1}, *[(-float(vol[l] / intra), prog.layers.e(s, l))
+                                                           for l in range(prog.L)],
+                                         (-M2, {self.sh[s, j]: 1})), ">=", -M2, "time", f"p2p_shared[{s},{j}]")
+                    prog.ub["P"] = max(prog.ub["P"], M2)
+
+    def _allreduce(self) -> None:
+        """(M6) allreduce over the ring's slowest link, or the node's intra link when the stage sits in one."""
+        prog = self.prog
+        d, total = prog.cand.dp, prog.total_params
+        for s in range(prog.cand.pp):
+            pe = prog.layers.params(s)
+            for c in self.classes:
+                a = allreduce_factor(prog.instance, d, c.node_class.inter)
+                M = a * total
+                prog.mdl.add(lin({prog.ARmax: 1}, (-a, pe), (-M, {self.u[s, c.index]: 1}), (M, self.loc_s[s])),
+                             ">=", -M, "time", f"allreduce[{s},{c.index}]")
+                prog.ub["AR"] = max(prog.ub["AR"], M)
+                if c.per_node:
+                    a2 = allreduce_factor(prog.instance, d, c.node_class.intra)
+                    M2 = a2 * total
+                    for j in c.nodes:
+                        prog.mdl.add(lin({prog.ARmax: 1}, (-a2, pe), (-M2, {self.loc[s, j]: 1})), ">=", -M2, "time",
+                                     f"allreduce_local[{s},{j}]")
+                    prog.ub["AR"] = max(prog.ub["AR"], M2)
+
+    def _memory(self) -> None:
+        """(M8) every device type in the stage must hold it; rows that can never bind are left out."""
+        prog, terms = self.prog, self.prog.terms
+        act_total = float(terms.sums.activation_memory.sum())
+        for s in range(prog.cand.pp):
+            worst = prog.total_params * terms.state_bytes_per_param + terms.in_flight(s) * terms.micro_batch * act_total
+            for c in self.classes:
+                room = c.capacity - prog.instance.training.memory_reserve
+                big_m = max(0.0, worst - room)
+                if big_m == 0.0 and room >= 0:
+                    continue
+                prog.memory_row(s, c.capacity, {self.u[s, c.index]: 1}, max(big_m, 1.0), f"memory[{s},{c.index}]")
+
+    def decode(self, values: dict):
+        """Device ids per stage and replica from the grouping variables."""
+        cand = self.prog.cand
+        free = {c.index: {j: c.groups_per_node for j in c.nodes} for c in self.classes if not c.per_node}
+        counts = []
+        for s in range(cand.pp):
+            stage = []
+            for c in self.classes:
+                if c.per_node:
+                    stage += [(j, int(round(values[self.y[s, j]]))) for j in c.nodes]
+                else:
+                    need = int(round(values[self.x[s, c.index]]))
+                    for j in c.nodes:  # fill the class's nodes in order
+                        take = min(need, free[c.index][j])
+                        stage.append((j, take))
+                        free[c.index][j] -= take
+                        need -= take
+            counts.append([(j, k) for j, k in stage if k])
+        return assign_groups(self.prog.instance, cand.tp, counts)
+
+    def hint(self, stages, hint: dict) -> None:
+        """The grouping variables' values for a plan's device groups."""
+        node_of, d = self.prog.instance.device_node, self.prog.cand.dp
+        counts = [{} for _ in stages]
+        for s, stage in enumerate(stages):
+            for group in stage:
+                j = int(node_of[group[0]])
+                counts[s][j] = counts[s].get(j, 0) + 1
+        for s in range(len(stages)):
+            for c in self.classes:
+                total = sum(counts[s].get(j, 0) for j in c.nodes)
+                hint[self.u[s, c.index]] = float(total > 0)
+                if c.per_node:
+                    for j in c.nodes:
+                        hint[self.y[s, j]] = float(counts[s].get(j, 0))
+                        hint[self.loc[s, j]] = float(counts[s].get(j, 0) == d)
+                else:
+                    hint[self.x[s, c.index]] = float(total)
+        for (s, j), v in self.sh.items():
+            hint[v] = float(hint[self.loc[s, j]] and hint[self.loc[s + 1, j]])
