@@ -69,7 +69,25 @@ def check_schema(data: Any, schema_path: Path, root: str) -> None:
 def load_instance(source: str | Path | Mapping) -> Instance:
     """Load and validate an instance from a JSON file path or an already parsed dict.
 
-    Raises :class:`InputError` naming the offending field.
+    Parameters
+    ----------
+    source : str, Path or mapping
+        An instance file (JSON, ``instance.schema.json``) or its parsed content.
+
+    Returns
+    -------
+    Instance
+
+    Raises
+    ------
+    InputError
+        Naming the offending field.
+
+    Examples
+    --------
+    >>> inst = load_instance("instances/amp_het_cluster.json")
+    >>> inst.num_devices, inst.num_layers, sorted(inst.devices_by_type.items())
+    (16, 30, [('T4', 4), ('V100-16GB', 12)])
     """
     if isinstance(source, Mapping):
         return parse_instance(source, base_dir=Path.cwd())

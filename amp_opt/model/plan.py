@@ -74,7 +74,18 @@ def rank_order_stages(tp: int, dp: int, pp: int) -> Stages:
 
 
 def parse_plan(data: Any, where: str = "plan") -> Plan:
-    """Check the shape of a plan object (not yet against an instance)."""
+    """Check the shape of a plan object (not yet against an instance; see :func:`check_plan`).
+
+    Examples
+    --------
+    >>> plan = parse_plan({"tp": 1, "dp": 2, "pp": 2, "micro_batch": 4, "partition": [0, 3, 6]})
+    >>> plan.candidate, plan.stage_layers(1)
+    (Candidate(tp=1, dp=2, pp=2, micro_batch=4), range(3, 6))
+    >>> parse_plan({"tp": 1, "dp": 2, "pp": 2, "micro_batch": 4, "partition": [0, 6]})
+    Traceback (most recent call last):
+    ...
+    amp_opt.errors.InputError: plan.partition: must hold pp+1 = 3 boundaries, got 2
+    """
     if not isinstance(data, Mapping):
         raise InputError(where, f"must be a JSON object, got {type(data).__name__}")
     unknown = sorted(set(data) - set(PLAN_KEYS))

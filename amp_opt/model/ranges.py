@@ -56,7 +56,8 @@ def range_table(per_layer: np.ndarray) -> np.ndarray:
 
     Examples
     --------
-    >>> range_table(np.array([1.0, 2.0]))[0, 2], range_table(np.array([1.0, 2.0]))[1, 1]
+    >>> table = range_table(np.array([1.0, 2.0]))
+    >>> float(table[0, 2]), float(table[1, 1])
     (3.0, inf)
     """
     prefix = np.concatenate([[0.0], np.cumsum(per_layer)])

@@ -1,0 +1,23 @@
+"""The examples in the public docstrings run and print what they say."""
+
+import doctest
+import importlib
+
+import pytest
+
+from conftest import ROOT
+
+MODULES = [
+    "amp_opt.model.fields", "amp_opt.model.load", "amp_opt.model.plan", "amp_opt.model.profiles",
+    "amp_opt.model.tables", "amp_opt.model.ranges", "amp_opt.model.classes", "amp_opt.model.costs",
+    "amp_opt.model.evaluate", "amp_opt.search.options", "amp_opt.search.solve",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name, monkeypatch):
+    monkeypatch.chdir(ROOT)  # examples name the bundled instances by relative path
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0, f"{name} has no examples"
+    assert result.failed == 0
