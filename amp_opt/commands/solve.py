@@ -9,7 +9,6 @@ from ..model.placement import PLACEMENTS
 from ..search.options import SOLVERS
 from ..search.solve import solve
 from .common import add_cost_model, positive_float, positive_int, progress_printer
-from .report import print_solve
 
 
 def add_arguments(p) -> None:
@@ -37,5 +36,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(result.to_json(instance, with_top=args.top_k > 1), indent=2))
     else:
+        from .report import print_solve  # rich is imported for the report only: --json does not pay for it
+
         print_solve(instance, result, show_top=args.top_k > 1)
     return 0
