@@ -22,7 +22,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     instance = load_instance(args.instance)
-    plans, is_list = load_plans(load_json(args.plan, "plan"), "plan")
+    plans, is_list = load_plans(load_json(args.plan, "plan"))
     tables = Tables(instance)
     results = [evaluate(instance, plan, args.cost_model, tables=tables) for plan in plans]
     if args.json:

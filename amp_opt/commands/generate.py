@@ -21,8 +21,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    doc = generate_instance(args.seed, args.nodes, args.devices_per_node, args.device_types, args.layers,
-                            args.global_batch)
+    doc = generate_instance(args.seed, nodes=args.nodes, devices_per_node=args.devices_per_node,
+                            device_types=args.device_types, layers=args.layers, global_batch=args.global_batch)
     parse_instance(doc)  # generated instances must always validate
     write_text(json.dumps(doc, indent=1) + "\n", args.output)
     return 0

@@ -34,7 +34,7 @@ def _check(value, name: str, minimum: int = 1) -> int:
     return whole_number(value, f"--{name.replace('_', '-')}", minimum=minimum)
 
 
-def generate_instance(seed: int = 0, nodes: int = 4, devices_per_node: int = 4, device_types: int = 2,
+def generate_instance(seed: int = 0, *, nodes: int = 4, devices_per_node: int = 4, device_types: int = 2,
                       layers: int = 8, global_batch: int = 16) -> dict:
     """A random instance document (the JSON format), deterministic for the arguments.
 

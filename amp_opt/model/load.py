@@ -96,7 +96,7 @@ def load_instance(source: str | Path | Mapping) -> Instance:
     return parse_instance(data, base_dir=path.parent, default_name=path.stem)
 
 
-def parse_instance(data: Any, base_dir: Path | None = None, default_name: str = "instance") -> Instance:
+def parse_instance(data: Any, *, base_dir: Path | None = None, default_name: str = "instance") -> Instance:
     """Validate a parsed instance document and build the typed record."""
     if not isinstance(data, Mapping):
         raise InputError("instance", "must be a JSON object")

@@ -73,7 +73,7 @@ def rank_order_stages(tp: int, dp: int, pp: int) -> Stages:
     )
 
 
-def parse_plan(data: Any, where: str = "plan") -> Plan:
+def parse_plan(data: Any, *, where: str = "plan") -> Plan:
     """Check the shape of a plan object (not yet against an instance; see :func:`check_plan`).
 
     Examples
@@ -116,7 +116,7 @@ def parse_plan(data: Any, where: str = "plan") -> Plan:
     return Plan(tp, dp, pp, mb, tuple(partition), stages)
 
 
-def check_plan(instance, plan: Plan, where: str = "plan") -> Plan:
+def check_plan(instance, plan: Plan, *, where: str = "plan") -> Plan:
     """Validate a plan against an instance; return it with explicit ``stages``.
 
     Checks the degrees against the device count, the micro-batch against the
@@ -162,8 +162,8 @@ def check_plan(instance, plan: Plan, where: str = "plan") -> Plan:
     return Plan(plan.tp, plan.dp, plan.pp, plan.micro_batch, plan.partition, stages)
 
 
-def load_plans(data: Any, where: str = "plan") -> tuple[list[Plan], bool]:
+def load_plans(data: Any, *, where: str = "plan") -> tuple[list[Plan], bool]:
     """Parse one plan object or a list of them; also say whether it was a list."""
     if isinstance(data, list):
-        return [parse_plan(item, f"{where}[{i}]") for i, item in enumerate(data)], True
-    return [parse_plan(data, where)], False
+        return [parse_plan(item, where=f"{where}[{i}]") for i, item in enumerate(data)], True
+    return [parse_plan(data, where=where)], False

@@ -78,7 +78,7 @@ class SolveResult:
     top: tuple[Evaluation, ...]
     solver: SolverStats
 
-    def to_json(self, instance, with_top: bool = False) -> dict[str, Any]:
+    def to_json(self, instance, *, with_top: bool = False) -> dict[str, Any]:
         out = self.best.to_json(instance)
         out["solver"] = self.solver.to_json()
         if with_top:
