@@ -40,6 +40,8 @@ class SavedTensorTracker:
     exclude : iterable of modules or tensors
         Parameters and buffers of these modules (or these tensors) are model
         state: their storages are not counted.
+    limit : int, optional
+        Raise ``torch.OutOfMemoryError`` when live + extra bytes exceed it.
 
     Examples
     --------
@@ -51,7 +53,8 @@ class SavedTensorTracker:
     32
     """
 
-    def __init__(self, exclude=()):
+    def __init__(self, exclude=(), limit: int | None = None):
+        self.limit = limit  # bytes; beyond it torch.OutOfMemoryError (a CPU stand-in for a device's capacity)
         self._exclude = set()
         for item in exclude:
             tensors = list(item.parameters()) + list(item.buffers()) if isinstance(item, torch.nn.Module) else [item]
@@ -90,6 +93,9 @@ class SavedTensorTracker:
 
     def _update_peak(self):
         self.peak = max(self.peak, self.live + self.extra)
+        if self.limit is not None and self.live + self.extra > self.limit:
+            raise torch.OutOfMemoryError(
+                f"tracked activations {self.live + self.extra} bytes exceed the memory limit {self.limit} bytes")
 
     def add_extra(self, nbytes: int) -> None:
         """Report other live bytes (positive) or their release (negative)."""
