@@ -22,7 +22,6 @@ _EXPORTS = {
     "merge_profiles": "profile",
     "saved_activation_bytes": "memory",
     "run_plan": "run",
-    "RunOptions": "run",
     "compare_run": "compare",
 }
 
