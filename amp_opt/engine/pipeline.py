@@ -6,8 +6,9 @@ Per iteration, replica r takes samples [r*B/dp, (r+1)*B/dp) of the global batch
 micro-batches of b samples, through a non-interleaved 1F1B schedule (Narayanan et
 al. 2021): stage s runs min(pp-s-1, n) forwards, then alternates one forward and
 one backward, then drains the remaining backwards.  Activations go forward and
-gradients backward with ``isend`` (kept until the end of the iteration) and a
-blocking ``recv``.  Each micro-batch's loss is divided by n; after the schedule,
+gradients backward with ``isend`` and a blocking ``recv``; an activation's send
+is completed when its gradient comes back, a gradient's send before the next one
+(at most one in flight).  Each micro-batch's loss is divided by n; after the schedule,
 tied word-embedding gradients are all-reduced between the first and last stage
 (Megatron-LM), then each stage's gradients are all-reduced over its dp replicas
 (one flat buffer, averaged), then Adam steps.
@@ -174,15 +175,15 @@ def run_worker(task: dict, rank: int, world: int) -> dict:
         inputs, targets = synthetic_batch(shape, task["global_batch"], task["seed"], it)
         lo = groups.dp_rank * n * b
         clock = _Clock()
-        pending, kept, loss_sum = [], {}, 0.0
+        pending, sent, kept, loss_sum = [], {}, {}, 0.0
         dist.barrier()
         tp_before = tp_timer.total
         start = time.perf_counter()
         for kind, j in schedule:
-            mb_targets = targets[lo + j * b: lo + (j + 1) * b].to(device)
+            mb_targets = targets[lo + j * b: lo + (j + 1) * b].clone().to(device)  # own storage
             if kind == "F":
                 if groups.prev is None:
-                    x = inputs[lo + j * b: lo + (j + 1) * b].to(device)
+                    x = inputs[lo + j * b: lo + (j + 1) * b].clone().to(device)
                 else:
                     t0 = time.perf_counter()
                     x = torch.empty(hidden, dtype=dtype, device=device)
@@ -201,7 +202,7 @@ def run_worker(task: dict, rank: int, world: int) -> dict:
                 kept[j] = (x, out)
                 if groups.next is not None:
                     t0 = time.perf_counter()
-                    pending.append((dist.isend(out.detach(), groups.next), buffers.add(out.detach())))
+                    sent[j] = (dist.isend(out.detach(), groups.next), buffers.add(out.detach()))
                     clock.add("p2p", time.perf_counter() - t0)
             else:
                 x, out = kept.pop(j)
@@ -214,19 +215,27 @@ def run_worker(task: dict, rank: int, world: int) -> dict:
                 t0 = time.perf_counter()
                 torch.autograd.backward(out, grad)
                 clock.add("compute", time.perf_counter() - t0)
+                t0 = time.perf_counter()
                 if grad is not None:
+                    # its gradient came back, so the activation was received: finish that send
+                    handle, tensor = sent.pop(j)
+                    handle.wait()
+                    buffers.remove(tensor)
                     buffers.remove(out)
                     buffers.remove(grad)
                 del out, grad
                 if groups.prev is not None:
-                    t0 = time.perf_counter()
+                    if pending:  # at most one gradient in flight
+                        handle, tensor = pending.pop()
+                        handle.wait()
+                        buffers.remove(tensor)
                     pending.append((dist.isend(x.grad, groups.prev), buffers.add(x.grad)))
-                    clock.add("p2p", time.perf_counter() - t0)
+                clock.add("p2p", time.perf_counter() - t0)
         t0 = time.perf_counter()
-        for handle, tensor in pending:
+        for handle, tensor in pending + list(sent.values()):
             handle.wait()
             buffers.remove(tensor)
-        del pending, kept
+        del pending, sent, kept
         clock.add("p2p", time.perf_counter() - t0)
         if word is not None:
             t0 = time.perf_counter()
