@@ -23,6 +23,7 @@ _EXPORTS = {
     "saved_activation_bytes": "memory",
     "run_plan": "run",
     "compare_run": "compare",
+    "measure_links": "links",
 }
 
 __all__ = sorted(_EXPORTS)

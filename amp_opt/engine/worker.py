@@ -1,4 +1,4 @@
-"""Worker entry point: one rank of a profiling or plan-execution task.
+"""Worker entry point: one rank of a profiling, link-measuring or plan-execution task.
 
 torchrun-compatible: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT
 come from the environment, so across nodes::
@@ -71,6 +71,10 @@ def main(argv=None) -> int:
             from .profile import profile_worker
 
             result = profile_worker(task, rank, world)
+        elif task["kind"] == "links":
+            from .links import links_worker
+
+            result = links_worker(task, rank, world)
         elif task["kind"] == "run":
             from .pipeline import run_worker
 
