@@ -57,6 +57,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    task["local_rank"] = int(os.environ.get("LOCAL_RANK", rank))  # the GPU of this rank on its node
     try:
         from ._torch import require_torch
 
