@@ -191,3 +191,15 @@ def _ppid(proc: Path):
         return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def test_run_task_for_torchrun_is_json_and_checked():
+    import json
+
+    from amp_opt.engine.run import build_run_task
+
+    task = build_run_task(doc(), plan(pp=2, partition=[0, 2, 4]), attention="flash")
+    assert json.loads(json.dumps(task)) == task
+    assert task["plan"]["stages"] == [[[0]], [[1]]] and task["global_batch"] == 8
+    with pytest.raises(InputError, match="attention"):
+        build_run_task(doc(), plan(pp=2, partition=[0, 2, 4]), attention="fast")

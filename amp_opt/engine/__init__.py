@@ -22,6 +22,7 @@ _EXPORTS = {
     "merge_profiles": "profile",
     "saved_activation_bytes": "memory",
     "run_plan": "run",
+    "build_run_task": "run",
     "compare_run": "compare",
     "measure_links": "links",
 }

@@ -20,7 +20,7 @@ from amp_opt.plan import Plan, check_plan, parse_plan
 
 from ._torch import require_torch
 from .launch import launch
-from .modules import model_shape, torch_dtype
+from .modules import ATTENTION_KERNELS, model_shape, torch_dtype
 from .provenance import resolve_device, usable_cores
 
 require_torch()
@@ -56,6 +56,39 @@ def _load_at(document, base_dir):
     from amp_opt.instance import parse_instance
 
     return parse_instance(document, base_dir=Path(base_dir))
+
+
+def build_run_task(instance, plan, *, iterations: int = 5, warmup: int = 2, device: str | None = None, dtype=None,
+                   attention: str = "eager", threads: int | None = None, seed: int = 0, lr: float = 1e-3,
+                   timeout: float = 600.0, oversubscribe: bool = False, memory_limit: int | None = None,
+                   dump_grads: str | None = None, fault: Mapping | None = None) -> dict:
+    """The checked, JSON-ready worker task of a run (options as in :func:`run_plan`).
+
+    Write it to a file to run across nodes with torchrun
+    (``torchrun ... -m amp_opt.engine.worker --task task.json --out DIR``); rank 0's
+    ``DIR/result.0.json`` then holds ``{"record": <run record>}``.
+
+    Examples
+    --------
+    >>> task = build_run_task("instance.json", {"tp": 1, "dp": 2, "pp": 1, "micro_batch": 1,
+    ...                       "partition": [0, 4]}, oversubscribe=True)  # doctest: +SKIP
+    """
+    document, inst, plan, shape = prepare(instance, plan, oversubscribe=oversubscribe)
+    _positive("iterations", iterations)
+    _positive("warmup", warmup, 0)
+    device = resolve_device(device)
+    dt = torch_dtype(dtype, shape)
+    if attention not in ATTENTION_KERNELS:
+        raise InputError("attention", f"must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
+    world = plan.tp * plan.dp * plan.pp
+    if threads is None:
+        threads = max(1, usable_cores() // world)
+    _positive("threads", threads)
+    return {"kind": "run", "model": asdict(shape), "plan": plan.to_json(), "device": device,
+            "dtype": str(dt).replace("torch.", ""), "attention": attention, "threads": threads, "seed": seed,
+            "lr": lr, "iterations": iterations, "warmup": warmup, "global_batch": inst.training.global_batch,
+            "memory_limit": memory_limit, "dump_grads": str(dump_grads) if dump_grads else None,
+            "fault": dict(fault) if fault else None, "collective_timeout": timeout}
 
 
 def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: str | None = None, dtype=None,
@@ -102,20 +135,12 @@ def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: st
     >>> record = run_plan("instance.json", {"tp": 1, "dp": 1, "pp": 2, "micro_batch": 1,
     ...                   "partition": [0, 2, 4]})  # doctest: +SKIP
     """
-    document, inst, plan, shape = prepare(instance, plan, oversubscribe=oversubscribe)
-    _positive("iterations", iterations)
-    _positive("warmup", warmup, 0)
-    device = resolve_device(device)
-    dt = torch_dtype(dtype, shape)
+    task = build_run_task(instance, plan, iterations=iterations, warmup=warmup, device=device, dtype=dtype,
+                          attention=attention, threads=threads, seed=seed, lr=lr, timeout=timeout,
+                          oversubscribe=oversubscribe, memory_limit=memory_limit, dump_grads=dump_grads, fault=fault)
+    plan = parse_plan(task["plan"])
     world = plan.tp * plan.dp * plan.pp
-    if threads is None:
-        threads = max(1, usable_cores() // world)
-    _positive("threads", threads)
-    task = {"kind": "run", "model": asdict(shape), "plan": plan.to_json(), "device": device,
-            "dtype": str(dt).replace("torch.", ""), "attention": attention, "threads": threads, "seed": seed,
-            "lr": lr, "iterations": iterations, "warmup": warmup, "global_batch": inst.training.global_batch,
-            "memory_limit": memory_limit, "dump_grads": str(dump_grads) if dump_grads else None,
-            "fault": dict(fault) if fault else None, "collective_timeout": timeout}
+    threads = task["threads"]
     result = launch(task, world, timeout=timeout, on_start=on_start, threads=threads)
     plan_json = plan.to_json()
     if result.status == "ok" and result.results[0] and "record" in result.results[0]:
