@@ -1,0 +1,104 @@
+"""Measured next to predicted, term by term, for one plan.
+
+The hetero cost model's terms (``formulations/hetero.md``) and what the engine
+measures for them (seconds per iteration unless stated):
+
+=================  =====================================  ==========================================
+term               predicted (Evaluation)                 measured (run record)
+=================  =====================================  ==========================================
+E_s (H1)           ``stages[s].compute``, one micro-batch  ``compute_per_micro_batch`` (forward +
+                                                          backward of one micro-batch, slowest rank)
+P_s (H3)           ``stages[s].p2p``, one transfer         ``p2p`` per iteration: time blocked in
+                                                          send/recv, bubbles included (not comparable
+                                                          one to one; given for calibration)
+AR_s (H4)          ``stages[s].allreduce``                 ``allreduce`` (+ ``tie_allreduce``, which H4
+                                                          does not model)
+M_s (H5)           ``stages[s].memory`` (with reserve)     ``peak_memory`` (tracked on CPU)
+time (H6)          ``predicted_time``                      ``iteration_time`` (median)
+=================  =====================================  ==========================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TermPair:
+    """One term: measured and predicted values (seconds or bytes) and measured / predicted."""
+
+    measured: float
+    predicted: float
+
+    @property
+    def ratio(self) -> float | None:
+        return self.measured / self.predicted if self.predicted else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"measured": self.measured, "predicted": self.predicted, "ratio": self.ratio}
+
+
+@dataclass(frozen=True)
+class StageComparison:
+    stage: int
+    layers: tuple[int, int]
+    compute_per_micro_batch: TermPair
+    p2p: TermPair
+    allreduce: TermPair
+    memory: TermPair
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A run's measurements against the cost model's prediction for the same plan."""
+
+    cost_model: str
+    iteration_time: TermPair
+    stages: tuple[StageComparison, ...]
+    breakdown_predicted: dict[str, float]
+    notes: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cost_model": self.cost_model,
+            "iteration_time": self.iteration_time.to_json(),
+            "stages": [{"stage": s.stage, "layers": list(s.layers),
+                        **{k: getattr(s, k).to_json() for k in ("compute_per_micro_batch", "p2p", "allreduce",
+                                                                 "memory")}} for s in self.stages],
+            "breakdown_predicted": dict(self.breakdown_predicted),
+            "notes": list(self.notes),
+        }
+
+
+def compare_run(record: dict, evaluation) -> Comparison:
+    """Pair a successful run record with the Evaluation of the same plan.
+
+    Examples
+    --------
+    >>> from amp_opt.cost import evaluate  # doctest: +SKIP
+    >>> compare_run(record, evaluate(instance, plan, "hetero")).iteration_time.ratio  # doctest: +SKIP
+    """
+    from amp_opt.errors import InputError
+
+    if record.get("failed"):
+        raise InputError("record", f"the run failed ({record['failed']}): nothing measured to compare")
+    measured = record["measured"]
+    if measured["micro_batches_per_iteration"] != evaluation.n_micro or len(measured["stages"]) != len(
+            evaluation.stages):
+        raise InputError("record", "the run and the evaluation are not of the same plan")
+    stages = []
+    for m, p in zip(measured["stages"], evaluation.stages):
+        stages.append(StageComparison(
+            stage=m["stage"], layers=tuple(m["layers"]),
+            compute_per_micro_batch=TermPair(m["compute_per_micro_batch"], p.compute),
+            p2p=TermPair(m["p2p"], p.p2p),
+            allreduce=TermPair(m["allreduce"] + m.get("tie_allreduce", 0.0), p.allreduce),
+            memory=TermPair(float(m["peak_memory"]), p.memory)))
+    notes = list(measured.get("notes", ())) + [
+        "measured p2p is blocked time per iteration (bubbles included); predicted p2p is one transfer",
+        "measured allreduce includes the tied-embedding allreduce the cost model does not count",
+        "predicted memory includes the instance's memory_reserve",
+    ]
+    return Comparison(evaluation.cost_model, TermPair(record["iteration_time"], evaluation.predicted_time),
+                      tuple(stages), dict(evaluation.breakdown), tuple(notes))

@@ -1,0 +1,84 @@
+"""Where a measurement was taken: device, versions, date, threads, dtype."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+
+from ._torch import require_torch
+
+torch = require_torch()
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (``os.sched_getaffinity``), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (or the platform's processor string)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def resolve_device(device: str | None) -> str:
+    """``"cuda"`` when available and not given, else ``"cpu"``; validated."""
+    from amp_opt.errors import InputError
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise InputError("device", f"must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("device", "cuda was asked for but torch.cuda.is_available() is false")
+    return device
+
+
+def device_name(device: str) -> str:
+    """Human name of the device: the GPU's name, or the CPU model."""
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return cpu_name()
+
+
+def set_threads(threads: int | None) -> int:
+    """Set torch's intra-op threads (default: usable cores) and return the value set."""
+    from amp_opt.errors import InputError
+
+    if threads is None:
+        threads = usable_cores()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise InputError("threads", f"must be a positive integer, got {threads!r}")
+    torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+def provenance(device: str, dtype, threads: int, **extra) -> dict:
+    """JSON-ready record of the measuring environment.
+
+    Examples
+    --------
+    >>> provenance("cpu", torch.float32, 2)["threads"]
+    2
+    """
+    return {
+        "device": device_name(device),
+        "device_kind": device,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "threads": threads,
+        "dtype": str(dtype).replace("torch.", ""),
+        "host_cores": usable_cores(),
+        **extra,
+    }

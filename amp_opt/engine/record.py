@@ -1,0 +1,76 @@
+"""Assemble a run record (one element of RUNS.json) from every rank's measurements.
+
+Shape (seconds, bytes)::
+
+    {"plan": <Plan.to_json()>,
+     "iteration_time": median over iterations of the slowest rank's iteration,
+     "peak_memory": max over ranks,
+     "measured": {
+        "iteration_times": [per measured iteration, max over ranks],
+        "micro_batches_per_iteration": n,
+        "losses": [per iteration incl. warm-up, mean over replicas],
+        "stages": [{"stage", "layers": [k, l], "compute", "compute_per_micro_batch",
+                    "p2p", "allreduce", "tie_allreduce", "tp_comm", "optimizer",
+                    "peak_memory", "memory": {parts of the slowest/fullest rank}}],
+        "ranks": [{"rank", "stage", "dp_rank", "tp_rank", "device", "peak_memory"}],
+        "memory_kind": "tracked" | "allocator",
+        "threads": per process, "provenance": {...}, "notes": [...]}}
+
+A stage's term is the largest over its ranks of that rank's median over the
+measured iterations (the slowest replica sets the pace, as in eq. H1).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+TERMS = ("compute", "p2p", "allreduce", "tie_allreduce", "tp_comm", "optimizer")
+
+
+def _median(records, key: str) -> float:
+    return float(statistics.median(r.get(key, 0.0) for r in records))
+
+
+def assemble(plan: dict, ranks: list[dict], *, n: int, provenance: dict, tp: int) -> dict:
+    """The run record of a finished run (see the module docstring for its shape)."""
+    iterations = len(ranks[0]["records"])
+    iteration_times = [max(r["records"][i]["iteration"] for r in ranks) for i in range(iterations)]
+    stages = []
+    for s in range(plan["pp"]):
+        mine = [r for r in ranks if r["stage"] == s]
+        entry = {"stage": s, "layers": mine[0]["layers"]}
+        for term in TERMS:
+            entry[term] = max(_median(r["records"], term) for r in mine)
+        entry["compute_per_micro_batch"] = entry["compute"] / n
+        fullest = max(mine, key=lambda r: r["peak_memory"])
+        entry["peak_memory"] = fullest["peak_memory"]
+        entry["memory"] = fullest["memory"]
+        stages.append(entry)
+    losses = []
+    last = [r for r in ranks if r["stage"] == plan["pp"] - 1 and r["tp_rank"] == 0]
+    for i in range(len(last[0]["losses"])):
+        losses.append(sum(r["losses"][i] for r in last) / len(last))
+    notes = []
+    if ranks[0]["memory_kind"] == "tracked":
+        notes.append("peak_memory is tracked, not an allocator figure: parameters + gradients + Adam moments + "
+                     "dp buffer + peak of saved activations and pipeline buffers")
+    notes.append("p2p is time blocked in send/recv, pipeline bubbles included")
+    if tp > 1:
+        notes.append("embedding and head are replicated on every tensor-parallel rank (not vocab-parallel)")
+    return {
+        "plan": plan,
+        "iteration_time": float(statistics.median(iteration_times)),
+        "peak_memory": max(r["peak_memory"] for r in ranks),
+        "measured": {
+            "iteration_times": iteration_times,
+            "micro_batches_per_iteration": n,
+            "losses": losses,
+            "stages": stages,
+            "ranks": [{k: r[k] for k in ("rank", "stage", "dp_rank", "tp_rank", "device", "peak_memory")}
+                      for r in ranks],
+            "memory_kind": ranks[0]["memory_kind"],
+            "threads": provenance["threads"],
+            "provenance": provenance,
+            "notes": notes,
+        },
+    }

@@ -1,0 +1,159 @@
+"""Execute a plan for real on local processes and return its run record.
+
+Everything that can be checked is checked before any process starts: the
+instance (loader), the plan against it (``check_plan``), the model can be built
+(preset or hf_config model, tensor-parallel divisibility), and the process count
+against the usable cores.  Then ``tp*dp*pp`` workers run (gloo on CPU, NCCL on
+CUDA; see :mod:`amp_opt.engine.pipeline` for what they do and time), with a
+timeout; a run never hangs and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Mapping
+
+from amp_opt.errors import InputError
+from amp_opt.instance import load_instance, load_json
+from amp_opt.plan import Plan, check_plan, parse_plan
+
+from ._torch import require_torch
+from .launch import launch
+from .modules import ATTENTION_KERNELS, model_shape, torch_dtype
+from .provenance import resolve_device, usable_cores
+
+require_torch()
+
+
+def _positive(name: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InputError(name, f"must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def prepare(instance, plan, *, oversubscribe: bool = False, base_dir=None):
+    """(document, instance, checked plan, shape): every check done before processes start."""
+    if isinstance(instance, (str, Path)):
+        document, base_dir = load_json(instance, "instance"), Path(instance).parent
+    else:
+        document = dict(instance)
+    inst = load_instance(document) if base_dir is None else _load_at(document, base_dir)
+    plan = plan if isinstance(plan, Plan) else parse_plan(plan)
+    plan = check_plan(inst, plan)
+    shape = model_shape(document, base_dir=base_dir or ".")
+    for what, count in (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("ffn", shape.ffn)):
+        if count % plan.tp:
+            raise InputError("plan.tp", f"tensor-parallel degree {plan.tp} must divide model.{what} ({count})")
+    world, cores = plan.tp * plan.dp * plan.pp, usable_cores()
+    if world > cores and not oversubscribe:
+        raise InputError("plan", f"needs tp*dp*pp = {world} processes, this machine has {cores} usable cores "
+                         "(pass oversubscribe=True to run anyway)")
+    return document, inst, plan, shape
+
+
+def _load_at(document, base_dir):
+    from amp_opt.instance import parse_instance
+
+    return parse_instance(document, base_dir=Path(base_dir))
+
+
+def build_run_task(instance, plan, *, iterations: int = 5, warmup: int = 2, device: str | None = None, dtype=None,
+                   attention: str = "eager", threads: int | None = None, seed: int = 0, lr: float = 1e-3,
+                   timeout: float = 600.0, oversubscribe: bool = False, memory_limit: int | None = None,
+                   dump_grads: str | None = None, fault: Mapping | None = None) -> dict:
+    """The checked, JSON-ready worker task of a run (options as in :func:`run_plan`).
+
+    Write it to a file to run across nodes with torchrun
+    (``torchrun ... -m amp_opt.engine.worker --task task.json --out DIR``); rank 0's
+    ``DIR/result.0.json`` then holds ``{"record": <run record>}``.
+
+    Examples
+    --------
+    >>> task = build_run_task("instance.json", {"tp": 1, "dp": 2, "pp": 1, "micro_batch": 1,
+    ...                       "partition": [0, 4]}, oversubscribe=True)  # doctest: +SKIP
+    """
+    document, inst, plan, shape = prepare(instance, plan, oversubscribe=oversubscribe)
+    _positive("iterations", iterations)
+    _positive("warmup", warmup, 0)
+    device = resolve_device(device)
+    dt = torch_dtype(dtype, shape)
+    if attention not in ATTENTION_KERNELS:
+        raise InputError("attention", f"must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
+    world = plan.tp * plan.dp * plan.pp
+    if threads is None:
+        threads = max(1, usable_cores() // world)
+    _positive("threads", threads)
+    return {"kind": "run", "model": asdict(shape), "plan": plan.to_json(), "device": device,
+            "dtype": str(dt).replace("torch.", ""), "attention": attention, "threads": threads, "seed": seed,
+            "lr": lr, "iterations": iterations, "warmup": warmup, "global_batch": inst.training.global_batch,
+            "memory_limit": memory_limit, "dump_grads": str(dump_grads) if dump_grads else None,
+            "fault": dict(fault) if fault else None, "collective_timeout": timeout}
+
+
+def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: str | None = None, dtype=None,
+             attention: str = "eager", threads: int | None = None, seed: int = 0, lr: float = 1e-3,
+             timeout: float = 600.0, oversubscribe: bool = False, memory_limit: int | None = None,
+             dump_grads: str | None = None, on_start: Callable | None = None, fault: Mapping | None = None) -> dict:
+    """Run ``plan`` for real and return its run record (see :mod:`amp_opt.engine.record`).
+
+    Parameters
+    ----------
+    instance : path, or dict
+        An instance file or document whose model is a preset or hf_config.
+    plan : Plan or dict
+        Checked against the instance before anything starts.
+    iterations, warmup : measured and discarded training iterations.
+    device : "cpu" or "cuda" (default cuda when available).
+    dtype : "float32", "bfloat16", "float16", or None (the model's dtype_bytes).
+    attention : "eager" or "flash".
+    threads : torch threads per process (default: usable cores // processes, at least 1).
+    seed : model initialisation and synthetic data.
+    lr : Adam learning rate.
+    timeout : seconds for the whole run; then every worker is stopped.
+    oversubscribe : allow more processes than usable cores.
+    memory_limit : bytes per rank of tracked activations and pipeline buffers before a
+        simulated out-of-memory (CPU stand-in for a device's capacity).
+    dump_grads : folder; each rank saves its first iteration's reduced gradients there.
+    on_start : called with the worker pids once started.
+    fault : testing hook, see :mod:`amp_opt.engine.worker`.
+
+    Returns
+    -------
+    dict
+        ``{"plan", "iteration_time", "peak_memory", "measured"}``, or
+        ``{"plan", "failed": "oom" | "error", "error"}``.
+
+    Raises
+    ------
+    InputError
+        Before any process starts: a bad plan, a model that cannot be built,
+        more processes than usable cores.
+
+    Examples
+    --------
+    >>> record = run_plan("instance.json", {"tp": 1, "dp": 1, "pp": 2, "micro_batch": 1,
+    ...                   "partition": [0, 2, 4]})  # doctest: +SKIP
+    """
+    task = build_run_task(instance, plan, iterations=iterations, warmup=warmup, device=device, dtype=dtype,
+                          attention=attention, threads=threads, seed=seed, lr=lr, timeout=timeout,
+                          oversubscribe=oversubscribe, memory_limit=memory_limit, dump_grads=dump_grads, fault=fault)
+    plan = parse_plan(task["plan"])
+    world = plan.tp * plan.dp * plan.pp
+    threads = task["threads"]
+    result = launch(task, world, timeout=timeout, on_start=on_start, threads=threads)
+    plan_json = plan.to_json()
+    if result.status == "ok" and result.results[0] and "record" in result.results[0]:
+        return result.results[0]["record"]
+    failures = [r for r in result.results if r and r.get("failed")]
+    if any(r["failed"] == "oom" for r in failures):
+        oom = next(r for r in failures if r["failed"] == "oom")
+        return {"plan": plan_json, "failed": "oom", "error": f"rank {oom['rank']}: {oom['error']}"}
+    if result.status == "timeout":
+        return {"plan": plan_json, "failed": "error", "error": f"timed out after {timeout:g} s"}
+    if failures:
+        first = failures[0]
+        return {"plan": plan_json, "failed": "error", "error": f"rank {first['rank']}: {first['error']}"}
+    codes = ", ".join(f"rank {r}: {c}" for r, c in enumerate(result.returncodes) if c)
+    tail = result.stderr.strip().splitlines()[-1:] or [""]
+    return {"plan": plan_json, "failed": "error", "error": f"worker exited ({codes}) {tail[0]}".strip()}

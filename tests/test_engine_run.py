@@ -1,0 +1,205 @@
+"""The runner: real pipeline / data / tensor parallel runs on local gloo processes."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from amp_opt.cost import evaluate  # noqa: E402
+from amp_opt.engine.accounting import expected_saved_bytes  # noqa: E402
+from amp_opt.engine.compare import compare_run  # noqa: E402
+from amp_opt.engine.modules import model_shape  # noqa: E402
+from amp_opt.engine.pipeline import one_f_one_b  # noqa: E402
+from amp_opt.engine.run import run_plan  # noqa: E402
+from amp_opt.errors import InputError  # noqa: E402
+from amp_opt.instance import load_instance  # noqa: E402
+from amp_opt.plan import parse_plan  # noqa: E402
+
+MODEL = {"preset": "gpt", "hidden": 64, "layers": 2, "heads": 4, "seq_len": 32, "vocab": 128, "dropout": False,
+         "dtype_bytes": 4}
+
+
+def doc(devices=2, global_batch=8, model=MODEL):
+    return {"format": "amp_opt.instance", "version": 1, "name": "tiny", "model": dict(model),
+            "device_types": [{"name": "cpu", "memory": "8 GiB", "peak_flops": 1e11}],
+            "nodes": [{"name": "host", "device_type": "cpu", "devices": devices, "intra_bandwidth": "1 GB/s",
+                       "inter_bandwidth": "1 GB/s"}],
+            "training": {"global_batch": global_batch}}
+
+
+def plan(tp=1, dp=1, pp=1, mb=2, partition=None):
+    return {"tp": tp, "dp": dp, "pp": pp, "micro_batch": mb, "partition": partition or [0, 4]}
+
+
+RUN = dict(iterations=3, warmup=1, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def single():
+    return run_plan(doc(devices=1), plan(), **RUN)
+
+
+@pytest.fixture(scope="module")
+def pipelined():
+    return run_plan(doc(), plan(pp=2, partition=[0, 2, 4]), **RUN)
+
+
+def _consistent(record, n):
+    m = record["measured"]
+    assert "failed" not in record
+    assert len(m["iteration_times"]) == 3 and m["micro_batches_per_iteration"] == n
+    assert record["iteration_time"] > 0 and record["peak_memory"] > 0
+    assert min(m["iteration_times"]) <= record["iteration_time"] <= max(m["iteration_times"])
+    for stage in m["stages"]:
+        assert stage["compute"] > 0
+        assert stage["compute_per_micro_batch"] == pytest.approx(stage["compute"] / n)
+        # an iteration holds its stage's compute, communication and optimizer step
+        assert record["iteration_time"] >= 0.95 * (stage["compute"] + stage["allreduce"])
+        parts = stage["memory"]
+        assert stage["peak_memory"] == sum(parts.values())
+        assert parts["gradients"] == parts["parameters"] and parts["optimizer"] == 2 * parts["parameters"]
+        assert parts["activations_peak"] > 0
+    assert record["iteration_time"] >= max(s["compute"] for s in m["stages"])
+    assert m["memory_kind"] == "tracked" and m["threads"] >= 1
+    assert all(loss == pytest.approx(4.85, abs=0.3) for loss in m["losses"])  # ln(128) at init
+
+
+def test_one_f_one_b_order():
+    assert one_f_one_b(1, 2, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
+    order = one_f_one_b(0, 4, 2)
+    assert order == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+
+
+def test_pipeline_run_is_consistent_and_computes_the_same_loss(single, pipelined):
+    _consistent(single, 4)
+    _consistent(pipelined, 4)
+    stages = pipelined["measured"]["stages"]
+    assert [s["layers"] for s in stages] == [[0, 2], [2, 4]]
+    assert all(s["p2p"] > 0 for s in stages) and stages[0]["tie_allreduce"] > 0
+    assert pipelined["plan"]["stages"] == [[[0]], [[1]]]
+    # The same model on the same data: equal losses, also after Adam steps (the tied copies stay in sync).
+    assert pipelined["measured"]["losses"][0] == pytest.approx(single["measured"]["losses"][0], rel=1e-6)
+    assert pipelined["measured"]["losses"] == pytest.approx(single["measured"]["losses"], rel=1e-4)
+    # 1F1B, byte for byte: stage 0 keeps min(pp, n) = 2 micro-batches of saved activations, their two
+    # outputs (held for backward, being sent) and one received gradient; stage 1 (last) keeps one
+    # micro-batch and the one input gradient in flight.
+    shape = model_shape(MODEL)
+    saved = [expected_saved_bytes(shape, i, 2, 4)[0] for i in range(4)]
+    hidden = 2 * 32 * 64 * 4
+    assert stages[0]["memory"]["activations_peak"] == 2 * (saved[0] + saved[1]) + 3 * hidden
+    assert stages[1]["memory"]["activations_peak"] == saved[2] + saved[3] + hidden
+
+
+def test_data_parallel_gradients_equal_a_single_process(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    ref = run_plan(doc(devices=1), plan(mb=1), dump_grads=str(one), **RUN)
+    dp2 = run_plan(doc(), plan(dp=2, mb=1), dump_grads=str(two), **RUN)
+    _consistent(dp2, 4)
+    assert all(s["allreduce"] > 0 for s in dp2["measured"]["stages"])
+    assert dp2["measured"]["stages"][0]["memory"]["communication_buffers"] > 0
+    grads = torch.load(one / "grads.0.pt")
+    for rank in (0, 1):
+        got = torch.load(two / f"grads.{rank}.pt")
+        assert sorted(got) == sorted(grads)
+        for name, g in grads.items():
+            torch.testing.assert_close(got[name], g, rtol=1e-5, atol=1e-7)
+    assert dp2["measured"]["losses"] == pytest.approx(ref["measured"]["losses"], rel=1e-4)
+
+
+def test_tensor_parallel_run_computes_the_same_model(single):
+    tp2 = run_plan(doc(), plan(tp=2), **RUN)
+    _consistent(tp2, 4)
+    assert tp2["measured"]["stages"][0]["tp_comm"] > 0
+    assert any("replicated" in note for note in tp2["measured"]["notes"])
+    assert tp2["measured"]["losses"] == pytest.approx(single["measured"]["losses"], rel=1e-4)
+
+
+def test_measured_next_to_predicted(pipelined):
+    instance = load_instance(doc())
+    evaluation = evaluate(instance, parse_plan(pipelined["plan"]), "hetero")
+    comparison = compare_run(pipelined, evaluation)
+    assert comparison.iteration_time.measured == pipelined["iteration_time"]
+    assert comparison.iteration_time.predicted == evaluation.predicted_time
+    assert [s.compute_per_micro_batch.predicted for s in comparison.stages] == [s.compute for s in evaluation.stages]
+    assert comparison.to_json()["stages"][1]["memory"]["measured"] == pipelined["measured"]["stages"][1]["peak_memory"]
+
+
+def _refused(instance, bad_plan, match, **kw):
+    started = []
+    with pytest.raises(InputError, match=match):
+        run_plan(instance, bad_plan, on_start=started.append, **kw)
+    assert not started
+
+
+def test_bad_plans_are_refused_before_any_process_starts():
+    _refused(doc(), plan(pp=2, partition=[0, 4, 4]), r"plan\.partition")
+    _refused(doc(), plan(dp=3), r"tp\*dp\*pp = 1\*3\*1 = 3, the cluster has 2 devices")
+    _refused(doc(devices=4), plan(dp=4, mb=1), r"plan: needs tp\*dp\*pp = 4 processes, this machine has")
+    _refused(doc(devices=2, model=dict(MODEL, heads=1, hidden=64)), plan(tp=2), r"plan\.tp")
+    explicit = doc()
+    explicit["model"] = {"layers": [{"name": f"l{i}", "params": 10, "activation_bytes": 1} for i in range(4)]}
+    _refused(explicit, plan(pp=2, partition=[0, 2, 4]), r"instance\.model\.layers")
+
+
+def _gone(pids):
+    return all(not Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+@pytest.mark.parametrize("how", ["raise", "kill"])
+def test_a_failing_or_killed_worker_leaves_no_process(how):
+    pids = []
+    record = run_plan(doc(), plan(pp=2, partition=[0, 2, 4]), on_start=pids.extend,
+                      fault={"rank": 1, "how": how}, **RUN)
+    assert record["failed"] == "error" and record["plan"]["pp"] == 2
+    assert ("fault injected" in record["error"]) if how == "raise" else ("rank 1: -9" in record["error"])
+    assert len(pids) == 2 and _gone(pids)
+
+
+def test_a_hanging_worker_times_out_and_leaves_no_process():
+    pids = []
+    record = run_plan(doc(), plan(dp=2), on_start=pids.extend, fault={"rank": 0, "how": "hang"},
+                      iterations=1, warmup=0, timeout=15)
+    assert record == {"plan": record["plan"], "failed": "error", "error": "timed out after 15 s"}
+    assert _gone(pids)
+
+
+def test_out_of_memory_is_a_record():
+    record = run_plan(doc(), plan(pp=2, partition=[0, 2, 4]), memory_limit=50_000, **RUN)
+    assert record["failed"] == "oom" and "exceed the memory limit" in record["error"]
+
+
+def test_no_worker_outlives_the_tests():
+    # other test modules may leave their own helpers (solvers); count only engine workers
+    mine = os.getpid()
+    workers = [p for p in Path("/proc").iterdir()
+               if p.name.isdigit() and _ppid(p) == mine and b"amp_opt.engine.worker" in _cmdline(p)]
+    assert not workers
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _ppid(proc: Path):
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def test_run_task_for_torchrun_is_json_and_checked():
+    import json
+
+    from amp_opt.engine.run import build_run_task
+
+    task = build_run_task(doc(), plan(pp=2, partition=[0, 2, 4]), attention="flash")
+    assert json.loads(json.dumps(task)) == task
+    assert task["plan"]["stages"] == [[[0]], [[1]]] and task["global_batch"] == 8
+    with pytest.raises(InputError, match="attention"):
+        build_run_task(doc(), plan(pp=2, partition=[0, 2, 4]), attention="fast")
