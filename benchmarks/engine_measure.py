@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from amp_opt.cost import evaluate
+from amp_opt.model.evaluate import evaluate
 from amp_opt.engine.compare import compare_run
 from amp_opt.engine.profile import merge_profiles, profile_model
 from amp_opt.engine.run import run_plan
-from amp_opt.instance import load_instance
-from amp_opt.plan import parse_plan
+from amp_opt.model.load import load_instance
+from amp_opt.model.plan import parse_plan
 
 MODEL = {"preset": "gpt", "hidden": 128, "layers": 4, "heads": 4, "seq_len": 64, "vocab": 512, "dropout": False,
          "dtype_bytes": 4}

@@ -13,7 +13,7 @@ from amp_opt.engine.modules import (  # noqa: E402
     DTYPES, TensorParallel, build_layer, build_model, model_shape, parameter_count,
 )
 from amp_opt.errors import InputError  # noqa: E402
-from amp_opt.presets import build_layers  # noqa: E402
+from amp_opt.model.presets import build_layers  # noqa: E402
 
 SHAPES = {
     "gpt": dict(preset="gpt", hidden=64, layers=2, heads=4, seq_len=16, vocab=100, dropout=False),

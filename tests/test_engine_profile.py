@@ -8,7 +8,7 @@ from amp_opt.engine.accounting import expected_saved_bytes  # noqa: E402
 from amp_opt.engine.modules import model_shape  # noqa: E402
 from amp_opt.engine.profile import merge_profiles, profile_model  # noqa: E402
 from amp_opt.errors import InputError  # noqa: E402
-from amp_opt.instance import load_instance  # noqa: E402
+from amp_opt.model.load import load_instance  # noqa: E402
 
 # Identical blocks big enough (a few ms at b=8) for timing to rise above scheduler noise.
 SPEC = dict(preset="gpt", hidden=128, layers=3, heads=4, seq_len=64, vocab=256, dropout=False, dtype_bytes=4)

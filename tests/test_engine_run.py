@@ -7,15 +7,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from amp_opt.cost import evaluate  # noqa: E402
+from amp_opt.model.evaluate import evaluate  # noqa: E402
 from amp_opt.engine.accounting import expected_saved_bytes  # noqa: E402
 from amp_opt.engine.compare import compare_run  # noqa: E402
 from amp_opt.engine.modules import model_shape  # noqa: E402
 from amp_opt.engine.pipeline import one_f_one_b  # noqa: E402
 from amp_opt.engine.run import run_plan  # noqa: E402
 from amp_opt.errors import InputError  # noqa: E402
-from amp_opt.instance import load_instance  # noqa: E402
-from amp_opt.plan import parse_plan  # noqa: E402
+from amp_opt.model.load import load_instance  # noqa: E402
+from amp_opt.model.plan import parse_plan  # noqa: E402
 
 MODEL = {"preset": "gpt", "hidden": 64, "layers": 2, "heads": 4, "seq_len": 32, "vocab": 128, "dropout": False,
          "dtype_bytes": 4}
@@ -55,8 +55,10 @@ def _consistent(record, n):
     for stage in m["stages"]:
         assert stage["compute"] > 0
         assert stage["compute_per_micro_batch"] == pytest.approx(stage["compute"] / n)
-        # an iteration holds its stage's compute, communication and optimizer step
-        assert record["iteration_time"] >= 0.95 * (stage["compute"] + stage["allreduce"])
+        # An iteration holds its stage's compute, communication and optimizer step.  The figures
+        # are medians over 3 iterations taken separately, and any two medians of 3 values share
+        # an iteration at or above both, so the slowest iteration bounds their sum.
+        assert max(m["iteration_times"]) >= 0.95 * (stage["compute"] + stage["allreduce"])
         parts = stage["memory"]
         assert stage["peak_memory"] == sum(parts.values())
         assert parts["gradients"] == parts["parameters"] and parts["optimizer"] == 2 * parts["parameters"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from amp_opt.errors import InputError
+from ..errors import InputError
 
 TORCH_MISSING = 'PyTorch is not installed: pip install "amp_opt[torch]"'
 

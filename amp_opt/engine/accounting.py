@@ -1,6 +1,6 @@
 """What the engine's modules save for backward, next to amp_opt's preset formula.
 
-:func:`formula_activation_bytes` evaluates :mod:`amp_opt.presets`' activation
+:func:`formula_activation_bytes` evaluates :mod:`amp_opt.model.presets`' activation
 memory at tp = 1 for a micro-batch, with the element size of the dtype actually
 run.  :func:`expected_saved_bytes` adds the documented differences between that
 formula and what the engine's modules save on CPU (measured with
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from amp_opt.presets import ModelShape, build_layers
+from ..model.presets import ModelShape, build_layers
 
 INDEX_BYTES = 8  # int64 token / position ids
 FP32 = 4
@@ -43,7 +43,7 @@ def formula_activation_bytes(shape: ModelShape, index: int, micro_batch: int, el
 
     Examples
     --------
-    >>> from amp_opt.presets import parse_model
+    >>> from ..model.presets import parse_model
     >>> m = parse_model({"preset": "gpt", "hidden": 8, "layers": 1, "heads": 2, "seq_len": 4, "vocab": 10})
     >>> formula_activation_bytes(m, 0, 1, 2)  # the embedding dropout mask, s*h
     32.0

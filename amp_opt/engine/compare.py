@@ -76,10 +76,10 @@ def compare_run(record: dict, evaluation) -> Comparison:
 
     Examples
     --------
-    >>> from amp_opt.cost import evaluate  # doctest: +SKIP
+    >>> from amp_opt import evaluate  # doctest: +SKIP
     >>> compare_run(record, evaluate(instance, plan, "hetero")).iteration_time.ratio  # doctest: +SKIP
     """
-    from amp_opt.errors import InputError
+    from ..errors import InputError
 
     if record.get("failed"):
         raise InputError("record", f"the run failed ({record['failed']}): nothing measured to compare")

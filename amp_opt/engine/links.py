@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Sequence
 
-from amp_opt.errors import InputError
+from ..errors import InputError
 
 from ._torch import require_torch
 from .launch import launch

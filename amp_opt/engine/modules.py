@@ -1,6 +1,6 @@
 """Build the instance's model as real ``torch.nn.Module`` s, one per amp_opt layer.
 
-The layers come in the order and with the names of :func:`amp_opt.presets.build_layers`:
+The layers come in the order and with the names of :func:`amp_opt.model.presets.build_layers`:
 ``embedding``, ``layer_0`` ... ``layer_{L-1}``, ``head``.
 
 * ``embedding``: word table (+ learned positions for gpt with
@@ -42,10 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from amp_opt.errors import InputError
-from amp_opt.hf_config import preset_from_hf_config
-from amp_opt.instance import load_json
-from amp_opt.presets import ModelShape, build_layers, parse_model
+from ..errors import InputError
+from ..model.hf_config import preset_from_hf_config
+from ..model.load import load_json
+from ..model.presets import ModelShape, build_layers, parse_model
 
 from ._torch import require_torch
 

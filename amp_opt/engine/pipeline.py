@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 
-from amp_opt.presets import ModelShape
+from ..model.presets import ModelShape
 
 from ._torch import require_torch
 from .memory import SavedTensorTracker, tensor_bytes

@@ -24,8 +24,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from amp_opt.errors import InputError
-from amp_opt.presets import ModelShape
+from ..errors import InputError
+from ..model.presets import ModelShape
 
 from ._torch import require_torch
 from .launch import launch

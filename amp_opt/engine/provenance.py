@@ -33,7 +33,7 @@ def cpu_name() -> str:
 
 def resolve_device(device: str | None) -> str:
     """``"cuda"`` when available and not given, else ``"cpu"``; validated."""
-    from amp_opt.errors import InputError
+    from ..errors import InputError
 
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -53,7 +53,7 @@ def device_name(device: str) -> str:
 
 def set_threads(threads: int | None) -> int:
     """Set torch's intra-op threads (default: usable cores) and return the value set."""
-    from amp_opt.errors import InputError
+    from ..errors import InputError
 
     if threads is None:
         threads = usable_cores()

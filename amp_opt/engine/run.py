@@ -14,9 +14,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Mapping
 
-from amp_opt.errors import InputError
-from amp_opt.instance import load_instance, load_json
-from amp_opt.plan import Plan, check_plan, parse_plan
+from ..errors import InputError
+from ..model.load import load_instance, load_json, parse_instance
+from ..model.plan import Plan, check_plan, parse_plan
 
 from ._torch import require_torch
 from .launch import launch
@@ -53,8 +53,6 @@ def prepare(instance, plan, *, oversubscribe: bool = False, base_dir=None):
 
 
 def _load_at(document, base_dir):
-    from amp_opt.instance import parse_instance
-
     return parse_instance(document, base_dir=Path(base_dir))
 
 
