@@ -17,7 +17,8 @@ def test_solve_json_shape():
     out = run("solve", str(INSTANCES / "amp_het_cluster.json"), "--cost-model", "amp", "--json", "--top-k", "3")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert set(doc["plan"]) == {"tp", "dp", "pp", "micro_batch", "partition", "stages"}
+    assert set(doc["plan"]) == {"tp", "dp", "pp", "micro_batch", "partition", "stages", "cp", "sequence_parallel",
+                                "recompute", "zero_stage", "virtual_stages"}
     assert doc["feasible"] is True
     assert set(doc["breakdown"]) == {"pipeline_bottleneck", "stage_compute", "p2p", "allreduce"}
     assert doc["predicted_time"] == pytest.approx(sum(doc["breakdown"].values()))
@@ -77,7 +78,7 @@ def test_bad_instance_exits_2_with_one_line(tmp_path, mutate, field):
     [
         ({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 30]}, "partition"),
         ({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 3, "partition": [0, 7, 14, 20, 30]}, "micro_batch"),
-        ({"tp": 2, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}, "tp*dp*pp"),
+        ({"tp": 2, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}, "tp*cp*dp*pp"),
         ({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 7, 20, 30]}, "partition"),
         ({"tp": 2, "dp": 8, "pp": 1, "micro_batch": 1, "partition": [0, 30],
           "stages": [[[3, 4], [0, 1], [2, 5], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]]]}, "stages[0][0]"),

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amp_opt import evaluate, parse_instance
-from amp_opt.model.candidates import candidates
+from amp_opt.model.candidates import candidates, even_partition
+from amp_opt.model.costs.terms import stage_order
 from amp_opt.model.costs import COST_MODELS
 from amp_opt.model.tables import Tables
 from amp_opt.search.grouping import candidate_graph
@@ -58,9 +59,9 @@ def test_dp_equals_brute_force_on_random_graphs(seed, L, p, states, n):
 @pytest.mark.parametrize("model", ["amp", "hetero"])
 def test_dp_equals_brute_force_on_paper_candidates(paper_instances, model):
     inst = paper_instances["het_cluster"]
-    for cand in candidates(inst):
-        if cand.pp > 4 or cand.micro_batch > 2:
-            continue  # brute force over C(29, pp-1) partitions stays small
+    for cand in candidates(inst, COST_MODELS[model]):
+        if cand.pp > 4 or cand.micro_batch > 2 or cand.virtual_stages > 1:
+            continue  # brute force over C(29, pp-1) partitions stays small; interleaving fixes the partition
         graph, _ = candidate_graph(Tables(inst), cand, COST_MODELS[model], "rank-order")
         exact, brute = optimal_path(graph), brute_force(graph)
         assert (exact is None) == (brute is None)
@@ -80,13 +81,18 @@ def test_free_grouping_equals_every_grouping(instance):
     """The state DP over free groupings equals trying every grouping matrix with the exact partition."""
     L = instance.num_layers
     tables = Tables(instance)
-    for cand in candidates(instance):
-        fg = free_graph(tables, cand)
+    # Today's settings, and a fixed sample of the others (recomputation, ZeRO, virtual stages).
+    today = [c for c in candidates(instance) if (c.recompute, c.zero_stage, c.virtual_stages) == ("none", 0, 1)]
+    others = [c for c in candidates(instance) if c not in today][::5]
+    for cand in today + others:
+        chunks = even_partition(instance, cand.pp * cand.virtual_stages, exact=True) if cand.virtual_stages > 1 else None
+        fixed = None if chunks is None else stage_order(chunks, cand.pp)[1]
+        fg = free_graph(tables, cand, chunks)
         exact = optimal_path(fg.graph)
         best = None
         for stages in groupings(instance, cand):
-            costs = COST_MODELS["hetero"].stage_costs(tables, cand, stages)
-            found = optimal_path(fixed_placement_graph(costs, L))
+            costs = COST_MODELS["hetero"].stage_costs(tables, cand, stages, chunks=chunks)
+            found = optimal_path(fixed_placement_graph(costs, L, fixed))
             if found and (best is None or found[0] < best[0]):
                 best = found
         assert (exact is None) == (best is None), cand
@@ -95,7 +101,7 @@ def test_free_grouping_equals_every_grouping(instance):
         assert exact[0] == pytest.approx(best[0], rel=1e-12), cand
         # The reconstructed devices score the same under the evaluator.
         stages = stages_of_path(instance, cand, fg, exact[1].transitions)
-        plan = Plan(cand.tp, cand.dp, cand.pp, cand.micro_batch, exact[1].bounds, stages)
+        plan = cand.plan(chunks or exact[1].bounds, stages)
         ev = evaluate(instance, plan, "hetero")
         assert ev.feasible
         assert ev.predicted_time == pytest.approx(exact[0], rel=1e-12)

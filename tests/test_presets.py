@@ -74,9 +74,11 @@ def test_layer_list_shape():
     layers = expand_preset(LLAMA2_7B)
     assert [layer["kind"] for layer in layers] == ["embedding"] + ["transformer"] * 32 + ["head"]
     assert len({layer["name"] for layer in layers}) == len(layers)
+    recompute = {"attention_memory_bytes", "attention_flops", "kv_bytes"}
     for layer in layers:
-        assert set(layer) - {"tie"} == {"name", "kind", "params", "activation_bytes",
-                                        "activation_memory_bytes", "flops", "tp_comm_bytes"}
+        assert set(layer) - {"tie"} - recompute == {"name", "kind", "params", "activation_bytes",
+                                                   "activation_memory_bytes", "flops", "tp_comm_bytes"}
+        assert (recompute <= set(layer)) == (layer["kind"] == "transformer")
         assert isinstance(layer["params"]["replicated"], int)
         assert isinstance(layer["params"]["sharded"], int)
 
@@ -114,10 +116,27 @@ def test_llama_head_per_rank_and_shards_add_up(t):
 
 @pytest.mark.parametrize("s, h, a", [(1024, 1024, 16), (2048, 4096, 32), (2048, 12288, 96)])
 def test_gpt_layer_activation_memory_is_korthikanti(s, h, a):
-    model = {"preset": "gpt", "hidden": h, "layers": 2, "heads": a, "seq_len": s, "vocab": 50000}
-    mem = layer_of(expand_preset(model), "transformer")["activation_memory_bytes"]
+    model = {"preset": "gpt", "hidden": h, "layers": 2, "heads": a, "seq_len": s, "vocab": 50000, "attention": "eager"}
+    layer = layer_of(expand_preset(model), "transformer")
+    mem = layer["activation_memory_bytes"]
     assert per_rank(mem, 1) == pytest.approx(s * h * (34 + 5 * a * s / h), rel=1e-12)
     assert per_rank(mem, 8) == pytest.approx(s * h * (10 + 24 / 8 + 5 * a * s / (8 * h)), rel=1e-12)
+    # Selective recomputation keeps the rest: 34 s h (Korthikanti et al. 2022, Table 2).
+    assert per_rank(mem, 1) - per_rank(layer["attention_memory_bytes"], 1) == pytest.approx(34 * s * h, rel=1e-12)
+    assert layer["attention_flops"] == 4 * s * s * h
+
+
+@pytest.mark.parametrize("s, h, a", [(1024, 1024, 16), (8192, 16384, 128)])
+def test_flash_attention_keeps_no_scores(s, h, a):
+    model = {"preset": "gpt", "hidden": h, "layers": 2, "heads": a, "seq_len": s, "vocab": 50000}
+    flash = layer_of(expand_preset(model), "transformer")
+    eager = layer_of(expand_preset(dict(model, attention="eager")), "transformer")
+    # The default keeps an fp32 log-sum-exp per head and query instead of the s x s terms.
+    assert per_rank(flash["activation_memory_bytes"], 1) == pytest.approx(34 * s * h + 4 * a * s, rel=1e-12)
+    assert per_rank(flash["attention_memory_bytes"], 1) == 0
+    assert per_rank(eager["attention_memory_bytes"], 1) == 5 * a * s * s
+    assert flash["flops"] == eager["flops"] and flash["kv_bytes"] == eager["kv_bytes"] == {"replicated": 0.0,
+                                                                                         "sharded": 2 * 2 * s * h}
 
 
 def test_ffn_width_changes_only_the_mlp_terms():
@@ -127,6 +146,11 @@ def test_ffn_width_changes_only_the_mlp_terms():
     # GeLU input and fc2 input, 2 bytes each, scale with ffn: 4*s*(4096-2048).
     assert big["activation_memory_bytes"]["sharded"] - small["activation_memory_bytes"]["sharded"] == 4 * s * 2048
     assert big["activation_memory_bytes"]["replicated"] == small["activation_memory_bytes"]["replicated"]
+
+
+def test_unknown_attention_kernel_names_the_field():
+    with pytest.raises(InputError, match="model.attention: must be one of flash, eager"):
+        expand_preset(spec(GPT2_MEDIUM, attention="sdpa"))
 
 
 def test_gqa_shrinks_only_k_and_v():
@@ -140,11 +164,14 @@ def test_gqa_shrinks_only_k_and_v():
 
 def test_llama_layer_activation_memory_terms():
     s, h, a, f, b = 4096, 4096, 32, 11008, 2
-    mem = layer_of(expand_preset(LLAMA2_7B), "transformer")["activation_memory_bytes"]
+    mem = layer_of(expand_preset(spec(LLAMA2_7B, attention="eager")), "transformer")["activation_memory_bytes"]
     # norm inputs x2, attention input, MLP input; no dropout masks.
     assert mem["replicated"] == 4 * b * s * h
     # Q, K, V, softmax output (once: no dropout), proj input, gate+up, down input.
     assert mem["sharded"] == 3 * b * s * h + b * a * s * s + b * s * h + 3 * b * s * f
+    # FlashAttention (the default): no softmax output, an fp32 log-sum-exp per head and query.
+    flash = layer_of(expand_preset(LLAMA2_7B), "transformer")["activation_memory_bytes"]
+    assert flash["sharded"] == mem["sharded"] - b * a * s * s + 4 * a * s
 
 
 def test_head_activation_memory_counts_fp16_and_fp32_logits():

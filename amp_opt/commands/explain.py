@@ -18,8 +18,9 @@ from typing import Any
 from ..errors import InfeasibleError
 from ..model.candidates import allowed_tp
 from ..model.costs import cost_model as get_cost_model
+from ..model.engines import engine_of
 from ..model.evaluate import MemoryParts, evaluate, memory_parts
-from ..model.load import DEFAULT_TP, load_instance
+from ..model.load import DEFAULT_TP, RECOMPUTE, load_instance
 from ..model.plan import Candidate, check_plan
 from ..search.context import Search
 from ..search.grouping import candidate_graph
@@ -79,53 +80,68 @@ def _evaluated(change: str, instance, plan, cost_model: str, detail: str = "") -
     return Alternative(change, ev.plan.to_json(), fits, ev.predicted_time, detail)
 
 
-def best_plan_of(instance, tp: int, dp: int, pp: int, micro_batch: int, cost_model: str):
-    """The exact search's best plan for one (tp, dp, pp, micro-batch) candidate, or None if none fits."""
-    search = Search(instance, solve_options(cost_model=cost_model))
-    cand = Candidate(tp, dp, pp, micro_batch)
-    graph, to_stages = candidate_graph(search.tables, cand, search.model, search.options.placement)
-    best = optimal_path(graph)
-    if best is None:
+def best_plan_of(instance, cand: Candidate, cost_model: str):
+    """The exact search's best plan for one candidate, or None if none fits (or the engine cannot run it)."""
+    if engine_of(instance).rule(instance, cand) is not None:
         return None
-    return search.evaluate(cand.plan(best[1].bounds, to_stages(best[1])))
+    search = Search(instance, solve_options(cost_model=cost_model))
+    graph, to_plan = candidate_graph(search.tables, cand, search.model, search.options.placement, search.chunks(cand))
+    best = optimal_path(graph)
+    return None if best is None else search.evaluate(to_plan(best[1]))
 
 
-def _searched(change: str, instance, tp, dp, pp, b, cost_model) -> Alternative:
-    ev = best_plan_of(instance, tp, dp, pp, b, cost_model)
+def _searched(change: str, instance, cand: Candidate, cost_model) -> Alternative:
+    ev = best_plan_of(instance, cand, cost_model)
     if ev is None:
         return Alternative(change, None, False, None, "no layer partition and device grouping of this candidate fits")
     return Alternative(change, ev.plan.to_json(), True, ev.predicted_time, "best partition and grouping found by the exact search")
 
 
+def _changed(instance, plan, cost_model: str, change: str, **fields) -> list[Alternative]:
+    """The plan with some settings changed, scored; nothing when its engine cannot run it."""
+    other = dataclasses.replace(plan, **fields)
+    if engine_of(instance).rule(instance, other.candidate) is not None:
+        return []
+    return [_evaluated(change, instance, other, cost_model)]
+
+
 def plan_alternatives(instance, plan, cost_model: str) -> list[Alternative]:
-    """Smaller micro-batch, ZeRO-1, more pipeline stages (same tp), larger tp: each scored."""
+    """Smaller micro-batch; more memory-saving settings (ZeRO, sequence parallelism, recomputation);
+    more pipeline stages (same tp); larger tp: each scored."""
     out = []
-    n_dev, batch, L = instance.num_devices, instance.training.global_batch, instance.num_layers
+    batch, L = instance.training.global_batch, instance.num_layers
     for b in sorted({m for m in instance.search.micro_batches if m < plan.micro_batch} | {
             m for m in (1, 2, 4, 8) if m < plan.micro_batch and batch % (plan.dp * m) == 0}, reverse=True):
         if batch % (plan.dp * b) == 0:
-            out.append(_evaluated(f"micro_batch {plan.micro_batch} -> {b} (same partition and devices)", instance,
-                                  dataclasses.replace(plan, micro_batch=b), cost_model))
-    if instance.training.zero_stage == 0:
-        zero = dataclasses.replace(instance, training=dataclasses.replace(instance.training, zero_stage=1))
-        out.append(_evaluated("ZeRO stage 1 (optimizer states sharded over dp)", zero, plan, cost_model))
-    for pp in range(plan.pp + 1, min(L, n_dev // plan.tp) + 1):
-        if (n_dev // plan.tp) % pp:
+            out += _changed(instance, plan, cost_model, f"micro_batch {plan.micro_batch} -> {b} (same partition and devices)",
+                            micro_batch=b)
+    if get_cost_model(cost_model).enforces_memory:
+        for z in range(plan.zero_stage + 1, 4):
+            out += _changed(instance, plan, cost_model, f"ZeRO stage {plan.zero_stage} -> {z}", zero_stage=z)
+        if plan.tp > 1 and not plan.sequence_parallel:
+            out += _changed(instance, plan, cost_model, "sequence parallelism", sequence_parallel=True)
+        for mode in ("selective", "full"):
+            if mode != plan.recompute:
+                out += _changed(instance, plan, cost_model, f"recompute {mode}", recompute=mode, recompute_layers=None)
+    cand = plan.candidate
+    devices = cand.devices
+    for pp in range(plan.pp + 1, min(L, devices // (plan.tp * plan.cp)) + 1):
+        if (devices // (plan.tp * plan.cp)) % pp:
             continue
-        dp = n_dev // (plan.tp * pp)
+        dp = devices // (plan.tp * plan.cp * pp)
         bs = [b for b in sorted({plan.micro_batch, 1}, reverse=True) if batch % (dp * b) == 0]
         if bs:
-            out.append(_searched(f"pp {plan.pp} -> {pp} (tp {plan.tp}, dp {dp}, micro_batch {bs[0]})",
-                                 instance, plan.tp, dp, pp, bs[0], cost_model))
+            out.append(_searched(f"pp {plan.pp} -> {pp} (tp {plan.tp}, dp {dp}, micro_batch {bs[0]})", instance,
+                                 dataclasses.replace(cand, dp=dp, pp=pp, micro_batch=bs[0], virtual_stages=1), cost_model))
         if len([a for a in out if a.change.startswith("pp ")]) >= 3:
             break
     for tp in allowed_tp(instance) + [m for m in (2, 4, 8) if m not in instance.search.tp]:
-        if tp <= plan.tp or any(node.devices % tp for node in instance.nodes) or n_dev % (tp * plan.pp):
+        if tp <= plan.tp or any(node.devices % tp for node in instance.nodes) or devices % (tp * plan.cp * plan.pp):
             continue
-        dp = n_dev // (tp * plan.pp)
+        dp = devices // (tp * plan.cp * plan.pp)
         if batch % (dp * plan.micro_batch) == 0:
-            out.append(_searched(f"tp {plan.tp} -> {tp} (pp {plan.pp}, dp {dp}, micro_batch {plan.micro_batch})",
-                                 instance, tp, dp, plan.pp, plan.micro_batch, cost_model))
+            out.append(_searched(f"tp {plan.tp} -> {tp} (pp {plan.pp}, dp {dp}, micro_batch {plan.micro_batch})", instance,
+                                 dataclasses.replace(cand, tp=tp, dp=dp), cost_model))
     return out
 
 
@@ -166,8 +182,16 @@ def relaxations(instance) -> list[tuple[str, Any]]:
     """Modified copies of an instance, each relaxing one rule that may keep every plan out of memory."""
     out = []
     tr, search = instance.training, instance.search
-    if tr.zero_stage == 0:
-        out.append(("ZeRO stage 1", dataclasses.replace(instance, training=dataclasses.replace(tr, zero_stage=1))))
+
+    def allow(change: str, **fields):
+        out.append((change, dataclasses.replace(instance, search=dataclasses.replace(search, **fields))))
+
+    if set(search.zero_stages) != {0, 1, 2, 3}:
+        allow("allow ZeRO stages 0-3", zero_stages=(0, 1, 2, 3))
+    if set(search.recompute) != set(RECOMPUTE):
+        allow("allow activation recomputation", recompute=RECOMPUTE)
+    if True not in search.sequence_parallel:
+        allow("allow sequence parallelism", sequence_parallel=(False, True))
     wider = dataclasses.replace(instance, search=dataclasses.replace(search, tp=tuple(sorted({*search.tp, *DEFAULT_TP}))))
     if allowed_tp(wider) != allowed_tp(instance):
         out.append((f"allow tp in {allowed_tp(wider)}", wider))

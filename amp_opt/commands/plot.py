@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ..errors import InputError
 from ..model.evaluate import evaluate, memory_parts
 from ..model.load import load_instance
+from ..model.plan import describe
 from .common import add_cost_model, load_single_plan
 
 FORWARD_SHARE = 1.0 / 3.0  # forward : backward = 1 : 2 of each stage's E_s
@@ -164,7 +165,7 @@ def render(instance, evaluation, path: str) -> Schedule:
     ax.grid(axis="x", alpha=0.3)
     plan = evaluation.plan
     ax.set_title(
-        f"{instance.name}: tp={plan.tp} dp={plan.dp} pp={plan.pp} micro_batch={plan.micro_batch}, "
+        f"{instance.name}: {describe(plan)}, "
         f"{evaluation.n_micro} micro-batches, 1F1B, cost model {evaluation.cost_model}\n"
         f"iteration time - model: {evaluation.predicted_time:.4f} s, simulated schedule: {sched.makespan:.4f} s",
         fontsize=10, pad=24)

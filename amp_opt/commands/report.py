@@ -8,6 +8,7 @@ from rich.table import Table
 
 from ..model.costs import cost_model
 from ..model.evaluate import Evaluation
+from ..model.plan import describe
 from ..search.result import SolveResult
 
 GIB = 2**30
@@ -44,7 +45,7 @@ def evaluation_tables(instance, ev: Evaluation):
     """The stage table and the breakdown table of one evaluation."""
     plan = ev.plan
     title = (
-        f"tp={plan.tp} dp={plan.dp} pp={plan.pp} micro_batch={plan.micro_batch}  "
+        f"{describe(plan)}  "
         f"({ev.n_micro} micro-batches/iteration, cost model {ev.cost_model})"
     )
     stages = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)

@@ -1,13 +1,21 @@
-"""The outer search space: (tp, dp, pp, micro-batch) candidates, as AMP defines it.
+"""The outer search space: candidates (degrees and training settings) the inner search partitions.
 
-tp ranges over the allowed degrees that divide every node's device count; dp
-over the divisors of devices/tp; pp = devices / (tp*dp), at most the layer
-count (and ``search.max_pp``); the micro-batch over the allowed sizes with
-dp*micro_batch dividing the global batch.
+As AMP defines it, tp ranges over the allowed degrees that divide every node's device
+count; dp over the divisors of devices/(tp*cp); pp = devices / (tp*cp*dp), at most the
+layer count (and ``search.max_pp``); the micro-batch over the allowed sizes with
+dp*micro_batch dividing the global batch.  Beyond AMP (``formulations/hetero.md``,
+"Decisions"), every candidate also fixes the context-parallel degree cp, sequence
+parallelism, activation recomputation, the ZeRO stage and the virtual stages per device,
+each within ``instance.search`` and the engine's rules (:mod:`.engines`), and within what
+the cost model prices.  Settings that another setting beats on every term of the cost
+model are left out (:func:`settings`); each such rule is stated there.
 """
 
 from __future__ import annotations
 
+import itertools
+
+from .engines import engine_of
 from .plan import Candidate
 
 
@@ -19,18 +27,88 @@ def allowed_tp(instance) -> list[int]:
     return [m for m in instance.search.tp if all(node.devices % m == 0 for node in instance.nodes)]
 
 
-def candidates(instance) -> list[Candidate]:
-    """Every candidate of the search space, in a fixed order."""
-    n_dev, batch = instance.num_devices, instance.training.global_batch
+def even_partition(instance, parts: int, *, exact: bool = False) -> tuple[int, ...] | None:
+    """Megatron's split: transformer layers as evenly as possible over ``parts`` ranges.
+
+    The layers before the first transformer layer (embedding, ...) join the first range,
+    those after the last one (head, ...) the last.  When the counts do not divide, the
+    first ranges get one layer more (numpy's ``array_split`` convention); with ``exact``
+    they must divide (Megatron's rule for virtual stages), else None.  Without transformer
+    layers, or with more ranges than transformer layers, every layer counts.  None if
+    ``parts`` exceeds the layer count.
+    """
+    n = instance.num_layers
+    if parts > n:
+        return None
+    body = [i for i, layer in enumerate(instance.layers) if layer.kind == "transformer"]
+    first, last = (body[0], body[-1] + 1) if body else (0, n)
+    if last - first < parts:
+        first, last = 0, n
+    size, extra = divmod(last - first, parts)
+    if exact and extra:
+        return None
+    bounds = [first]
+    for s in range(parts):
+        bounds.append(bounds[-1] + size + (1 if s < extra else 0))
+    bounds[0], bounds[-1] = 0, n
+    return tuple(bounds)
+
+
+def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: int) -> list[Candidate]:
+    """The training settings of one (tp, cp, dp, pp, micro-batch) point: every combination the
+    search space, the engine and the cost model allow, less the dominated ones.
+
+    Dominance (``formulations/hetero.md``, "Decisions"): sequence parallelism with tp > 1
+    keeps less memory and sends fewer p2p bytes at the same compute, so it replaces no
+    sequence parallelism; ZeRO-1 and -2 move as many bytes as a plain allreduce and keep
+    less memory, so the highest of stages 0-2 allowed replaces the lower ones when there
+    is more than one replica (ZeRO-3 adds traffic and stays a choice); selective
+    recomputation frees nothing when no layer keeps attention scores (FlashAttention) but
+    still costs time, so it is left out then.
+    """
+    space, engine = instance.search, engine_of(instance)
+    replicas = dp * cp
+    sp = [True] if tp > 1 and True in space.sequence_parallel else [s for s in space.sequence_parallel if not s or tp > 1]
+    if not model.enforces_memory:  # the ZeRO stage only moves memory the model ignores
+        zeros = [instance.training.zero_stage]
+    else:
+        allowed = [z for z in space.zero_stages if pp == 1 or z <= engine.sharded_zero_with_pipeline]
+        lower = [z for z in allowed if z <= 2]
+        zeros = ([max(lower)] if replicas > 1 else [min(lower)]) if lower else []
+        zeros += [3] if 3 in allowed and replicas > 1 else []
+    scores = any(layer.attention_memory_bytes.replicated + layer.attention_memory_bytes.sharded > 0
+                 for layer in instance.layers)
+    modes = [r for r in space.recompute if r != "selective" or scores]
+    out = []
+    for seq, zero, mode, v in itertools.product(sp, zeros, modes, space.virtual_stages):
+        cand = Candidate(tp, dp, pp, micro_batch, cp, seq, mode, 0, zero, v)
+        if not model.prices(cand) or engine.rule(instance, cand) is not None:
+            continue
+        if v > 1 and even_partition(instance, pp * v, exact=True) is None:
+            continue  # Megatron's virtual stages split the layers evenly
+        out.append(cand)
+    return out
+
+
+def candidates(instance, model=None) -> list[Candidate]:
+    """Every candidate of the search space, in a fixed order (the cost model's, hetero by default)."""
+    from .costs import HETERO  # the cost models read candidates: imported here to keep this module below them
+
+    model = model or HETERO
+    n_dev, batch, space = instance.num_devices, instance.training.global_batch, instance.search
     out = []
     for m in allowed_tp(instance):
-        for d in divisors(n_dev // m):
-            p = n_dev // (m * d)
-            if p > instance.search.max_pp:
+        for cp in space.cp:
+            if n_dev % (m * cp):
                 continue
-            for b in instance.search.micro_batches:
-                if batch % (d * b) == 0:
-                    out.append(Candidate(m, d, p, b))
+            for d in divisors(n_dev // (m * cp)):
+                p = n_dev // (m * cp * d)
+                if p > space.max_pp:
+                    continue
+                for b in space.micro_batches:
+                    if batch % (d * b):
+                        continue
+                    out.extend(settings(instance, model, m, cp, d, p, b))
     return out
 
 

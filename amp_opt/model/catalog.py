@@ -46,6 +46,7 @@ class GpuSpec:
     peak_flops: float
     source: str
     intra_node_bandwidth: float | None = None  # bytes/s per direction; None if unknown
+    price_per_hour: float | None = None  # USD per GPU-hour, on-demand list price (see PRICES)
 
 
 def _spec(name, gib, tflops, source, link):

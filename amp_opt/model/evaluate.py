@@ -3,8 +3,10 @@
 Every solver's plan, every baseline and every plug-in's plan is re-scored here:
 :func:`evaluate` checks the plan against the instance, prices each stage through the
 cost model's :class:`~amp_opt.model.costs.StageCosts` and adds the terms with the
-shared iteration-time formula (eq. A5 / H6).  :func:`memory_parts` splits a stage's
-bytes per device into the parts of eq. H5, for reports.
+shared iteration-time formula (eq. A5 / H6 / H11).  It also reports the price of an
+iteration (the devices the plan uses, at their $/hour) and the model-FLOPs
+utilisation.  :func:`memory_parts` splits a stage's bytes per device into the parts
+of eq. H5, for reports.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .costs import CandidateTerms, CostModel, StageCosts, cost_model as get_cost_model, iteration_time
+from .costs.terms import stage_order
 from .plan import Plan, check_plan
 from .tables import Tables
 
@@ -22,7 +25,7 @@ GIB = 2**30
 @dataclass(frozen=True)
 class StageReport:
     index: int
-    layers: tuple[int, int]  # [start, stop)
+    layers: tuple[int, int]  # [start, stop): the stage's layers, or with interleaving the span of its chunks
     groups: tuple[tuple[int, ...], ...]
     device_types: tuple[str, ...]
     nodes: tuple[str, ...]
@@ -32,10 +35,12 @@ class StageReport:
     memory: float  # bytes per device
     capacity: float  # bytes, the smallest device type in the stage
     fits: bool
+    chunks: tuple[tuple[int, int], ...] = ()  # with interleaving: the stage's layer ranges
+    recompute: str = "none"
 
     def to_json(self, instance) -> dict[str, Any]:
         a, b = self.layers
-        return {
+        out = {
             "stage": self.index,
             "layers": [a, b],
             "layer_names": [instance.layers[a].name, instance.layers[b - 1].name],
@@ -48,12 +53,21 @@ class StageReport:
             "memory": self.memory,
             "capacity": self.capacity,
             "fits": self.fits,
+            "recompute": self.recompute,
         }
+        if len(self.chunks) > 1:
+            out["chunks"] = [list(c) for c in self.chunks]
+        return out
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """A plan's score under one cost model, with every term that makes it up."""
+    """A plan's score under one cost model, with every term that makes it up.
+
+    ``cost`` is the price of one iteration in USD (None when a used device type has no
+    price); ``mfu`` the model-FLOPs utilisation, training FLOPs of the global batch over
+    time x the used devices' peak FLOP/s (None when FLOPs or peaks are unknown).
+    """
 
     plan: Plan
     cost_model: str
@@ -64,6 +78,9 @@ class Evaluation:
     stages: tuple[StageReport, ...]
     violations: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    devices_used: int = 0
+    cost: float | None = None  # USD per iteration
+    mfu: float | None = None
 
     def to_json(self, instance) -> dict[str, Any]:
         return {
@@ -73,6 +90,9 @@ class Evaluation:
             "feasible": self.feasible,
             "breakdown": dict(self.breakdown),
             "micro_batches_per_iteration": self.n_micro,
+            "devices_used": self.devices_used,
+            "cost_per_iteration": self.cost,
+            "model_flops_utilization": self.mfu,
             "stages": [s.to_json(instance) for s in self.stages],
             "violations": list(self.violations),
             "notes": list(self.notes),
@@ -82,7 +102,15 @@ class Evaluation:
 def stage_costs(instance, plan: Plan, model: str | CostModel, tables: Tables | None = None) -> StageCosts:
     """The StageCosts of a checked plan (explicit stages)."""
     model = get_cost_model(model)
-    return model.stage_costs(tables or Tables(instance), plan.candidate, plan.stages)
+    return model.stage_costs(tables or Tables(instance), plan.candidate, plan.stages,
+                             chunks=plan.partition if plan.virtual_stages > 1 else None,
+                             modes=None if isinstance(plan.recompute, str) else plan.recompute)
+
+
+def stage_bounds(plan: Plan) -> tuple[int, ...]:
+    """The stages' layer ranges in stage order (the partition, or with interleaving each stage's
+    chunks made contiguous, eq. H11)."""
+    return plan.partition if plan.virtual_stages == 1 else stage_order(plan.partition, plan.pp)[1]
 
 
 def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, tables: Tables | None = None) -> Evaluation:
@@ -112,26 +140,17 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
     model = get_cost_model(cost_model)
     plan = check_plan(instance, plan)
     costs = stage_costs(instance, plan, model, tables)
-    bounds = plan.partition
-    reports = []
-    for s in range(plan.pp):
-        k, l = bounds[s], bounds[s + 1]
-        place = costs.placement[s]
-        memory = float(costs.memory(s, k, l))
-        reports.append(StageReport(
-            index=s, layers=(k, l), groups=plan.stages[s], device_types=place.device_types,
-            nodes=tuple(dict.fromkeys(instance.nodes[j].name for j in place.nodes)),
-            compute=float(costs.compute(s, k, l)), p2p=float(costs.p2p(s, l)), allreduce=float(costs.allreduce(s, k, l)),
-            memory=memory, capacity=costs.capacity[s], fits=memory <= costs.capacity[s]))
+    bounds = stage_bounds(plan)
+    reports = [_stage_report(instance, plan, costs, s, bounds[s], bounds[s + 1]) for s in range(plan.pp)]
     compute = [r.compute for r in reports]
-    n = costs.n_micro
+    n, v = costs.n_micro, plan.virtual_stages
     breakdown = {
-        "pipeline_bottleneck": (n - 1) * max(compute),
-        "stage_compute": sum(compute),
+        "pipeline_bottleneck": (n - 1 / v) * max(compute),
+        "stage_compute": sum(compute) / v,
         "p2p": sum(r.p2p for r in reports),
         "allreduce": max(r.allreduce for r in reports),
     }
-    total = iteration_time(n, compute, [r.p2p for r in reports], [r.allreduce for r in reports])
+    total = iteration_time(n, compute, [r.p2p for r in reports], [r.allreduce for r in reports], v)
     over = [r for r in reports if not r.fits]
     violations = tuple(
         f"stage {r.index} ({', '.join(r.device_types)}) needs {r.memory / GIB:.2f} GiB per device, "
@@ -143,6 +162,7 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
         notes.append("some compute times were estimated from FLOPs (no measured profile for a device type at this tp degree)")
     if not model.enforces_memory and over:
         notes.append(f"the {model.name} cost model does not enforce memory; the plan would not fit: " + "; ".join(violations))
+    devices = [d for stage in plan.stages for group in stage for d in group]
     return Evaluation(
         plan=plan,
         cost_model=model.name,
@@ -153,7 +173,40 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
         stages=tuple(reports),
         violations=violations if model.enforces_memory else (),
         notes=tuple(notes),
+        devices_used=len(devices),
+        cost=_price(instance, devices, total),
+        mfu=_mfu(instance, devices, total),
     )
+
+
+def _stage_report(instance, plan: Plan, costs: StageCosts, s: int, k: int, l: int) -> StageReport:
+    """One stage's terms; [k, l) is its range in stage order."""
+    place = costs.placement[s]
+    chunks = tuple(plan.chunks(s))
+    memory = float(costs.memory(s, k, l))
+    return StageReport(
+        index=s, layers=(chunks[0][0], chunks[-1][1]), groups=plan.stages[s], device_types=place.device_types,
+        nodes=tuple(dict.fromkeys(instance.nodes[j].name for j in place.nodes)),
+        compute=float(costs.compute(s, k, l)), p2p=float(costs.p2p(s, l)), allreduce=float(costs.allreduce(s, k, l)),
+        memory=memory, capacity=costs.capacity[s], fits=memory <= costs.capacity[s], chunks=chunks,
+        recompute=plan.recompute_of(s))
+
+
+def _price(instance, devices, seconds: float) -> float | None:
+    """USD of one iteration on the devices used, at their types' $/hour."""
+    prices = [instance.device_types[instance.nodes[instance.device_node[d]].device_type].price_per_hour for d in devices]
+    return None if any(p is None for p in prices) else sum(prices) * seconds / 3600.0
+
+
+def _mfu(instance, devices, seconds: float) -> float | None:
+    """Model-FLOPs utilisation: training FLOPs of the global batch over seconds x peak FLOP/s."""
+    if any(layer.flops is None for layer in instance.layers):
+        return None
+    peaks = [instance.device_types[instance.nodes[instance.device_node[d]].device_type].peak_flops for d in devices]
+    if any(p is None for p in peaks) or seconds <= 0:
+        return None
+    flops = sum(layer.flops for layer in instance.layers) * instance.training.global_batch
+    return flops / (seconds * sum(peaks))
 
 
 @dataclass(frozen=True)
@@ -162,7 +215,7 @@ class MemoryParts:
 
     stage: int
     model_state: float  # weights + gradients + optimizer states
-    activations: float  # kept for backward, for the micro-batches in flight
+    activations: float  # kept for backward, for the micro-batches in flight (and buffers)
     reserve: float  # training.memory_reserve
     total: float
 
@@ -175,10 +228,11 @@ class MemoryParts:
 def memory_parts(instance, evaluation: Evaluation) -> tuple[MemoryParts, ...]:
     """An evaluation's per-stage memory split into model state, activations and reserve (eq. H5)."""
     plan = evaluation.plan
-    terms = CandidateTerms(Tables(instance), plan.candidate)
+    terms = CandidateTerms(Tables(instance), plan.candidate, chunks=plan.partition if plan.virtual_stages > 1 else None)
+    bounds = stage_bounds(plan)
     reserve = instance.training.memory_reserve
     out = []
     for r in evaluation.stages:
-        state = float(terms.sums.params_in(*r.layers)) * terms.state_bytes_per_param
+        state = float(terms.sums.params_in(bounds[r.index], bounds[r.index + 1])) * terms.state_bytes_per_param
         out.append(MemoryParts(r.index, state, r.memory - state - reserve, reserve, r.memory))
     return tuple(out)

@@ -16,12 +16,18 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Split:
-    """A per-device quantity under tensor parallelism t: ``replicated + sharded / t``."""
+    """A per-device quantity under tensor parallelism t: ``replicated + sharded / t``.
+
+    With sequence parallelism (activation quantities only) the replicated part is split
+    over the t ranks too (Korthikanti et al. 2022, Sec. 4.2.2): ``(replicated + sharded) / t``.
+    """
 
     replicated: float = 0.0
     sharded: float = 0.0
 
-    def at(self, tp: int) -> float:
+    def at(self, tp: int, sequence_parallel: bool = False) -> float:
+        if sequence_parallel:
+            return (self.replicated + self.sharded) / tp
         return self.replicated + self.sharded / tp
 
 
@@ -38,6 +44,15 @@ class Layer:
     tp_comm_bytes: float  # bytes all-reduced in the tp group per sample, fwd+bwd
     tie: str | None = None
     tied_params: float | None = None  # count of the shared tensor, split over tp
+    # Only transformer layers recompute (formulations/hetero.md, H7-H8):
+    attention_memory_bytes: Split = Split()  # part of activation_memory_bytes selective recompute frees
+    attention_flops: float = 0.0  # forward FLOPs of the attention core per sample (selective recomputes it)
+    kv_bytes: Split = Split()  # keys and values of one sample (context parallelism exchanges them)
+
+    @property
+    def recomputes(self) -> bool:
+        """Whether activation recomputation applies to this layer (Megatron: transformer layers)."""
+        return self.kind == "transformer"
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,7 @@ class DeviceType:
     name: str
     memory: float  # bytes
     peak_flops: float | None  # dense fp16/bf16 FLOP/s
+    price_per_hour: float | None = None  # USD per device-hour (the cost objective)
 
 
 @dataclass(frozen=True)
@@ -81,9 +97,18 @@ class Training:
 
 @dataclass(frozen=True)
 class SearchSpace:
+    """The decisions the search may take (each within the engine's rules, :mod:`.engines`)."""
+
     tp: tuple[int, ...]
     micro_batches: tuple[int, ...]
     max_pp: int
+    cp: tuple[int, ...] = (1,)
+    sequence_parallel: tuple[bool, ...] = (False,)
+    recompute: tuple[str, ...] = ("none",)
+    zero_stages: tuple[int, ...] = (0,)
+    virtual_stages: tuple[int, ...] = (1,)
+    idle: bool = False  # whether a plan may leave node classes idle
+    engine: str = "megatron"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ FORMAT_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema" / "instance.schema.json"
 
 DEFAULT_TP = (1, 2, 4, 8)
+DEFAULT_CP = (1, 2, 4, 8, 16)  # context-parallel degrees the search may try
+DEFAULT_VIRTUAL = (1, 2, 4)  # virtual pipeline stages per device (interleaved 1F1B)
+RECOMPUTE = ("none", "selective", "full")
 DEFAULT_MEMORY_RESERVE = 2**30  # 1 GiB: CUDA context, allocator slack, workspaces
 DEFAULT_EFFICIENCY = 0.4  # fraction of peak FLOP/s an analytic estimate assumes
 MIXED_PRECISION_ADAM = {"weights": 2.0, "gradients": 2.0, "optimizer": 12.0}
@@ -155,6 +158,9 @@ def _parse_model(model: Mapping, base_dir: Path, notes: list[str]) -> tuple[Laye
                 tp_comm_bytes=float(raw.get("tp_comm_bytes", 0.0)),
                 tie=raw.get("tie"),
                 tied_params=float(raw["tied_params"]) if raw.get("tied_params") is not None else None,
+                attention_memory_bytes=_split(raw.get("attention_memory_bytes", 0.0), default_sharded=False),
+                attention_flops=float(raw.get("attention_flops", 0.0)),
+                kv_bytes=_split(raw.get("kv_bytes", 0.0), default_sharded=True),
             )
         )
     return tuple(layers)
@@ -184,7 +190,8 @@ def _parse_device_types(raw_types) -> dict[str, DeviceType]:
         if memory is None:
             raise InputError(f"{where}.memory", f"device type {name!r} is not in the GPU catalog, so its memory must be given")
         peak = float(raw["peak_flops"]) if "peak_flops" in raw else (base.peak_flops if base else None)
-        types[name] = DeviceType(name=name, memory=memory, peak_flops=peak)
+        price = float(raw["price_per_hour"]) if "price_per_hour" in raw else (base.price_per_hour if base else None)
+        types[name] = DeviceType(name=name, memory=memory, peak_flops=peak, price_per_hour=price)
     return types
 
 
@@ -202,7 +209,7 @@ def _parse_nodes(raw_nodes, device_types: dict[str, DeviceType]) -> tuple[Node, 
                     f"{where}.device_type",
                     f"unknown device type {type_name!r}: not in device_types ({known}) nor in the GPU catalog",
                 )
-            device_types[type_name] = DeviceType(type_name, spec.memory_bytes, spec.peak_flops)
+            device_types[type_name] = DeviceType(type_name, spec.memory_bytes, spec.peak_flops, spec.price_per_hour)
         intra = parse_bandwidth(raw["intra_bandwidth"], f"{where}.intra_bandwidth")
         inter = parse_bandwidth(raw["inter_bandwidth"], f"{where}.inter_bandwidth")
         count = raw.get("count", 1)
@@ -254,10 +261,21 @@ def _parse_training(raw: Mapping) -> Training:
 
 
 def _parse_search(raw: Mapping, training: Training, num_layers: int) -> SearchSpace:
+    """The decisions open to the search; each list restricts one, and absent means every value
+    the engine's rules allow (``formulations/hetero.md``, "Decisions")."""
     tp = tuple(sorted(set(raw.get("tp", DEFAULT_TP))))
     if "micro_batches" in raw:
         micro = tuple(sorted(set(raw["micro_batches"])))
     else:
         micro = tuple(2**k for k in range(int(math.log2(training.global_batch)) + 1))
     max_pp = raw.get("max_pp", num_layers)
-    return SearchSpace(tp=tp, micro_batches=micro, max_pp=min(max_pp, num_layers))
+    return SearchSpace(
+        tp=tp, micro_batches=micro, max_pp=min(max_pp, num_layers),
+        cp=tuple(sorted(set(raw.get("cp", DEFAULT_CP)))),
+        sequence_parallel=tuple(sorted(set(raw.get("sequence_parallel", (False, True))))),
+        recompute=tuple(r for r in RECOMPUTE if r in raw.get("recompute", RECOMPUTE)),
+        zero_stages=tuple(sorted(set(raw.get("zero_stages", (0, 1, 2, 3))))),
+        virtual_stages=tuple(sorted(set(raw.get("virtual_stages", DEFAULT_VIRTUAL)))),
+        idle=bool(raw.get("idle", True)),
+        engine=raw.get("engine", "megatron"),
+    )

@@ -1,76 +1,180 @@
 """Plans: the strategy record, its JSON form, and its validation against an instance.
 
-A plan fixes the tensor (tp), data (dp) and pipeline (pp) degrees, the
-micro-batch size, the layer partition (pp+1 boundaries) and, optionally, the
-devices of every tensor-parallel group: ``stages[s][r]`` lists the global
-device ids of replica r of stage s.  Without ``stages`` the Megatron/DeepSpeed
-rank order applies: rank = tp_rank + tp*dp_rank + tp*dp*stage, device = rank.
+A plan fixes the tensor (tp), context (cp), data (dp) and pipeline (pp) degrees, the
+micro-batch size, how training runs (sequence parallelism, activation recomputation,
+the ZeRO stage, virtual pipeline stages per device) and the layer partition.  It may
+list the devices of every tensor-parallel group: ``stages[s][r]`` holds the global
+device ids of group r = cp_rank + cp * dp_rank of stage s.  Without ``stages`` the
+Megatron rank order applies: rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*stage)),
+device = rank.  With ``virtual_stages`` v > 1 (interleaved 1F1B) the partition has
+pp*v + 1 boundaries: chunk j runs on stage j mod pp.  A plan may use fewer devices than
+the cluster has (tp*cp*dp*pp at most the device count); the others stay idle.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from ..errors import InputError
-from .fields import number_field
+from .engines import engine_of
+from .fields import number_field, whole_number
 
 Stages = tuple[tuple[tuple[int, ...], ...], ...]
-PLAN_KEYS = ("tp", "dp", "pp", "micro_batch", "partition", "stages")
+RECOMPUTE = ("none", "selective", "full")
+PLAN_KEYS = ("tp", "dp", "pp", "micro_batch", "partition", "stages", "cp", "sequence_parallel", "recompute",
+             "recompute_layers", "zero_stage", "virtual_stages")
 
 
 @dataclass(frozen=True, order=True)
 class Candidate:
-    """The degrees of a plan, one point of the outer search space (see :mod:`amp_opt.model.candidates`)."""
+    """The degrees and training settings of a plan, one point of the outer search space.
+
+    ``recompute_layers`` (with ``recompute == "full"``): how many transformer layers of
+    each stage recompute, the first ones (Megatron's block method); 0 means all of them.
+    """
 
     tp: int
     dp: int
     pp: int
     micro_batch: int
+    cp: int = 1
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    recompute_layers: int = 0
+    zero_stage: int = 0
+    virtual_stages: int = 1
+
+    @property
+    def replicas(self) -> int:
+        """Tensor-parallel groups per stage: dp * cp (every one holds the stage's weights)."""
+        return self.dp * self.cp
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
 
     def n_micro(self, instance) -> int:
         """Micro-batches per iteration and replica: global batch / (dp * micro-batch)."""
         return instance.training.global_batch // (self.dp * self.micro_batch)
 
     def plan(self, partition, stages: Stages | None = None) -> "Plan":
-        """The plan of these degrees with a layer partition and, optionally, its device groups."""
-        return Plan(self.tp, self.dp, self.pp, self.micro_batch, tuple(partition), stages)
+        """The plan of this candidate with a layer partition and, optionally, its device groups."""
+        return Plan(self.tp, self.dp, self.pp, self.micro_batch, tuple(partition), stages, cp=self.cp,
+                    sequence_parallel=self.sequence_parallel, recompute=self.recompute,
+                    recompute_layers=self.recompute_layers or None, zero_stage=self.zero_stage,
+                    virtual_stages=self.virtual_stages)
 
 
 @dataclass(frozen=True)
 class Plan:
+    """A plan; see the module docstring.  ``recompute`` may list one mode per stage;
+    ``zero_stage`` None means the instance's ``training.zero_stage`` (plans written before
+    these fields existed keep their meaning)."""
+
     tp: int
     dp: int
     pp: int
     micro_batch: int
     partition: tuple[int, ...]
     stages: Stages | None = None
+    cp: int = 1
+    sequence_parallel: bool = False
+    recompute: str | tuple[str, ...] = "none"
+    recompute_layers: int | None = None
+    zero_stage: int | None = None
+    virtual_stages: int = 1
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "tp": self.tp,
-            "dp": self.dp,
-            "pp": self.pp,
-            "micro_batch": self.micro_batch,
-            "partition": list(self.partition),
-        }
+        out: dict[str, Any] = {"tp": self.tp, "dp": self.dp, "pp": self.pp, "micro_batch": self.micro_batch,
+                               "partition": list(self.partition)}
         if self.stages is not None:
             out["stages"] = [[list(group) for group in stage] for stage in self.stages]
+        out.update(cp=self.cp, sequence_parallel=self.sequence_parallel,
+                   recompute=self.recompute if isinstance(self.recompute, str) else list(self.recompute))
+        if self.recompute_layers is not None:
+            out["recompute_layers"] = self.recompute_layers
+        if self.zero_stage is not None:
+            out["zero_stage"] = self.zero_stage
+        out["virtual_stages"] = self.virtual_stages
         return out
 
     @property
     def candidate(self) -> Candidate:
-        return Candidate(self.tp, self.dp, self.pp, self.micro_batch)
+        """The plan's candidate (a per-stage recompute list becomes the most recomputing mode)."""
+        modes = (self.recompute,) if isinstance(self.recompute, str) else self.recompute
+        return Candidate(self.tp, self.dp, self.pp, self.micro_batch, self.cp, self.sequence_parallel,
+                         max(modes, key=RECOMPUTE.index), self.recompute_layers or 0, self.zero_stage or 0,
+                         self.virtual_stages)
 
-    def stage_layers(self, s: int) -> range:
-        return range(self.partition[s], self.partition[s + 1])
+    def recompute_of(self, s: int) -> str:
+        """Stage s's recomputation mode."""
+        return self.recompute if isinstance(self.recompute, str) else self.recompute[s]
+
+    def chunks(self, s: int) -> list[tuple[int, int]]:
+        """Stage s's layer ranges [k, l): one, or v interleaved chunks."""
+        p = self.partition
+        return [(p[j], p[j + 1]) for j in range(s, len(p) - 1, self.pp)]
+
+    def stage_layers(self, s: int) -> list[int]:
+        return [i for k, l in self.chunks(s) for i in range(k, l)]
 
 
-def rank_order_stages(tp: int, dp: int, pp: int) -> Stages:
-    """Megatron/DeepSpeed placement: rank = tp_rank + tp*dp_rank + tp*dp*stage."""
+def describe(plan: Plan) -> str:
+    """A plan's degrees and settings in one line, for messages (defaults left out)."""
+    parts = [f"tp={plan.tp}"] + ([f"cp={plan.cp}"] if plan.cp > 1 else []) + [f"dp={plan.dp}", f"pp={plan.pp}",
+                                                                             f"micro_batch={plan.micro_batch}"]
+    if plan.virtual_stages > 1:
+        parts.append(f"virtual_stages={plan.virtual_stages}")
+    if plan.sequence_parallel:
+        parts.append("sequence_parallel")
+    if plan.recompute != "none":
+        parts.append(f"recompute={plan.recompute}")
+    if plan.zero_stage:
+        parts.append(f"zero_stage={plan.zero_stage}")
+    return " ".join(parts)
+
+
+def rank_order_stages(tp: int, dp: int, pp: int, cp: int = 1) -> Stages:
+    """Megatron's placement: rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*stage)), device = rank."""
+    groups = dp * cp
     return tuple(
-        tuple(tuple(j + tp * k + tp * dp * i for j in range(tp)) for k in range(dp)) for i in range(pp)
+        tuple(tuple(j + tp * (r + groups * i) for j in range(tp)) for r in range(groups)) for i in range(pp)
     )
+
+
+def _flag(data: Mapping, key: str, where: str, default: bool) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise InputError(f"{where}.{key}", f"must be true or false, got {value!r}")
+    return value
+
+
+def _recompute(data: Mapping, where: str, pp: int):
+    value = data.get("recompute", "none")
+    modes = [value] if isinstance(value, str) else value
+    if not isinstance(modes, Sequence) or not modes or any(m not in RECOMPUTE for m in modes):
+        raise InputError(f"{where}.recompute", f"must be one of {', '.join(RECOMPUTE)} or a list with one per stage, "
+                                               f"got {value!r}")
+    if not isinstance(value, str):
+        if len(value) != pp:
+            raise InputError(f"{where}.recompute", f"lists {len(value)} modes, pp is {pp}")
+        return tuple(value)
+    return value
+
+
+def _stages(data: Mapping, where: str) -> Stages | None:
+    stages = data.get("stages")
+    if stages is None:
+        return None
+    ok = isinstance(stages, Sequence) and all(
+        isinstance(stage, Sequence)
+        and all(isinstance(group, Sequence) and all(isinstance(d, int) and not isinstance(d, bool) for d in group)
+                for group in stage)
+        for stage in stages)
+    if not ok:
+        raise InputError(f"{where}.stages", "must be a list (stages) of lists (replicas) of lists of device ids")
+    return tuple(tuple(tuple(group) for group in stage) for stage in stages)
 
 
 def parse_plan(data: Any, *, where: str = "plan") -> Plan:
@@ -79,12 +183,12 @@ def parse_plan(data: Any, *, where: str = "plan") -> Plan:
     Examples
     --------
     >>> plan = parse_plan({"tp": 1, "dp": 2, "pp": 2, "micro_batch": 4, "partition": [0, 3, 6]})
-    >>> plan.candidate, plan.stage_layers(1)
-    (Candidate(tp=1, dp=2, pp=2, micro_batch=4), range(3, 6))
+    >>> plan.candidate.replicas, plan.stage_layers(1)
+    (2, [3, 4, 5])
     >>> parse_plan({"tp": 1, "dp": 2, "pp": 2, "micro_batch": 4, "partition": [0, 6]})
     Traceback (most recent call last):
     ...
-    amp_opt.errors.InputError: plan.partition: must hold pp+1 = 3 boundaries, got 2
+    amp_opt.errors.InputError: plan.partition: must hold pp*virtual_stages+1 = 3 boundaries, got 2
     """
     if not isinstance(data, Mapping):
         raise InputError(where, f"must be a JSON object, got {type(data).__name__}")
@@ -92,61 +196,68 @@ def parse_plan(data: Any, *, where: str = "plan") -> Plan:
     if unknown:
         raise InputError(f"{where}.{unknown[0]}", f"unknown field (a plan has {', '.join(PLAN_KEYS)})")
     tp, dp, pp, mb = (number_field(data, key, where) for key in PLAN_KEYS[:4])
+    cp = number_field(data, "cp", where, default=1)
+    v = number_field(data, "virtual_stages", where, default=1)
     partition = data.get("partition")
     if not isinstance(partition, Sequence) or isinstance(partition, str) or not all(
         isinstance(b, int) and not isinstance(b, bool) for b in partition
     ):
         raise InputError(f"{where}.partition", "must be a list of integers (layer boundaries)")
-    if len(partition) != pp + 1:
-        raise InputError(f"{where}.partition", f"must hold pp+1 = {pp + 1} boundaries, got {len(partition)}")
-    stages = data.get("stages")
-    if stages is not None:
-        ok = isinstance(stages, Sequence) and all(
-            isinstance(stage, Sequence)
-            and all(
-                isinstance(group, Sequence)
-                and all(isinstance(d, int) and not isinstance(d, bool) for d in group)
-                for group in stage
-            )
-            for stage in stages
-        )
-        if not ok:
-            raise InputError(f"{where}.stages", "must be a list (stages) of lists (replicas) of lists of device ids")
-        stages = tuple(tuple(tuple(group) for group in stage) for stage in stages)
-    return Plan(tp, dp, pp, mb, tuple(partition), stages)
+    if len(partition) != pp * v + 1:
+        raise InputError(f"{where}.partition",
+                         f"must hold pp*virtual_stages+1 = {pp * v + 1} boundaries, got {len(partition)}")
+    recompute = _recompute(data, where, pp)
+    layers = data.get("recompute_layers")
+    if layers is not None:
+        whole_number(layers, f"{where}.recompute_layers")
+        if "full" not in ((recompute,) if isinstance(recompute, str) else recompute):
+            raise InputError(f"{where}.recompute_layers", "only applies with recompute \"full\"")
+    zero = data.get("zero_stage")
+    if zero is not None and zero not in (0, 1, 2, 3):
+        raise InputError(f"{where}.zero_stage", f"must be 0, 1, 2 or 3, got {zero!r}")
+    return Plan(tp, dp, pp, mb, tuple(partition), _stages(data, where), cp=cp,
+                sequence_parallel=_flag(data, "sequence_parallel", where, False), recompute=recompute,
+                recompute_layers=layers, zero_stage=zero, virtual_stages=v)
 
 
 def check_plan(instance, plan: Plan, *, where: str = "plan") -> Plan:
-    """Validate a plan against an instance; return it with explicit ``stages``.
+    """Validate a plan against an instance; return it with explicit ``stages`` and ``zero_stage``.
 
-    Checks the degrees against the device count, the micro-batch against the
-    global batch, the partition against the layer list, and that every device
-    is used exactly once with tensor-parallel groups inside one node.
+    Checks the degrees against the device count, the micro-batch against the global batch,
+    the partition against the layer list, that every device is used at most once with
+    tensor-parallel groups inside one node, and the instance's engine's rules.
     """
     n_dev, n_layers = instance.num_devices, instance.num_layers
-    if plan.tp * plan.dp * plan.pp != n_dev:
-        raise InputError(
-            where, f"tp*dp*pp = {plan.tp}*{plan.dp}*{plan.pp} = {plan.tp * plan.dp * plan.pp}, the cluster has {n_dev} devices"
-        )
+    used = plan.tp * plan.cp * plan.dp * plan.pp
+    if used > n_dev:
+        raise InputError(where, f"tp*cp*dp*pp = {plan.tp}*{plan.cp}*{plan.dp}*{plan.pp} = {used}, "
+                                f"the cluster has {n_dev} devices")
     batch = instance.training.global_batch
     if batch % (plan.dp * plan.micro_batch):
-        raise InputError(
-            f"{where}.micro_batch",
-            f"dp*micro_batch = {plan.dp * plan.micro_batch} does not divide the global batch {batch}",
-        )
+        raise InputError(f"{where}.micro_batch",
+                         f"dp*micro_batch = {plan.dp * plan.micro_batch} does not divide the global batch {batch}")
     p = plan.partition
     if p[0] != 0 or p[-1] != n_layers:
         raise InputError(f"{where}.partition", f"must start at 0 and end at the layer count {n_layers}, got {list(p)}")
     if any(b >= c for b, c in zip(p, p[1:])):
         raise InputError(f"{where}.partition", f"boundaries must increase strictly (no empty stage), got {list(p)}")
+    stages = plan.stages if plan.stages is not None else rank_order_stages(plan.tp, plan.dp, plan.pp, plan.cp)
+    _check_stages(instance, plan, stages, where)
+    checked = replace(plan, stages=stages,
+                      zero_stage=instance.training.zero_stage if plan.zero_stage is None else plan.zero_stage)
+    engine_of(instance).check(instance, checked, where=where)
+    return checked
 
-    stages = plan.stages if plan.stages is not None else rank_order_stages(plan.tp, plan.dp, plan.pp)
+
+def _check_stages(instance, plan: Plan, stages: Stages, where: str) -> None:
+    n_dev = instance.num_devices
     if len(stages) != plan.pp:
         raise InputError(f"{where}.stages", f"has {len(stages)} stages, pp is {plan.pp}")
     seen: set[int] = set()
+    groups = plan.dp * plan.cp
     for s, stage in enumerate(stages):
-        if len(stage) != plan.dp:
-            raise InputError(f"{where}.stages[{s}]", f"has {len(stage)} replicas, dp is {plan.dp}")
+        if len(stage) != groups:
+            raise InputError(f"{where}.stages[{s}]", f"has {len(stage)} tensor-parallel groups, dp*cp is {groups}")
         for r, group in enumerate(stage):
             at = f"{where}.stages[{s}][{r}]"
             if len(group) != plan.tp:
@@ -159,7 +270,6 @@ def check_plan(instance, plan: Plan, *, where: str = "plan") -> Plan:
                 seen.add(device)
             if len({int(instance.device_node[d]) for d in group}) > 1:
                 raise InputError(at, f"tensor-parallel group {list(group)} spans several nodes")
-    return Plan(plan.tp, plan.dp, plan.pp, plan.micro_batch, plan.partition, stages)
 
 
 def load_plans(data: Any, *, where: str = "plan") -> tuple[list[Plan], bool]:

@@ -43,6 +43,13 @@ and (24 + 5*a*s/h)*s*h sharded.  Term by term, with b bytes per element:
     MLP down-projection input (the activation output)               b*s*f
 
 With b = 2, g = h, f = 4h and dropout this is exactly 10*s*h + (24*s*h + 5*a*s^2).
+That is ``"attention": "eager"``.  The default, ``"flash"`` (FlashAttention, Dao et al.
+2022), keeps none of the s^2 terms (softmax output, attention dropout mask and output)
+but an fp32 log-sum-exp per head and query, 4*a*s bytes.  Each transformer layer also
+carries what recomputation needs (``formulations/hetero.md`` H7): ``attention_memory_bytes``
+(the s^2 terms, which selective recomputation frees), ``attention_flops`` (forward FLOPs
+of the attention core, 4*s^2*h, which it recomputes) and ``kv_bytes`` (K and V, 2*b*s*g,
+which context parallelism passes around its ring).
 GQA only shrinks K and V (g = k*d < h), assuming the attention kernel reads the
 shared K/V heads without materialising repeated copies.  SwiGLU is counted as
 Megatron's fused ``bias_swiglu`` does it (saves the gate and up outputs,
@@ -82,7 +89,8 @@ from .fields import number_field
 TIE_WORD_EMBEDDINGS = "word_embeddings"
 
 _COMMON_KEYS = {"preset", "name", "hidden", "layers", "heads", "seq_len", "vocab", "ffn",
-                "tied_embeddings", "dtype_bytes", "dropout"}
+                "tied_embeddings", "dtype_bytes", "dropout", "attention"}
+ATTENTION = ("flash", "eager")  # flash (the default): the attention kernel keeps no s x s scores
 _PRESET_KEYS = {
     "gpt": _COMMON_KEYS | {"position_embeddings", "max_positions"},
     "llama": _COMMON_KEYS | {"kv_heads", "qkv_bias"},
@@ -108,6 +116,7 @@ class ModelShape:
     position_embeddings: bool
     max_positions: int
     qkv_bias: bool
+    attention: str = "flash"
 
     @property
     def head_dim(self) -> int:
@@ -183,8 +192,11 @@ def parse_model(spec: dict, field: str = "model") -> ModelShape:
         position_embeddings = False
         max_positions = 0
 
+    attention = spec.get("attention", "flash")
+    if attention not in ATTENTION:
+        raise InputError(f"{field}.attention", f"must be one of {', '.join(ATTENTION)}, got {attention!r}")
     return ModelShape(preset, name, hidden, layers, heads, kv_heads, seq_len, vocab, ffn,
-                      tied, dtype_bytes, dropout, position_embeddings, max_positions, qkv_bias)
+                      tied, dtype_bytes, dropout, position_embeddings, max_positions, qkv_bias, attention)
 
 
 # ---------------------------------------------------------------- parameters
@@ -215,15 +227,24 @@ def head_params(h: int, v: int, norm_params: int) -> tuple[int, int]:
 
 # ---------------------------------------------------------------- activation memory
 
+def attention_score_memory(s: int, a: int, b: int, dropout: bool, flash: bool) -> float:
+    """Sharded bytes per sample the attention core keeps for its s x s scores: the softmax
+    output, and with dropout its mask and output (Korthikanti et al. 2022, Sec. 4.1).
+    FlashAttention keeps none of them, only an fp32 log-sum-exp per head and query (Dao et
+    al. 2022, Sec. 3.1), so selective recomputation has nothing left to free."""
+    if flash:
+        return 0.0
+    return float(b * a * s * s + ((a * s * s + b * a * s * s) if dropout else 0))
+
+
 def transformer_activation_memory(s: int, h: int, a: int, g: int, f: int, b: int,
-                                  gated: bool, dropout: bool) -> tuple[float, float]:
+                                  gated: bool, dropout: bool, flash: bool = False) -> tuple[float, float]:
     """(replicated, sharded) bytes a layer keeps for backward (Korthikanti et al. 2022)."""
     replicated = 2 * b * s * h + b * s * h + b * s * h  # norm inputs, QKV input, MLP input
     if dropout:
         replicated += 2 * s * h  # residual dropout masks
-    attention = b * s * h + 2 * b * s * g + b * a * s * s + b * s * h  # Q; K, V; softmax; proj input
-    if dropout:
-        attention += a * s * s + b * a * s * s  # attention dropout mask and output
+    attention = b * s * h + 2 * b * s * g + b * s * h  # Q; K, V; proj input
+    attention += attention_score_memory(s, a, b, dropout, flash) + (4 * a * s if flash else 0)  # scores, or LSE
     mlp = (2 if gated else 1) * b * s * f + b * s * f  # activation input(s); down-proj input
     return float(replicated), float(attention + mlp)
 
@@ -243,6 +264,11 @@ def head_activation_memory(s: int, h: int, v: int, b: int) -> tuple[float, float
 def transformer_forward_flops(s: int, h: int, matmul_weights: int) -> float:
     """Forward FLOPs of a layer (Narayanan et al. 2021): 2*s*weights + 4*s^2*h."""
     return float(2 * s * matmul_weights + 4 * s * s * h)
+
+
+def attention_core_forward_flops(s: int, h: int) -> float:
+    """Forward FLOPs of the attention core (Q K^T and scores x V): 4*s^2*h (Narayanan et al. 2021)."""
+    return float(4 * s * s * h)
 
 
 def head_forward_flops(s: int, h: int, v: int) -> float:
@@ -277,7 +303,7 @@ def head_tp_comm_bytes(s: int, h: int, b: int) -> float:
 
 # ---------------------------------------------------------------- assembly
 
-def _layer(name, kind, params, act, act_mem, flops, tp_comm, tie=None, tied_params=0) -> dict:
+def _layer(name, kind, params, act, act_mem, flops, tp_comm, tie=None, tied_params=0, **extra) -> dict:
     layer = {
         "name": name,
         "kind": kind,
@@ -290,6 +316,7 @@ def _layer(name, kind, params, act, act_mem, flops, tp_comm, tie=None, tied_para
     if tie is not None:
         layer["tie"] = tie
         layer["tied_params"] = int(tied_params)
+    layer.update(extra)
     return layer
 
 
@@ -316,10 +343,15 @@ def build_layers(m: ModelShape) -> list[dict]:
     else:
         params = llama_layer_params(h, m.ffn, m.kv_dim, m.qkv_bias)
         norm = h
-    memory = transformer_activation_memory(s, h, a, m.kv_dim, m.ffn, b, m.gated_mlp, m.dropout)
+    flash = m.attention == "flash"
+    memory = transformer_activation_memory(s, h, a, m.kv_dim, m.ffn, b, m.gated_mlp, m.dropout, flash)
     flops = training_flops(transformer_forward_flops(s, h, _matmul_weights(m)))
     comm = transformer_tp_comm_bytes(s, h, b)
-    layers += [_layer(f"layer_{i}", "transformer", params, hidden_out, memory, flops, comm)
+    recompute = dict(attention_memory_bytes={"replicated": 0.0,
+                                             "sharded": attention_score_memory(s, a, b, m.dropout, flash)},
+                     attention_flops=attention_core_forward_flops(s, h),
+                     kv_bytes={"replicated": 0.0, "sharded": float(2 * b * s * m.kv_dim)})
+    layers += [_layer(f"layer_{i}", "transformer", params, hidden_out, memory, flops, comm, **recompute)
                for i in range(m.layers)]
 
     layers.append(_layer("head", "head", head_params(h, v, norm), (0.0, 0.0),

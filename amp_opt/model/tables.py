@@ -14,15 +14,13 @@ from .profiles import LayerTimes, layer_times
 
 
 class LayerSums:
-    """Per-rank layer quantities at one tp degree, summed over any range [k, l)."""
+    """Parameters per rank at one tp degree, summed over any range [k, l) of the layers in
+    ``order`` (a permutation; the layer list's own order when None), tied tensors once."""
 
-    def __init__(self, instance, tp: int):
-        layers = instance.layers
+    def __init__(self, instance, tp: int, order=None):
+        layers = instance.layers if order is None else [instance.layers[i] for i in order]
         self.params = np.array([layer.params.at(tp) for layer in layers])
-        self.activation_bytes = np.array([layer.activation_bytes.at(tp) for layer in layers])
-        self.activation_memory = np.array([layer.activation_memory_bytes.at(tp) for layer in layers])
         self._params_prefix = np.concatenate([[0.0], np.cumsum(self.params)])
-        self._act_mem_prefix = np.concatenate([[0.0], np.cumsum(self.activation_memory)])
         # A tie group's shared tensor is held once per stage: per rank, the smallest
         # member's declared shared count (default: its whole params) split over tp.
         groups: dict[str, list[int]] = {}
@@ -46,10 +44,6 @@ class LayerSums:
             total = total - np.maximum(inside - 1, 0) * shared
         return total
 
-    def activation_memory_in(self, k, l):
-        """Bytes per rank and sample kept for backward by layers [k, l)."""
-        return self._act_mem_prefix[np.asarray(l)] - self._act_mem_prefix[np.asarray(k)]
-
 
 class Tables:
     """Remembered layer times and layer sums of one instance.
@@ -65,7 +59,7 @@ class Tables:
     def __init__(self, instance):
         self.instance = instance
         self._times: dict[tuple, LayerTimes] = {}
-        self._sums: dict[int, LayerSums] = {}
+        self._sums: dict[tuple, LayerSums] = {}
 
     def layer_times(self, device_type: str, intra_bw: float, tp: int, micro_batch: int) -> LayerTimes:
         """Seconds per layer for one micro-batch (eq. H2), see :func:`amp_opt.model.profiles.layer_times`."""
@@ -74,7 +68,9 @@ class Tables:
             self._times[key] = layer_times(self.instance, device_type, intra_bw, tp, micro_batch)
         return self._times[key]
 
-    def layer_sums(self, tp: int) -> LayerSums:
-        if tp not in self._sums:
-            self._sums[tp] = LayerSums(self.instance, tp)
-        return self._sums[tp]
+    def layer_sums(self, tp: int, order=None) -> LayerSums:
+        """Layer sums at a tp degree, over the layers in ``order`` (a permutation) or the list's own."""
+        key = (tp, None if order is None else tuple(int(i) for i in order))
+        if key not in self._sums:
+            self._sums[key] = LayerSums(self.instance, tp, order)
+        return self._sums[key]

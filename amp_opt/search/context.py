@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+from ..model.candidates import even_partition
+from ..model.costs.terms import stage_order
 from ..model.evaluate import Evaluation, evaluate
 from ..model.plan import Candidate, Plan
 from ..model.tables import Tables
@@ -43,8 +45,22 @@ class Search:
             self._bounds[key] = self.model.lower_bound(self.tables, cand, labelled=labelled)
         return self._bounds[key]
 
+    def chunks(self, cand: Candidate) -> tuple[int, ...] | None:
+        """With virtual stages, the layer chunks (Megatron's even split; the search does not move
+        them), else None: the partition is the search's to choose."""
+        return even_partition(self.instance, cand.pp * cand.virtual_stages, exact=True) \
+            if cand.virtual_stages > 1 else None
+
+    def partition(self, cand: Candidate, bounds) -> tuple[int, ...]:
+        """A plan's partition from stage boundaries in stage order (the chunks with interleaving)."""
+        return self.chunks(cand) or tuple(bounds)
+
+    def stage_bounds(self, cand: Candidate, partition) -> tuple[int, ...]:
+        """A plan's stage boundaries in stage order (its partition, or its chunks made contiguous)."""
+        return tuple(partition) if cand.virtual_stages == 1 else stage_order(partition, cand.pp)[1]
+
     def stage_costs(self, cand: Candidate, stages):
-        return self.model.stage_costs(self.tables, cand, stages)
+        return self.model.stage_costs(self.tables, cand, stages, chunks=self.chunks(cand))
 
     def evaluate(self, plan: Plan) -> Evaluation:
         """The one evaluator, with this search's cost model and tables."""

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.candidates import candidates
-from ..model.plan import Candidate, Stages
+from ..model.plan import Plan, describe
 from .grouping import candidate_graph
-from .partition import Path, StageGraph, min_max_path
+from .partition import StageGraph, min_max_path
 
 
 @dataclass(frozen=True)
@@ -22,25 +22,23 @@ class Overfull:
     """A plan's largest memory over capacity among its stages (1.0 = exactly full)."""
 
     ratio: float
-    candidate: Candidate
-    stages: Stages
-    path: Path
+    plan: Plan
 
 
-def least_overfull(graph: StageGraph, cand: Candidate, to_stages, tightest: Overfull | None) -> Overfull | None:
+def least_overfull(graph: StageGraph, to_plan, tightest: Overfull | None) -> Overfull | None:
     """The tighter of ``tightest`` and the least overfull plan of one candidate's graph."""
     ratio, path = min_max_path(graph, graph.memory_ratio, np.broadcast_to(graph.structural, graph.feasible.shape))
     if path is not None and (tightest is None or ratio < tightest.ratio):
-        return Overfull(ratio, cand, to_stages(path), path)
+        return Overfull(ratio, to_plan(path))
     return tightest
 
 
 def least_overfull_rank_order(search) -> Overfull | None:
     """The least overfull plan over every candidate in AMP's rank order."""
     tightest = None
-    for cand in candidates(search.instance):
-        graph, to_stages = candidate_graph(search.tables, cand, search.model, "rank-order")
-        tightest = least_overfull(graph, cand, to_stages, tightest)
+    for cand in candidates(search.instance, search.model):
+        graph, to_plan = candidate_graph(search.tables, cand, search.model, "rank-order", search.chunks(cand))
+        tightest = least_overfull(graph, to_plan, tightest)
     return tightest
 
 
@@ -51,13 +49,13 @@ def infeasible_reason(search, tightest: Overfull | None, example: str = "") -> s
         return f"no candidate has a valid layer partition ({search.instance.num_layers} layers)"
     if tightest.ratio <= 1.0:
         return "no plan fits the constraints"
-    cand = tightest.candidate
-    ev = search.evaluate(cand.plan(tightest.path.bounds, tightest.stages))
+    plan = tightest.plan
+    ev = search.evaluate(plan)
     worst = max(ev.stages, key=lambda r: r.memory / r.capacity)
     gib = 2**30
     return (
-        f"no plan fits in device memory. The tightest{example} is tp={cand.tp} dp={cand.dp} pp={cand.pp} "
-        f"micro_batch={cand.micro_batch} with partition {list(tightest.path.bounds)}: stage {worst.index} "
+        f"no plan fits in device memory. The tightest{example} is {describe(plan)} "
+        f"with partition {list(plan.partition)}: stage {worst.index} "
         f"({', '.join(worst.device_types)}, layers {worst.layers[0]}-{worst.layers[1] - 1}) needs "
         f"{worst.memory / gib:.2f} GiB per device, over its capacity of {worst.capacity / gib:.2f} GiB "
         f"by {(worst.memory - worst.capacity) / gib:.2f} GiB"

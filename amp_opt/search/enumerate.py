@@ -22,10 +22,12 @@ from .result import Incumbent, SolverStats, SolveResult
 def solve_enumerate(search) -> SolveResult:
     """Search every candidate exactly; return the best plans re-scored by the evaluator."""
     instance, opts = search.instance, search.options
-    cands = candidates(instance)
+    cands = candidates(instance, search.model)
     if not cands:
         raise InfeasibleError(why_empty(instance))
-    lower = {c: search.lower_bound(c) for c in cands}
+    # Candidates in order of a cheap bound; the tighter one (B2) only for those the cheap one
+    # cannot rule out.
+    lower = {c: search.lower_bound(c, labelled=False) for c in cands}
     order = sorted(cands, key=lambda c: (lower[c], c))
     found: list[Incumbent] = []
     explored = pruned = 0
@@ -34,19 +36,23 @@ def solve_enumerate(search) -> SolveResult:
     for i, cand in enumerate(order):
         kth = found[opts.top_k - 1].value if len(found) >= opts.top_k else np.inf
         if lower[cand] >= kth:
-            pruned = len(order) - i
+            pruned += len(order) - i
             break
         if search.out_of_time():
             timed_out, remaining_lb = True, min(lower[c] for c in order[i:])
             break
+        if search.lower_bound(cand) >= kth:
+            pruned += 1
+            continue
         explored += 1
-        graph, to_stages = candidate_graph(search.tables, cand, search.model, opts.placement)
-        best = optimal_path(graph)
+        graph, to_plan = candidate_graph(search.tables, cand, search.model, opts.placement, search.chunks(cand))
+        best = optimal_path(graph, cutoff=kth)
         if best is None:
             if not found:
-                tightest = least_overfull(graph, cand, to_stages, tightest)
-        else:
-            found.append(Incumbent(best[0], cand, best[1].bounds, to_stages(best[1])))
+                tightest = least_overfull(graph, to_plan, tightest)
+        elif best[0] < kth:
+            plan = to_plan(best[1])
+            found.append(Incumbent(best[0], cand, plan.partition, plan.stages))
             found.sort(key=Incumbent.key)
             del found[opts.top_k:]
         if opts.progress is not None:

@@ -25,7 +25,8 @@ import numpy as np
 from ..errors import SearchTooLarge
 from ..model.classes import class_of_node
 from ..model.costs import HETERO, StageCosts, hetero_link
-from ..model.plan import Candidate, Stages, rank_order_stages
+from ..model.costs.terms import stage_order
+from ..model.plan import Candidate, Plan, Stages, rank_order_stages
 from .partition import Path, StageGraph, fixed_placement_graph, make_graph, memory_ratio, range_tables
 
 MAX_TRANSITIONS = 50_000
@@ -97,22 +98,30 @@ class FreeGraph:
     node_order: tuple[int, ...]  # canonical position -> node index at the start
 
 
-def candidate_graph(tables, cand: Candidate, model, placement: str) -> tuple[StageGraph, Callable[[Path], Stages]]:
-    """The stage graph of a candidate under a placement, and a function from a path to device stages."""
+def candidate_graph(tables, cand: Candidate, model, placement: str, chunks=None) -> tuple[StageGraph, Callable[[Path], Plan]]:
+    """The stage graph of a candidate under a placement (with interleaving, its ``chunks`` fixed),
+    and a function from a path to the plan."""
     if placement == "rank-order":
-        stages = rank_order_stages(cand.tp, cand.dp, cand.pp)
-        costs = model.stage_costs(tables, cand, stages)
-        return fixed_placement_graph(costs, tables.instance.num_layers), lambda path: stages
-    fg = free_graph(tables, cand)
-    return fg.graph, lambda path: stages_of_path(tables.instance, cand, fg, path.transitions)
+        stages = rank_order_stages(cand.tp, cand.dp, cand.pp, cand.cp)
+        costs = model.stage_costs(tables, cand, stages, chunks=chunks)
+        graph = fixed_placement_graph(costs, tables.instance.num_layers, _stage_bounds(cand, chunks))
+        return graph, lambda path: cand.plan(chunks or path.bounds, stages)
+    fg = free_graph(tables, cand, chunks)
+    return fg.graph, lambda path: cand.plan(chunks or path.bounds,
+                                            stages_of_path(tables.instance, cand, fg, path.transitions))
 
 
-def free_graph(tables, cand: Candidate, max_transitions: int = MAX_TRANSITIONS) -> FreeGraph:
-    """The stage graph of every free grouping of a candidate (hetero cost model).
+def _stage_bounds(cand: Candidate, chunks):
+    return None if chunks is None else stage_order(chunks, cand.pp)[1]
+
+
+def free_graph(tables, cand: Candidate, chunks=None, max_transitions: int = MAX_TRANSITIONS) -> FreeGraph:
+    """The stage graph of every free grouping of a candidate (hetero cost model); with
+    interleaving its ``chunks`` are fixed.
 
     Raises SearchTooLarge once the graph has more than ``max_transitions`` transitions.
     """
-    walk = _StateWalk(tables, cand)
+    walk = _StateWalk(tables, cand, chunks)
     # A state: (groups left and "hosts the previous stage" per node in canonical order,
     # min inter-node bandwidth of the previous stage when it spans several nodes).  The
     # next boundary's link depends on a multi-node previous stage only through that
@@ -126,7 +135,7 @@ def free_graph(tables, cand: Candidate, max_transitions: int = MAX_TRANSITIONS) 
         if step is None:
             raise SearchTooLarge(
                 "--placement",
-                f"free grouping of tp={cand.tp} dp={cand.dp} pp={cand.pp} has more than {max_transitions} stage "
+                f"free grouping of tp={cand.tp} cp={cand.cp} dp={cand.dp} pp={cand.pp} has more than {max_transitions} stage "
                 "transitions: too large for the enumerator; use --solver cpsat or --placement rank-order",
             )
         transitions.append(tuple(t for t, _, _ in step))
@@ -137,7 +146,7 @@ def free_graph(tables, cand: Candidate, max_transitions: int = MAX_TRANSITIONS) 
     ratio = np.stack([np.stack([memory_ratio(c, L, s) for c in walk.kind_costs]) for s in range(cand.pp)])
     volume = np.concatenate([[0.0], walk.kind_costs[0].p2p_volume()])
     graph = make_graph(cand.n_micro(tables.instance), np.stack([t[0] for t in ranges]), np.stack([t[1] for t in ranges]),
-                       ratio, True, volume, transitions)
+                       ratio, True, volume, transitions, virtual=cand.virtual_stages, bounds=_stage_bounds(cand, chunks))
     return FreeGraph(graph, tuple(moves), tuple(perms), tuple(walk.order))
 
 
@@ -145,9 +154,9 @@ class _StateWalk:
     """The free-grouping states of one candidate, expanded stage by stage; identical nodes are
     kept in a canonical order, and each distinct stage kind gets its StageCosts once."""
 
-    def __init__(self, tables, cand: Candidate):
+    def __init__(self, tables, cand: Candidate, chunks=None):
         instance = tables.instance
-        self.tables, self.cand, self.instance = tables, cand, instance
+        self.tables, self.cand, self.instance, self.chunks = tables, cand, instance, chunks
         cls = class_of_node(instance)
         self.order = sorted(range(len(instance.nodes)), key=lambda j: (cls[j], j))
         class_of = [cls[j] for j in self.order]
@@ -172,14 +181,15 @@ class _StateWalk:
         for state, sid in layer.items():
             entries = state[0]
             prev = tuple(order[pos] for pos in prev_of[state])
-            for y in _moves(entries, self.cand.dp, self.tied_with_prev):
+            for y in _moves(entries, self.cand.replicas, self.tied_with_prev):
                 positions = [pos for pos in range(len(y)) if y[pos]]
                 used = tuple(order[pos] for pos in positions)
                 key = _kind_key(self.instance, used)
                 if key not in self.kinds:
                     self.kinds[key] = len(self.kinds)
-                    self.kind_costs.append(_kind_costs(self.tables, self.cand, y, order))
-                factor = 1.0 / hetero_link(self.instance, prev + used) if s > 0 else 0.0
+                    self.kind_costs.append(_kind_costs(self.tables, self.cand, y, order, self.chunks))
+                # H3 (H11: an interleaved boundary is crossed v times)
+                factor = self.cand.virtual_stages / hetero_link(self.instance, prev + used) if s > 0 else 0.0
                 single = len(positions) == 1
                 raw = tuple((entries[pos][0] - y[pos], single and y[pos] > 0) for pos in range(len(y)))
                 canon, perm = _canonical(raw, self.class_members)
@@ -201,13 +211,13 @@ def _kind_key(instance, used: tuple[int, ...]):
     return classes, hetero_link(instance, used), len(set(used)) == 1
 
 
-def _kind_costs(tables, cand, y, order) -> StageCosts:
+def _kind_costs(tables, cand, y, order, chunks) -> StageCosts:
     """A StageCosts whose every stage has this kind's devices (to tabulate its terms)."""
     groups = []
     for pos, count in enumerate(y):
         first = tables.instance.node_first_device[order[pos]]
         groups += [tuple(range(first, first + cand.tp))] * count
-    return HETERO.stage_costs(tables, cand, (tuple(groups),) * cand.pp)
+    return HETERO.stage_costs(tables, cand, (tuple(groups),) * cand.pp, chunks=chunks)
 
 
 def stages_of_path(instance, cand, fg: FreeGraph, transitions: tuple[int, ...]) -> Stages:
@@ -226,7 +236,7 @@ def groupings(instance, cand) -> Iterator[Stages]:
     cls = class_of_node(instance)
     order = sorted(range(len(instance.nodes)), key=lambda j: (cls[j], j))
     counts = [instance.nodes[j].devices // cand.tp for j in order]
-    p, d = cand.pp, cand.dp
+    p, d = cand.pp, cand.replicas
     remaining = [d] * p
     cols: list[tuple[int, ...]] = []
 

@@ -44,6 +44,17 @@ class StageGraph:
     transitions: tuple  # per stage: tuple of (from_state, kind, p2p factor of the boundary before, to_state)
     memory_ratio: np.ndarray  # (p, K, L+1, L+1) per-device memory over capacity
     structural: np.ndarray  # (p, 1, L+1, L+1) bool: non-empty and leaving room
+    virtual: int = 1  # virtual stages per device: f weighs max C by n - 1/v and the sum of C by 1/v (eq. H11)
+
+    @property
+    def w(self) -> float:
+        """The weight of the largest stage compute in f."""
+        return self.n_micro - 1 / self.virtual
+
+    @property
+    def fill(self) -> float:
+        """The weight of each stage's compute in f's sum."""
+        return 1 / self.virtual
 
     @property
     def stages(self) -> int:
@@ -76,8 +87,9 @@ def memory_ratio(costs: StageCosts, num_layers: int, stage: int) -> np.ndarray:
     return costs.memory(stage, g.start, g.stop) / costs.capacity[stage]
 
 
-def fixed_placement_graph(costs: StageCosts, num_layers: int) -> StageGraph:
-    """The graph of a fixed placement: one state and one transition per stage."""
+def fixed_placement_graph(costs: StageCosts, num_layers: int, bounds=None) -> StageGraph:
+    """The graph of a fixed placement: one state and one transition per stage (the ranges fixed
+    to ``bounds`` in stage order when given: interleaved chunks)."""
     p, L = costs.pp, num_layers
     compute, allreduce = zip(*(range_tables(costs, L, s) for s in range(p)))
     ratio = np.zeros((p, p, L + 1, L + 1))
@@ -87,14 +99,22 @@ def fixed_placement_graph(costs: StageCosts, num_layers: int) -> StageGraph:
     factors = [0.0] + [costs.p2p_factor(s) for s in range(p - 1)]
     transitions = tuple(((0, s, factors[s], 0),) for s in range(p))
     return make_graph(costs.n_micro, np.stack(compute), np.stack(allreduce), ratio, costs.enforces_memory, volume,
-                      transitions)
+                      transitions, virtual=costs.cand.virtual_stages, bounds=bounds)
 
 
-def make_graph(n_micro, compute, allreduce, ratio, enforce_memory: bool, volume, transitions) -> StageGraph:
+def make_graph(n_micro, compute, allreduce, ratio, enforce_memory: bool, volume, transitions, *, virtual: int = 1,
+               bounds=None) -> StageGraph:
+    """A stage graph; stage s may take any range leaving room for the others, or only
+    [bounds[s], bounds[s+1]) when ``bounds`` fixes the partition."""
     p, L = len(transitions), compute.shape[1] - 1
-    structural = np.stack([stage_room(L, p, s) for s in range(p)])[:, None]
+    if bounds is None:
+        structural = np.stack([stage_room(L, p, s) for s in range(p)])[:, None]
+    else:
+        structural = np.zeros((p, 1, L + 1, L + 1), dtype=bool)
+        for s in range(p):
+            structural[s, 0, bounds[s], bounds[s + 1]] = True
     feasible = structural & (ratio <= 1.0) if enforce_memory else np.broadcast_to(structural, ratio.shape).copy()
-    return StageGraph(n_micro, compute, allreduce, feasible, volume, tuple(transitions), ratio, structural)
+    return StageGraph(n_micro, compute, allreduce, feasible, volume, tuple(transitions), ratio, structural, virtual)
 
 
 def path_terms(g: StageGraph, path: Path):
@@ -109,7 +129,7 @@ def path_terms(g: StageGraph, path: Path):
 
 def path_value(g: StageGraph, path: Path) -> float:
     """f of a path through the shared iteration-time formula."""
-    return iteration_time(g.n_micro, *path_terms(g, path))
+    return iteration_time(g.n_micro, *path_terms(g, path), g.virtual)
 
 
 def _sweep(g: StageGraph, T: np.ndarray, U: np.ndarray, pointers: bool = False):
@@ -136,7 +156,7 @@ def _sweep(g: StageGraph, T: np.ndarray, U: np.ndarray, pointers: bool = False):
                 C = g.compute[kind, ks, ls]
                 ok = g.feasible[s, kind, ks, ls][None] & (C[None] <= T[:, None, None])
                 ok &= g.allreduce[kind, ks, ls][None] <= U[:, None, None]
-                masked[kind] = np.where(ok, C[None], INF)
+                masked[kind] = np.where(ok, C[None] * g.fill, INF)
             start = values[src][:, ks] + g.volume[ks] * factor
             cand = start[:, :, None] + masked[kind]
             row = np.full((batch, L + 1), INF)
@@ -236,13 +256,18 @@ def _batch_size(g: StageGraph, limit_bytes: float = 4e8) -> int:
     return int(max(8, min(256, limit_bytes / (8 * states * (g.layers + 1) * 2))))
 
 
-def optimal_path(g: StageGraph, batch: int | None = None) -> tuple[float, Path] | None:
-    """The exact minimum of f over paths and a path reaching it, or None if none is feasible."""
+def optimal_path(g: StageGraph, batch: int | None = None, cutoff: float = INF) -> tuple[float, Path] | None:
+    """The exact minimum of f over paths and a path reaching it, or None if none is feasible.
+
+    With a ``cutoff`` (a value the caller already has), threshold pairs that cannot beat it
+    are skipped: the result is the exact minimum when that is below the cutoff, else some
+    path at or above it.
+    """
     p, L = g.stages, g.layers
     batch = batch or _batch_size(g)
     if p > L:
         return None
-    w = float(g.n_micro - 1)
+    w = float(g.w)
     h, paths = _paths(g, np.array([INF]), np.array([INF]))
     h0 = float(h[0])
     if not np.isfinite(h0):
@@ -250,15 +275,18 @@ def optimal_path(g: StageGraph, batch: int | None = None) -> tuple[float, Path] 
     best_path = paths[0]
     best = path_value(g, best_path)
 
+    def target():  # what a threshold pair must beat to matter
+        return min(best, cutoff)
+
     # Distinct thresholds in the window where they could still pay off.
     usable = g.feasible.any(axis=0)
     U_lo = _bottleneck(g, g.allreduce)
     T_lo = _bottleneck(g, g.compute) if w > 0 else 0.0
     T_all = np.unique(g.compute[usable]) if w > 0 else np.array([INF])
     if w > 0:
-        T_all = T_all[(T_all >= T_lo) & (w * T_all + U_lo + h0 < best)]
+        T_all = T_all[(T_all >= T_lo) & (w * T_all + U_lo + h0 < target())]
     U_all = np.unique(g.allreduce[usable])
-    U_all = U_all[(U_all >= U_lo) & ((w * T_lo if w > 0 else 0.0) + U_all + h0 < best)]
+    U_all = U_all[(U_all >= U_lo) & ((w * T_lo if w > 0 else 0.0) + U_all + h0 < target())]
     if not len(T_all) or not len(U_all):
         return best, best_path
 
@@ -278,11 +306,11 @@ def optimal_path(g: StageGraph, batch: int | None = None) -> tuple[float, Path] 
     TT, UU = TT.ravel(), UU.ravel()
     base = lead_T[TT] + U_all[UU]
     lower = base + np.maximum(hT[TT], hU[UU])
-    keep = lower < best
+    keep = lower < target()
     order = np.argsort(lower[keep], kind="stable")
     TT, UU, base, lower = TT[keep][order], UU[keep][order], base[keep][order], lower[keep][order]
     pos = 0
-    while pos < len(TT) and lower[pos] < best:
+    while pos < len(TT) and lower[pos] < target():
         sl = slice(pos, pos + batch)
         best, best_path = _better(g, best, best_path, _paths(g, T_all[TT[sl]], U_all[UU[sl]])[1])
         pos += batch
@@ -302,7 +330,7 @@ def good_path(g: StageGraph, samples: int = 64) -> tuple[float, Path] | None:
     best = path_value(g, best_path)
     usable = g.feasible.any(axis=0)
     sweeps = []
-    if g.n_micro > 1:
+    if g.w > 0:
         T = np.unique(g.compute[usable])
         T = T[T >= _bottleneck(g, g.compute)][:samples]
         sweeps.append((T, np.full(len(T), INF)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import InputError
 from ..ranges import min_max_chain, range_table
 from .terms import CostModel, StageCosts
 
@@ -38,7 +39,8 @@ class AmpCosts(StageCosts):
     def _price(self) -> None:
         inst, m, d = self.instance, self.tp, self.dp
         blended, self.estimated = blended_times(self.tables, m, self.micro_batch)
-        self._compute_prefixes = [[np.concatenate([[0.0], np.cumsum(blended)])]] * self.pp
+        prefix = np.concatenate([[0.0], np.cumsum(blended)])
+        self._compute_prefixes = [[(prefix, prefix)]] * self.pp
         # A2: p2p volume as fp32 elements; the link factor is averaged over replicas.
         self._volume = self._volume * (AMP_WIRE_BYTES / inst.training.activation_element_bytes)
         link = inst.link_bandwidth
@@ -60,7 +62,16 @@ class AmpModel(CostModel):
     enforces_memory = False
     placements = ("rank-order",)
 
-    def stage_costs(self, tables, cand, stages) -> AmpCosts:
+    def prices(self, cand) -> bool:
+        """AMP's model knows the strategy space of 2022: no context or sequence parallelism,
+        no recomputation, no interleaving (ZeRO only changes the memory it does not enforce)."""
+        return (cand.cp == 1 and not cand.sequence_parallel and cand.recompute == "none"
+                and cand.virtual_stages == 1)
+
+    def stage_costs(self, tables, cand, stages, *, chunks=None, modes=None) -> AmpCosts:
+        if not self.prices(cand) or (modes is not None and set(modes) != {"none"}):
+            raise InputError("plan", "the amp cost model prices tp, dp, pp and micro-batch only (no cp, "
+                                     "sequence parallelism, recomputation or virtual stages): use --cost-model hetero")
         return AmpCosts(self, tables, cand, stages)
 
     def lower_bound(self, tables, cand, *, labelled: bool = True) -> float:

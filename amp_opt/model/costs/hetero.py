@@ -15,7 +15,8 @@ import numpy as np
 
 from ..classes import node_classes
 from ..ranges import INF, grid, min_max_chain, min_max_step, min_sum_step, range_table, stage_room, start_row
-from .terms import CandidateTerms, CostModel, StageCosts, allreduce_factor, hetero_link
+from ..candidates import even_partition
+from .terms import CandidateTerms, CostModel, StageCosts, hetero_link, stage_order
 
 LABELLED_BUDGET = 1.5e8  # cells of the labelled DP (B2) before falling back to B3
 
@@ -24,16 +25,17 @@ class HeteroCosts(StageCosts):
     """Stage terms of the hetero model."""
 
     def _price(self) -> None:
-        nodes, b = self.instance.nodes, self.micro_batch
-        for place in self.placement:
+        nodes, v = self.instance.nodes, self.cand.virtual_stages
+        for s, place in enumerate(self.placement):
             keys = sorted({(nodes[j].device_type, nodes[j].intra_bandwidth) for j in place.nodes})
-            self._compute_prefixes.append(
-                [np.concatenate([[0.0], np.cumsum(self._layer_times(t, bw, b))]) for t, bw in keys])
-        # H3: one micro-batch's boundary activation over the slowest link of the two stages.
-        self._p2p_factor = [1.0 / self.boundary_bandwidth(s) for s in range(self.pp - 1)] + [0.0]
-        # H4: ring allreduce of the stage's gradients over its slowest link.
-        self._allreduce_factor = [allreduce_factor(self.instance, self.dp, self.ring_bandwidth(s))
-                                  for s in range(self.pp)]
+            self._compute_prefixes.append([self._class_prefixes(t, bw, s) for t, bw in keys])
+        # H3: one micro-batch's boundary activation over the slowest link of the two stages;
+        # interleaved, every boundary is crossed v times (H11).
+        self._p2p_factor = [v / self.boundary_bandwidth(s) for s in range(self.pp - 1)] + [0.0]
+        # H4, H10: the stage's ring (gradients, and per micro-batch K/V or ZeRO-3 traffic) over its slowest link.
+        sync = self.terms.allreduce_bytes_per_param()
+        self._allreduce_factor = [sync / self.ring_bandwidth(s) for s in range(self.pp)]
+        self._ring_factor = [1.0 / self.ring_bandwidth(s) for s in range(self.pp)]
 
     def ring_bandwidth(self, s: int) -> float:
         """Bytes/s of stage s's data-parallel ring (eq. H4)."""
@@ -51,18 +53,19 @@ class ComputeClass:
         self.times, self.groups, self.capacity, self.link = times, groups, capacity, link
 
 
-def compute_classes(tables, cand) -> list[ComputeClass]:
-    """Per compute class, fastest first: per-layer times, groups, memory capacity and the fastest
-    ring link a stage holding such a group can have (its node's, if a node can hold the stage)."""
-    inst = tables.instance
+def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
+    """Per compute class, fastest first: per-layer effective times (eq. H8, the candidate's
+    recomputation), groups, memory capacity and the fastest ring link a stage holding such a
+    group can have (its node's, if a node can hold the stage)."""
+    inst, cand = terms.instance, terms.cand
     info: dict[tuple[str, float], list] = {}
     for c in node_classes(inst):
-        link = max(c.inter, c.intra if c.groups_per_node(cand.tp) >= cand.dp else 0.0)
+        link = max(c.inter, c.intra if c.groups_per_node(cand.tp) >= cand.replicas else 0.0)
         entry = info.setdefault(c.compute_key, [0, 0.0])
         entry[0] += c.groups(cand.tp)
         entry[1] = max(entry[1], link)
-    out = [ComputeClass(tables.layer_times(t, bw, cand.tp, cand.micro_batch).seconds, g,
-                        inst.device_types[t].memory, link) for (t, bw), (g, link) in info.items()]
+    out = [ComputeClass(terms.layer_seconds(t, bw, cand.recompute), g, inst.device_types[t].memory, link)
+           for (t, bw), (g, link) in info.items()]
     return sorted(out, key=lambda c: float(c.times.sum()))
 
 
@@ -72,8 +75,11 @@ class HeteroModel(CostModel):
     enforces_memory = True
     placements = ("free", "rank-order")
 
-    def stage_costs(self, tables, cand, stages) -> HeteroCosts:
-        return HeteroCosts(self, tables, cand, stages)
+    def prices(self, cand) -> bool:
+        return True
+
+    def stage_costs(self, tables, cand, stages, *, chunks=None, modes=None) -> HeteroCosts:
+        return HeteroCosts(self, tables, cand, stages, chunks=chunks, modes=modes)
 
     def lower_bound(self, tables, cand, *, labelled: bool = True) -> float:
         """time >= (n-1) T_lb + S_lb (+ U_lb under B2); communication otherwise left out.
@@ -83,14 +89,18 @@ class HeteroModel(CostModel):
         (labels used so far, layer position), with memory, when small enough (``labelled``);
         else B3: a fractional speed bound and the min-max partition of the fastest times.
         """
-        classes = compute_classes(tables, cand)
-        caps = _caps(classes, cand.dp, cand.pp)
-        n, p, L = cand.n_micro(tables.instance), cand.pp, tables.instance.num_layers
+        v = cand.virtual_stages
+        if v > 1:
+            return _fixed_partition_bound(tables, cand)
+        terms = CandidateTerms(tables, cand)
+        classes = compute_classes(terms)
+        caps = _caps(classes, cand.replicas, cand.pp)
+        n, p, L = terms.n_micro, cand.pp, tables.instance.num_layers
         if labelled:
-            vectors = [v for v in itertools.product(*(range(c + 1) for c in caps))
-                       if sum(v) <= p and all(sum(v[: i + 1]) <= caps[i] for i in range(len(caps)))]
+            vectors = [x for x in itertools.product(*(range(c + 1) for c in caps))
+                       if sum(x) <= p and all(sum(x[: i + 1]) <= caps[i] for i in range(len(caps)))]
             if len(vectors) * len(classes) * (L + 1) ** 2 <= LABELLED_BUDGET:
-                return _labelled_bound(tables, cand, classes, caps, vectors)
+                return _labelled_bound(terms, classes, caps, vectors)
         fastest = np.min([c.times for c in classes], axis=0)
         return (n - 1) * _fractional_bottleneck(classes, caps, p) + float(fastest.sum())
 
@@ -108,7 +118,7 @@ def _caps(classes, dp: int, p: int) -> list[int]:
     return caps
 
 
-def _labelled_bound(tables, cand, classes, caps, vectors) -> float:
+def _labelled_bound(terms: CandidateTerms, classes, caps, vectors) -> float:
     """Eq. B2: DPs over (labels used so far, layer position), with memory.
 
     Stage s labelled c holds a group of class c, so it runs no faster than c (E >= range
@@ -116,13 +126,13 @@ def _labelled_bound(tables, cand, classes, caps, vectors) -> float:
     than c's best ring link.  The three terms are minimised separately, which keeps their
     sum a valid bound.
     """
-    terms = CandidateTerms(tables, cand)
-    n, p, d = terms.n_micro, cand.pp, cand.dp
-    L, C = tables.instance.num_layers, len(classes)
+    n, p = terms.n_micro, terms.pp
+    L, C = terms.instance.num_layers, len(classes)
     g = grid(L)
     params = terms.sums.params_in(g.start, g.stop)
     compute = [range_table(c.times) for c in classes]
-    allreduce = [np.where(g.nonempty, params * allreduce_factor(tables.instance, d, c.link), INF) for c in classes]
+    sync = terms.allreduce_bytes_per_param()
+    allreduce = [np.where(g.nonempty, params * sync / c.link, INF) for c in classes]
     fits = []
     for s in range(p):
         memory = terms.memory(s, g.start, g.stop)
@@ -156,6 +166,26 @@ def _labelled_bound(tables, cand, classes, caps, vectors) -> float:
     if not np.isfinite(t_lb):
         return INF
     return float((n - 1) * t_lb + s_lb + u_lb)
+
+
+def _fixed_partition_bound(tables, cand) -> float:
+    """B5, with interleaving (Megatron's even chunks fix every stage's layers, eq. H11): each stage
+    runs no faster than on the fastest compute class and reduces its gradients no faster than
+    over the fastest ring, so (n - 1/v) max_s E_s + (1/v) sum_s E_s + max_s AR_s with those
+    times; inf when the layers do not split evenly."""
+    chunks = even_partition(tables.instance, cand.pp * cand.virtual_stages, exact=True)
+    if chunks is None:
+        return INF
+    terms = CandidateTerms(tables, cand, chunks=chunks)
+    classes = compute_classes(terms)
+    fastest = np.min([c.times for c in classes], axis=0)
+    bounds = stage_order(chunks, cand.pp)[1]
+    stages = [float(fastest[bounds[s]:bounds[s + 1]].sum()) for s in range(cand.pp)]
+    # Each stage's gradients over the fastest ring any stage can have.
+    link = max(c.link for c in classes)
+    sync = max(float(terms.sums.params_in(bounds[s], bounds[s + 1])) for s in range(cand.pp))
+    v = cand.virtual_stages
+    return (terms.n_micro - 1 / v) * max(stages) + sum(stages) / v + sync * terms.allreduce_bytes_per_param() / link
 
 
 def _fractional_bottleneck(classes, caps, p: int) -> float:

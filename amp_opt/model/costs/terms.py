@@ -1,16 +1,17 @@
 """The terms every cost model prices, and the protocol a cost model implements.
 
 Every cost model scores a plan with the same iteration-time formula
-(``formulations/amp.md`` eq. A5, ``formulations/hetero.md`` eq. H6)::
+(``formulations/amp.md`` eq. A5, ``formulations/hetero.md`` eq. H6, H11)::
 
-    time = (n-1) max_s E_s + sum_s E_s + sum_s p2p_s + max_s AR_s
+    time = (n - 1/v) max_s E_s + (1/v) sum_s E_s + sum_s P_s + max_s AR_s
 
-and differs in how the stage terms E_s, p2p_s and AR_s are computed.  A cost model
-(:class:`CostModel`) turns a candidate (tp, dp, pp, micro-batch) on a placement (the
-devices of every stage) into a :class:`StageCosts`, which computes the terms of any
-stage for any layer range, vectorised, so that the evaluator, the partition DP and the
-MIPs all read their numbers from one place; and it knows a lower bound on every plan of
-a candidate.  Memory (eq. H5) does not depend on the placement: :class:`CandidateTerms`.
+(v = 1 without interleaving) and differs in how the stage terms are computed.  A cost
+model (:class:`CostModel`) turns a candidate on a placement (the devices of every
+stage) into a :class:`StageCosts`, which computes the terms of any stage for any layer
+range, vectorised, so that the evaluator, the partition DP and the MIPs all read their
+numbers from one place; and it knows a lower bound on every plan of a candidate.  What
+does not depend on the devices (memory, eq. H5, H7-H10; per-layer effective times;
+volumes) is :class:`CandidateTerms`.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan import Stages
+from ..plan import Candidate, Stages
+
+FORWARD_SHARE = 1.0 / 3.0  # a layer's forward share of its forward+backward time (backward = 2 forward)
 
 
-def iteration_time(n_micro: int, compute, p2p, allreduce) -> float:
-    """Eq. A5 / H6: seconds per iteration from the per-stage terms."""
-    return float((n_micro - 1) * max(compute) + sum(compute) + sum(p2p) + max(allreduce))
+def iteration_time(n_micro: int, compute, p2p, allreduce, virtual_stages: int = 1) -> float:
+    """Eq. A5 / H6 (H11 with interleaving): seconds per iteration from the per-stage terms."""
+    v = virtual_stages
+    return float((n_micro - 1 / v) * max(compute) + sum(compute) / v + sum(p2p) + max(allreduce))
 
 
 def hetero_link(instance, nodes) -> float:
@@ -41,39 +45,168 @@ def allreduce_factor(instance, dp: int, bandwidth: float) -> float:
     return 2 * (dp - 1) / dp * instance.training.allreduce_bytes_per_param / bandwidth
 
 
+def stage_order(partition, pp: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Layers in stage order and the stages' boundaries in it: with interleaving (pp*v chunks,
+    chunk j on stage j mod pp) a stage's chunks are made contiguous (eq. H11)."""
+    chunks = [(partition[j], partition[j + 1]) for j in range(len(partition) - 1)]
+    order, bounds = [], [0]
+    for s in range(pp):
+        for k, l in chunks[s::pp]:
+            order.extend(range(k, l))
+        bounds.append(len(order))
+    return np.array(order, dtype=int), tuple(bounds)
+
+
 class CandidateTerms:
-    """What a candidate's stages need whatever their devices: micro-batches, parameters and
-    bytes per device (eq. H5) of any layer range, and the p2p bytes after any layer."""
+    """What a candidate's stages need whatever their devices (``formulations/hetero.md``):
+    micro-batches and the ones in flight, bytes per parameter of model state (ZeRO, H9),
+    bytes kept per layer (activations under recomputation, sequence and context
+    parallelism, H7, H8, H10), effective seconds per layer, the p2p bytes after each layer,
+    and the communication a stage adds to its compute per micro-batch (H10).
 
-    def __init__(self, tables, cand):
-        instance = tables.instance
-        self.instance, self.cand = instance, cand
+    Per-layer arrays are in stage order (:func:`stage_order`; the layer order itself
+    without interleaving).  ``modes`` overrides the recomputation of each stage.
+    """
+
+    def __init__(self, tables, cand: Candidate, *, chunks=None, modes: tuple[str, ...] | None = None):
+        inst = tables.instance
+        self.tables, self.instance, self.cand = tables, inst, cand
         self.tp, self.dp, self.pp, self.micro_batch = cand.tp, cand.dp, cand.pp, cand.micro_batch
-        self.n_micro = cand.n_micro(instance)
-        self.sums = tables.layer_sums(cand.tp)
-        tr = instance.training
-        optimizer = tr.optimizer_bytes / (cand.dp if tr.zero_stage >= 1 else 1)
-        self.state_bytes_per_param = tr.weight_bytes + tr.gradient_bytes + optimizer
-        self.volume = cand.micro_batch * self.sums.activation_bytes  # bytes sent after each layer
+        self.n_micro = cand.n_micro(inst)
+        self.modes = modes or (cand.recompute,) * cand.pp
+        self.order = None if chunks is None or cand.virtual_stages == 1 else stage_order(chunks, cand.pp)[0]
+        self.sums = tables.layer_sums(cand.tp, self.order)
+        layers = [inst.layers[i] for i in (range(inst.num_layers) if self.order is None else self.order)]
+        m, sp, cp = cand.tp, cand.sequence_parallel, cand.cp
+        ids = np.arange(inst.num_layers) if self.order is None else self.order
+        before = [inst.layers[i - 1].activation_bytes.at(m, sp) / cp if i > 0 else 0.0 for i in ids]
+        act = np.array([layer.activation_memory_bytes.at(m, sp) / cp for layer in layers])
+        scores = np.array([layer.attention_memory_bytes.at(m, sp) / cp for layer in layers])
+        self.recomputes = np.array([layer.recomputes for layer in layers])
+        # H7: bytes kept per sample for backward, by recomputation mode.
+        self.kept = {"none": act, "selective": act - np.where(self.recomputes, scores, 0.0),
+                     "full": np.where(self.recomputes, np.minimum(before, act), act)}
+        # H8: a layer's extra compute, as a share of its forward+backward time.
+        selective = [layer.attention_flops / layer.flops if layer.recomputes and layer.flops else 0.0 for layer in layers]
+        self.extra = {"none": np.zeros(len(layers)), "selective": np.array(selective),
+                      "full": np.where(self.recomputes, FORWARD_SHARE, 0.0)}
+        self.volume = cand.micro_batch * np.array([layer.activation_bytes.at(m, sp) / cp for layer in layers])
+        self.kv = cand.micro_batch * np.array([layer.kv_bytes.at(m) / cp for layer in layers])
+        self.activations = act  # bytes per sample of each layer without recomputation
+        self._count = np.concatenate([[0], np.cumsum(self.recomputes)])  # recomputing layers before each position
+        self._max: dict[str, np.ndarray] = {}
+        tr, R, z = inst.training, cand.replicas, cand.zero_stage
+        # H9: weights, gradients and optimizer states, each sharded over the R replicas from its ZeRO stage on.
+        self.state_bytes_per_param = (tr.weight_bytes / (R if z >= 3 else 1) + tr.gradient_bytes / (R if z >= 2 else 1)
+                                      + tr.optimizer_bytes / (R if z >= 1 else 1))
 
-    def in_flight(self, s: int) -> int:
-        """Micro-batches stage s keeps activations for under 1F1B."""
-        return min(self.pp - s, self.n_micro)
+    def in_flight(self, s: int) -> float:
+        """Micro-batches stage s keeps activations for: min(p - s, n) under 1F1B; interleaved
+        (H11), Megatron's warm-up 2(p-s-1) + (v-1)p chunks plus the one in progress, over v."""
+        p, n, v = self.pp, self.n_micro, self.cand.virtual_stages
+        if v == 1:
+            return min(p - s, n)
+        return min(2 * (p - s - 1) + (v - 1) * p + 1, n * v) / v
+
+    @property
+    def block(self) -> bool:
+        """Whether only the first ``recompute_layers`` transformer layers of a stage recompute."""
+        return self.cand.recompute_layers > 0
+
+    def split(self, s: int, k, l):
+        """Where stage s's recomputed layers end in [k, l): after the first ``recompute_layers``
+        transformer layers from k (Megatron's block method), l when all recompute, k when none do."""
+        k, l = np.asarray(k), np.asarray(l)
+        if self.modes[s] != "full" or not self.block:
+            return l if self.modes[s] != "none" else k
+        end = np.searchsorted(self._count, self._count[k] + self.cand.recompute_layers)
+        return np.minimum(l, end)
+
+    def layer_bytes(self, s: int) -> np.ndarray:
+        """Bytes kept per sample by each layer on stage s (its recomputation mode, all layers)."""
+        return self.kept[self.modes[s]]
 
     def memory(self, s: int, k, l):
-        """Bytes per device of stage s for layers [k, l) under 1F1B (eq. H5)."""
-        return (
-            self.sums.params_in(k, l) * self.state_bytes_per_param
-            + self.in_flight(s) * self.micro_batch * self.sums.activation_memory_in(k, l)
-            + self.instance.training.memory_reserve
-        )
+        """Bytes per device of stage s for layers [k, l) in stage order (eq. H5, H7, H9)."""
+        k, l = np.asarray(k), np.asarray(l)
+        mid = self.split(s, k, l)
+        mode = self.modes[s]
+        kept = _prefix(self.kept[mode])
+        rest = _prefix(self.kept["none"])
+        out = (self.sums.params_in(k, l) * self.state_bytes_per_param
+               + self.in_flight(s) * self.micro_batch * ((kept[mid] - kept[k]) + (rest[l] - rest[mid]))
+               + self.instance.training.memory_reserve)
+        if mode == "full":  # the recomputed layer's activations while its backward runs
+            out = out + self.micro_batch * self._range_max("activations", k, mid)
+        if self.cand.zero_stage >= 3:  # one layer's gathered weights and gradients (H9)
+            tr = self.instance.training
+            out = out + self.cand.replicas * self._range_max("params", k, l) * (tr.weight_bytes + tr.gradient_bytes)
+        return out
+
+    def _range_max(self, what: str, k, l):
+        """max of a per-layer array over [k, l) for every pair of the broadcast ranges (0 when empty)."""
+        if what not in self._max:
+            values = self.activations if what == "activations" else self.sums.params
+            L = len(values)
+            table = np.zeros((L + 1, L + 1))
+            for start in range(L):
+                table[start, start + 1:] = np.maximum.accumulate(values[start:])
+            self._max[what] = table
+        return self._max[what][k, l]
+
+    def layer_seconds(self, device_type: str, intra: float, mode: str) -> np.ndarray:
+        """Effective forward+backward seconds per layer of one micro-batch (eq. H2, H8): the
+        measured or estimated time, plus what recomputation ``mode`` runs again, over cp ranks."""
+        times = self.tables.layer_times(device_type, intra, self.tp, self.micro_batch)
+        seconds = times.seconds if self.order is None else times.seconds[self.order]
+        return seconds * (1.0 + self.extra[mode]) / self.cand.cp
+
+    def estimated(self, device_type: str, intra: float) -> bool:
+        return self.tables.layer_times(device_type, intra, self.tp, self.micro_batch).estimated
+
+    def comm_layer_bytes(self, s: int) -> np.ndarray:
+        """Per layer, the bytes per rank stage s's context-parallel ring moves per micro-batch (eq. H10):
+        (cp-1)/cp of the layer's K and V, forward, twice in backward (K/V and their gradients), once
+        more when full recomputation repeats the forward."""
+        cp = self.cand.cp
+        if cp == 1:
+            return np.zeros(len(self.kv))
+        return (4 if self.modes[s] == "full" else 3) * (cp - 1) * self.kv
+
+    def comm_param_bytes(self) -> float:
+        """Bytes per parameter ZeRO-3 moves per micro-batch on the ring (eq. H10): the weights
+        gathered twice (forward, backward) and the gradients reduce-scattered, (R-1)/R of each."""
+        if self.cand.zero_stage < 3:
+            return 0.0
+        tr, R = self.instance.training, self.cand.replicas
+        return (R - 1) / R * (2 * tr.weight_bytes + tr.gradient_bytes)
+
+    def stage_comm_bytes(self, s: int, k, l):
+        """Bytes per rank stage s moves on its data-parallel ring per micro-batch, on top of its
+        compute (eq. H10): :meth:`comm_layer_bytes` over [k, l) plus :meth:`comm_param_bytes` per parameter."""
+        k, l = np.asarray(k), np.asarray(l)
+        kv = _prefix(self.comm_layer_bytes(s))
+        return kv[l] - kv[k] + self.comm_param_bytes() * self.sums.params_in(k, l)
+
+    def allreduce_bytes_per_param(self) -> float:
+        """Bytes per parameter a stage's gradient synchronisation moves once per iteration, as a ring
+        over the R = dp*cp replicas (eq. H4, H9): 2 (R-1)/R times the gradient bytes (an allreduce,
+        or ZeRO-1/2's reduce-scatter plus all-gather); ZeRO-3 moves them per micro-batch instead."""
+        R = self.cand.replicas
+        if self.cand.zero_stage >= 3 or R == 1:
+            return 0.0
+        return 2 * (R - 1) / R * self.instance.training.allreduce_bytes_per_param
+
+
+def _prefix(values: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0.0], np.cumsum(values)])
 
 
 @dataclass(frozen=True)
 class StagePlacement:
     """What the cost of a stage depends on, derived from its device groups."""
 
-    nodes: tuple[int, ...]  # node of each replica's group
+    nodes: tuple[int, ...]  # node of each group
     device_types: tuple[str, ...]  # sorted distinct types in the stage
 
 
@@ -81,16 +214,17 @@ class StageCosts:
     """The cost terms of one candidate on one placement.
 
     A cost model's subclass fills, in ``_price``: per stage the prefix sums of its compute
-    classes' layer times (E_s is the slowest), the p2p bytes after each layer and the
-    factor (seconds per byte) of each boundary, and the allreduce factor (seconds per
-    parameter) of each stage.  Methods take layer ranges [k, l) as integers or
-    broadcastable arrays.
+    classes' layer times (E_s is the slowest), the factor (seconds per byte) of each
+    boundary, the ring factor (seconds per byte) of each stage and the allreduce factor
+    (seconds per parameter) of each stage.  Methods take layer ranges [k, l) in stage
+    order as integers or broadcastable arrays.
     """
 
-    def __init__(self, model, tables, cand, stages: Stages):
+    def __init__(self, model, tables, cand, stages: Stages, *, chunks=None, modes=None):
         instance = tables.instance
         self.model, self.tables, self.instance = model, tables, instance
-        self.terms = CandidateTerms(tables, cand)
+        self.terms = CandidateTerms(tables, cand, chunks=chunks, modes=modes)
+        self.cand = cand
         self.tp, self.dp, self.pp, self.micro_batch = cand.tp, cand.dp, cand.pp, cand.micro_batch
         self.n_micro = self.terms.n_micro
         self.sums = self.terms.sums
@@ -106,19 +240,24 @@ class StageCosts:
         )
         types = instance.device_types
         self.capacity = [min(types[t].memory for t in place.device_types) for place in self.placement]
-        self._compute_prefixes: list[list[np.ndarray]] = []
+        # Per stage and compute class: prefix sums of layer seconds in the stage's recomputation
+        # mode and without recomputation (the layers after a block of recomputed ones).
+        self._compute_prefixes: list[list[tuple[np.ndarray, np.ndarray]]] = []
         self._volume = self.terms.volume
         self._p2p_factor: list[float] = []
+        self._ring_factor: list[float] = [0.0] * cand.pp  # seconds per byte on each stage's ring (H10)
         self._allreduce_factor: list[float] = []
         self._price()
 
     def _price(self) -> None:  # pragma: no cover - every cost model defines it
         raise NotImplementedError
 
-    def _layer_times(self, device_type: str, intra: float, micro_batch: int) -> np.ndarray:
-        times = self.tables.layer_times(device_type, intra, self.tp, micro_batch)
-        self.estimated |= times.estimated
-        return times.seconds
+    def _class_prefixes(self, device_type: str, intra: float, s: int) -> tuple[np.ndarray, np.ndarray]:
+        """Prefix sums of a compute class's layer seconds on stage s: its mode's, and without recomputation."""
+        self.estimated |= self.terms.estimated(device_type, intra)
+        mode = self.terms.modes[s]
+        return (_prefix(self.terms.layer_seconds(device_type, intra, mode)),
+                _prefix(self.terms.layer_seconds(device_type, intra, "none")))
 
     @property
     def enforces_memory(self) -> bool:
@@ -128,17 +267,21 @@ class StageCosts:
     def state_bytes_per_param(self) -> float:
         return self.terms.state_bytes_per_param
 
-    def in_flight(self, s: int) -> int:
+    def in_flight(self, s: int) -> float:
         return self.terms.in_flight(s)
 
     # -- the terms ----------------------------------------------------------
     def compute(self, s: int, k, l):
-        """E_s: seconds of one micro-batch through layers [k, l) on stage s (slowest replica)."""
+        """E_s: seconds of one micro-batch through layers [k, l) on stage s (slowest replica),
+        with the communication the stage adds per micro-batch (H10)."""
         k, l = np.asarray(k), np.asarray(l)
-        prefixes = self._compute_prefixes[s]
-        out = prefixes[0][l] - prefixes[0][k]
-        for prefix in prefixes[1:]:
-            out = np.maximum(out, prefix[l] - prefix[k])
+        mid = self.terms.split(s, k, l)
+        out = None
+        for mode, none in self._compute_prefixes[s]:
+            time = (mode[mid] - mode[k]) + (none[l] - none[mid])
+            out = time if out is None else np.maximum(out, time)
+        if self._ring_factor[s]:
+            out = out + self.terms.stage_comm_bytes(s, k, l) * self._ring_factor[s]
         return out
 
     def p2p(self, s: int, l):
@@ -146,7 +289,7 @@ class StageCosts:
         return self._volume[np.asarray(l) - 1] * self._p2p_factor[s]
 
     def allreduce(self, s: int, k, l):
-        """Seconds of stage s's gradient allreduce for layers [k, l)."""
+        """Seconds of stage s's gradient synchronisation for layers [k, l)."""
         return self.sums.params_in(k, l) * self._allreduce_factor[s]
 
     def memory(self, s: int, k, l):
@@ -158,8 +301,9 @@ class StageCosts:
 
     # -- per-layer coefficients, for the MIPs (sums of these are the terms above) ----
     def layer_times(self, s: int) -> list[np.ndarray]:
-        """Per compute class present in stage s: seconds of each layer for one micro-batch."""
-        return [np.diff(prefix) for prefix in self._compute_prefixes[s]]
+        """Per compute class present in stage s: seconds of each layer for one micro-batch (every
+        layer in the stage's recomputation mode: a block of recomputed layers is not per-layer)."""
+        return [np.diff(mode) for mode, _ in self._compute_prefixes[s]]
 
     def p2p_volume(self) -> np.ndarray:
         """Per layer: what p2p_factor multiplies when a boundary follows the layer."""
@@ -168,19 +312,24 @@ class StageCosts:
     def p2p_factor(self, s: int) -> float:
         return self._p2p_factor[s]
 
+    def ring_factor(self, s: int) -> float:
+        """Seconds per byte of stage s's per-micro-batch ring traffic (H10); 0 when there is none."""
+        return self._ring_factor[s]
+
     def allreduce_factor(self, s: int) -> float:
         return self._allreduce_factor[s]
 
 
 class CostModel:
     """The protocol of a cost model (a strategy): its name, whether it enforces memory, the
-    placements it can price, its stage terms and its bound.
+    placements it can price, the candidates it can price, its stage terms and its bound.
 
     ``placements`` lists the placements the model prices, the default first.
-    ``stage_costs(tables, cand, stages)`` returns the :class:`StageCosts` of a candidate on
-    a placement; ``lower_bound(tables, cand, labelled=...)`` a time no plan of the
-    candidate beats (``inf`` when none fits).  A cheap ``labelled=False`` bound is enough for
-    callers that refine it themselves.
+    ``prices(cand)`` says whether the model prices a candidate's decisions.
+    ``stage_costs(tables, cand, stages, chunks=..., modes=...)`` returns the
+    :class:`StageCosts` of a candidate on a placement; ``lower_bound(tables, cand,
+    labelled=...)`` a time no plan of the candidate beats (``inf`` when none fits).  A
+    cheap ``labelled=False`` bound is enough for callers that refine it themselves.
     """
 
     name: str = ""
@@ -188,7 +337,10 @@ class CostModel:
     enforces_memory: bool = True
     placements: tuple[str, ...] = ()
 
-    def stage_costs(self, tables, cand, stages: Stages) -> StageCosts:  # pragma: no cover
+    def prices(self, cand: Candidate) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
+    def stage_costs(self, tables, cand, stages: Stages, *, chunks=None, modes=None) -> StageCosts:  # pragma: no cover
         raise NotImplementedError
 
     def lower_bound(self, tables, cand, *, labelled: bool = True) -> float:  # pragma: no cover

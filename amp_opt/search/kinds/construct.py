@@ -33,7 +33,7 @@ def transport(model: KindModel, kinds) -> np.ndarray | None:
     """
     import networkx as nx  # heavy (70 ms): imported when a plan is realised from kinds
 
-    d, C = model.cand.dp, len(model.classes)
+    d, C = model.cand.replicas, len(model.classes)
     x = np.zeros((len(kinds), C), dtype=int)
     for s, i in enumerate(kinds):
         x[s, list(model.kinds[i])] = 1
@@ -131,9 +131,10 @@ def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float
         if counts is None:
             continue
         placed = realise(model, counts)
-        ev = evaluate(model.instance, c.plan(found[1].bounds, placed), HETERO, tables=model.tables)
+        partition = model.chunks or found[1].bounds
+        ev = evaluate(model.instance, c.plan(partition, placed), HETERO, tables=model.tables)
         if ev.feasible and (best is None or ev.predicted_time < best.value):
-            best = Incumbent(ev.predicted_time, c, found[1].bounds, placed)
+            best = Incumbent(ev.predicted_time, c, partition, placed)
     return best
 
 
@@ -163,7 +164,8 @@ def _kind_arcs(model: KindModel, kinds, T: np.ndarray, U: np.ndarray):
         starts, valid = band_layout(np.any([x.any(axis=0) for x in ok.values()], axis=0))
         layout.append(starts)
         for f in model.fits:
-            tables[f, a] = np.where(ok[f][:, starts, pos[:, None]] & valid, model.compute[k][starts, pos[:, None]][None], INF)
+            tables[f, a] = np.where(ok[f][:, starts, pos[:, None]] & valid,
+                                    model.compute[k][starts, pos[:, None]][None] * model.fill, INF)
     return tables, layout
 
 
@@ -250,7 +252,7 @@ def repair(model: KindModel, kinds, seconds: float = 5.0) -> dict[int, int] | No
     """
     from ortools.sat.python import cp_model  # heavy: imported when a repair runs
 
-    d, p = model.cand.dp, model.cand.pp
+    d, p = model.cand.replicas, model.cand.pp
     want = np.bincount(np.asarray(kinds, dtype=int), minlength=len(model.kinds))
     m = cp_model.CpModel()
     n = [m.NewIntVar(0, p, f"n{k}") for k in range(len(model.kinds))]

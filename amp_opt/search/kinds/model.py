@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...model.classes import node_classes
-from ...model.costs import CandidateTerms, allreduce_factor
+from ...model.costs import CandidateTerms
+from ...model.costs.terms import stage_order
 from ...model.ranges import INF, backtrack, grid, min_max_chain
 
 MAX_KINDS = 63  # 6 node classes; more and the bound falls back to eq. B2/B3
@@ -53,18 +54,19 @@ class KindModel:
     the range fits the kind's capacity with f micro-batches in flight).
     """
 
-    def __init__(self, tables, cand):
+    def __init__(self, tables, cand, chunks=None):
         instance = tables.instance
-        self.tables, self.instance, self.cand = tables, instance, cand
-        m, d = cand.tp, cand.dp
-        self.w = cand.n_micro(instance) - 1
+        self.tables, self.instance, self.cand, self.chunks = tables, instance, cand, chunks
+        m, d = cand.tp, cand.replicas
+        self.fill = 1 / cand.virtual_stages  # the weight of a stage's compute in the sum (H11)
+        self.w = cand.n_micro(instance) - self.fill
         self.classes = node_classes(instance)
         C, self.L = len(self.classes), instance.num_layers
         self.supply = np.array([c.groups(m) for c in self.classes], dtype=float)
         self.kinds = [S for r in range(1, min(C, d) + 1) for S in itertools.combinations(range(C), r)
                       if sum(self.supply[c] for c in S) >= d]
-        terms = CandidateTerms(tables, cand)
-        params = self._tables(tables, terms)
+        terms = CandidateTerms(tables, cand, chunks=chunks)
+        params = self._tables(terms)
         self._memory(terms)
         # Kinds that behave the same (tables, capacity, link) share a representative: the
         # multiset DP only needs to tell behaviours apart.
@@ -74,31 +76,35 @@ class KindModel:
             for i, S in enumerate(self.kinds)])
         # K3: a boundary at position k costs volume[k] over the slower of its two stages' links,
         # so the DP remembers the link level of the previous stage.
-        self.volume = np.concatenate([[0.0], terms.volume[:-1], [0.0]])  # boundary at position k
+        # An interleaved boundary is crossed v times (H11).
+        self.volume = cand.virtual_stages * np.concatenate([[0.0], terms.volume[:-1], [0.0]])  # boundary at position k
         self.links = np.array(sorted({self.ring(S) for S in self.kinds}))
         self.link_of = np.array([int(np.searchsorted(self.links, self.ring(S))) for S in self.kinds])
         self.p2p_factor = 1.0 / np.minimum(self.links[:, None], self.links[None, :])  # [previous, next]
         self.ceiling = self._ceiling(params)
         self._cuts()
 
-    def _tables(self, tables, terms: CandidateTerms) -> np.ndarray:
-        """Compute and allreduce of every kind over every range (eq. K1, K2); returns the
-        parameters per range."""
-        m, d, L = self.cand.tp, self.cand.dp, self.L
+    def _tables(self, terms: CandidateTerms) -> np.ndarray:
+        """Compute (with the stage's ring traffic, H10) and allreduce of every kind over every range
+        (eq. K1, K2), layers in stage order; returns the parameters per range."""
+        L = self.L
         g = grid(L)
         ranges = []
         for c in self.classes:
-            prefix = np.concatenate([[0.0], np.cumsum(tables.layer_times(c.device_type, c.intra, m,
-                                                                         self.cand.micro_batch).seconds)])
+            prefix = np.concatenate([[0.0], np.cumsum(terms.layer_seconds(c.device_type, c.intra, self.cand.recompute))])
             ranges.append(prefix[g.stop] - prefix[g.start])
         params = terms.sums.params_in(g.start, g.stop)
+        traffic = terms.stage_comm_bytes(0, g.start, g.stop)  # every stage recomputes alike
+        sync = terms.allreduce_bytes_per_param()
         K = len(self.kinds)
         self.compute = np.full((K, L + 1, L + 1), INF)
         self.allreduce = np.full((K, L + 1, L + 1), INF)
         self.capacity = np.zeros(K)
         for i, S in enumerate(self.kinds):
-            self.compute[i] = np.where(g.nonempty, np.max([ranges[c] for c in S], axis=0), INF)
-            self.allreduce[i] = np.where(g.nonempty, params * allreduce_factor(self.instance, d, self.ring(S)), INF)
+            link = self.ring(S)
+            # The factors as the evaluator forms them (StageCosts), so that both give the same floats.
+            self.compute[i] = np.where(g.nonempty, np.max([ranges[c] for c in S], axis=0) + traffic * (1.0 / link), INF)
+            self.allreduce[i] = np.where(g.nonempty, params * (sync / link), INF)
             self.capacity[i] = min(self.instance.device_types[self.classes[c].device_type].memory for c in S)
         return params
 
@@ -106,12 +112,18 @@ class KindModel:
         """Which ranges fit each kind (eq. H5), by micro-batches in flight, the only way the
         stage index enters memory."""
         g = grid(self.L)
+        allowed = g.nonempty
+        if self.chunks is not None:  # interleaving: the stages' ranges are fixed (and tile the layers)
+            allowed = np.zeros_like(g.nonempty)
+            bounds = stage_order(self.chunks, self.cand.pp)[1]
+            for s in range(self.cand.pp):
+                allowed[bounds[s], bounds[s + 1]] = True
         self.in_flight = [terms.in_flight(s) for s in range(self.cand.pp)]
         self.fits = {}
         for s, f in enumerate(self.in_flight):
             if f not in self.fits:
                 need = terms.memory(s, g.start, g.stop)
-                self.fits[f] = g.nonempty[None] & (need[None] <= self.capacity[:, None, None])
+                self.fits[f] = allowed[None] & (need[None] <= self.capacity[:, None, None])
         self.fitting = np.any(list(self.fits.values()), axis=0)  # (K, k, l): fits at some stage
 
     def _ceiling(self, params: np.ndarray) -> float:
@@ -120,18 +132,19 @@ class KindModel:
         usable = self.fitting.any(axis=0)
         if not usable.any():
             return 0.0  # nothing fits anywhere
-        p, d = self.cand.pp, self.cand.dp
+        p = self.cand.pp
         slow = min(min(c.inter, c.intra) for c in self.classes)
+        sync = 2 * self.instance.training.allreduce_bytes_per_param  # at least the candidate's per parameter
         crude = ((self.w + p) * float(self.compute[self.fitting].max())
                  + (p - 1) * float(self.volume.max()) / slow
-                 + float(params[usable].max()) * allreduce_factor(self.instance, d, slow))
+                 + float(params[usable].max()) * sync / slow)
         return 2.0 * crude
 
     def _cuts(self) -> None:
         """K7: at most floor(G_B / d) stages have kinds inside a class set B.  The supply allows
         G_B / d of them in the relaxation; only the rounding cuts, so only sets where d does
         not divide G_B are kept.  Each cut gets a multiplier mu_B >= 0 beside lambda."""
-        C, d = len(self.classes), self.cand.dp
+        C, d = len(self.classes), self.cand.replicas
         totals = {B: int(sum(self.supply[c] for c in B)) for r in range(1, C) for B in itertools.combinations(range(C), r)}
         sets = [B for B, G in totals.items() if G >= d and G % d]
         self.cut_sets = sets
@@ -142,7 +155,7 @@ class KindModel:
 
     def ring(self, S) -> float:
         """The fastest link a stage of kind S can reduce over and send on (eq. K1)."""
-        d = self.cand.dp
+        d = self.cand.replicas
         if len(S) == 1:
             c = self.classes[S[0]]
             if c.devices // self.cand.tp >= d:
@@ -170,7 +183,7 @@ class KindModel:
     def compositions(self, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per kind, the cheapest groups per class under prices ``lam`` (one of each class of
         the kind, the rest from the cheapest ones up to their supply): prices (K,), counts (K, C)."""
-        d = self.cand.dp
+        d = self.cand.replicas
         counts = np.zeros((len(self.kinds), len(self.classes)))
         for i, S in enumerate(self.kinds):
             left = d - len(S)
@@ -202,7 +215,8 @@ class KindModel:
                 arg = np.zeros(best.shape, dtype=np.int16)
                 for i in np.flatnonzero(self.link_of == b):
                     ok = usable[f][:, i][:, starts, pos[:, None]] & valid
-                    cost = np.where(ok, self.compute[i][starts, pos[:, None]][None] + prices[:, i, None, None], INF)
+                    cost = np.where(ok, self.compute[i][starts, pos[:, None]][None] * self.fill
+                                    + prices[:, i, None, None], INF)
                     better = cost < best
                     best = np.where(better, cost, best)
                     arg = np.where(better, i, arg)
@@ -274,7 +288,7 @@ def min_max(model: KindModel, table: np.ndarray) -> float:
     return min_max_chain([best_kind[f] for f in model.in_flight])
 
 
-def kind_model(tables, cand) -> KindModel | None:
+def kind_model(tables, cand, chunks=None) -> KindModel | None:
     """The candidate's kind model; None when there are too many kinds (node classes) for it."""
     classes = len(node_classes(tables.instance))
-    return KindModel(tables, cand) if 2 ** classes - 1 <= MAX_KINDS else None
+    return KindModel(tables, cand, chunks) if 2 ** classes - 1 <= MAX_KINDS else None

@@ -47,7 +47,7 @@ class KindPhase:
     def of(self, cand, best: float) -> KindSearch | None:
         """The candidate's kind search (eq. B4), started at target ``best`` on first use."""
         if cand not in self.searches:
-            model = kind_model(self.search.tables, cand)
+            model = kind_model(self.search.tables, cand, self.search.chunks(cand))
             self.searches[cand] = None if model is None else KindSearch(model, min(best, model.ceiling))
         return self.searches[cand]
 

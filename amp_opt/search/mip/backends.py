@@ -85,9 +85,10 @@ def _cpsat_model(lm: LinearModel, delta: float, cutoff: float | None):
             model.add(expr >= rhs)
         else:
             model.add(expr == rhs)
-    objective = sum(int(round(c)) * xs[i] for i, c in lm.objective.items())
+    k = lm.objective_scale  # whole coefficients: the objective in units of delta / k
+    objective = sum(int(round(c * k)) * xs[i] for i, c in lm.objective.items())
     if cutoff is not None:
-        model.add(objective <= int(math.floor(cutoff / delta)))
+        model.add(objective <= int(math.floor(cutoff * k / delta)))
     model.minimize(objective)
     for i, value in lm.hint.items():
         v = lm.vars[i]
@@ -117,7 +118,8 @@ def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: i
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         values = {i: float(solver.value(x)) * (delta if lm.vars[i].kind == TIME else 1.0) for i, x in enumerate(xs)}
         status = "OPTIMAL" if code == cp_model.OPTIMAL else "FEASIBLE"
-        return Outcome(status, values, solver.objective_value * delta, solver.best_objective_bound * delta, wall)
+        k = lm.objective_scale
+        return Outcome(status, values, solver.objective_value * delta / k, solver.best_objective_bound * delta / k, wall)
     if code == cp_model.INFEASIBLE:
         return Outcome("INFEASIBLE", None, None, None, wall)
     if solver.status_name(code) == "MODEL_INVALID":
@@ -142,7 +144,8 @@ def _pulp_problem(lm: LinearModel, scale: float):
     prob = pulp.LpProblem("amp_opt", pulp.LpMinimize)
     xs = []
     for i, v in enumerate(lm.vars):
-        cat = pulp.LpBinary if v.kind == BIN else (pulp.LpInteger if v.kind == INT else pulp.LpContinuous)
+        # Binaries as bounded integers: PuLP's LpBinary resets the bounds to 0..1, losing fixings.
+        cat = pulp.LpInteger if v.kind in (BIN, INT) else pulp.LpContinuous
         unit = scale if v.kind == TIME else 1.0
         xs.append(prob.add_variable(f"v{i}", lowBound=v.lb / unit, upBound=v.ub / unit, cat=cat))
     for k, row in enumerate(lm.rows):

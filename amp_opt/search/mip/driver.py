@@ -23,6 +23,7 @@ import numpy as np
 
 from ...errors import InfeasibleError
 from ...model.candidates import candidates, why_empty
+from ...model.costs.terms import stage_order
 from ...model.plan import Candidate, rank_order_stages
 from ..diagnose import infeasible_reason, least_overfull_rank_order
 from ..kinds.refine import KindPhase, runs_kinds
@@ -52,17 +53,19 @@ def stages_in_order(instance, cand: Candidate, order: list[int]):
     devices = [dev for j in order for dev in range(instance.node_first_device[j],
                                                    instance.node_first_device[j] + instance.nodes[j].devices)]
     return tuple(tuple(tuple(devices[r] for r in group) for group in stage)
-                 for stage in rank_order_stages(cand.tp, cand.dp, cand.pp))
+                 for stage in rank_order_stages(cand.tp, cand.dp, cand.pp, cand.cp))
 
 
 def heuristic(search, cand: Candidate) -> Incumbent | None:
     """The best partition (stage DP) over a few fixed placements (``node_orders``)."""
     best = None
+    chunks = search.chunks(cand)
+    fixed = None if chunks is None else stage_order(chunks, cand.pp)[1]
     for order in node_orders(search, cand):
         stages = stages_in_order(search.instance, cand, order)
-        found = good_path(fixed_placement_graph(search.stage_costs(cand, stages), search.instance.num_layers))
+        found = good_path(fixed_placement_graph(search.stage_costs(cand, stages), search.instance.num_layers, fixed))
         if found and (best is None or found[0] < best.value):
-            best = Incumbent(found[0], cand, found[1].bounds, stages)
+            best = Incumbent(found[0], cand, search.partition(cand, found[1].bounds), stages)
     return best
 
 
@@ -79,7 +82,7 @@ class Proofs:
 def solve_mip(search) -> SolveResult:
     """Solve every promising candidate's program with CP-SAT or CBC; exact unless stopped by time or gap."""
     instance, opts = search.instance, search.options
-    cands = candidates(instance)
+    cands = candidates(instance, search.model)
     if not cands:
         raise InfeasibleError(why_empty(instance))
     phase = KindPhase(search) if runs_kinds(search) else None
@@ -153,9 +156,9 @@ def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
 def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: float, seconds, proofs: Proofs) -> None:
     """Build, solve and decode one candidate's program; record its plan and what it proved."""
     opts = search.options
-    form = build(search, c, None if opts.placement == "free" else rank_order_stages(c.tp, c.dp, c.pp))
+    form = build(search, c, None if opts.placement == "free" else rank_order_stages(c.tp, c.dp, c.pp, c.cp))
     if inc is not None:
-        form.hint_from(inc.bounds, inc.stages)
+        form.hint_from(search.stage_bounds(c, inc.bounds), inc.stages)
     scale = inc.value if inc is not None else lower
     delta = resolution_for(scale, form.model)
     tol = form.terms * delta + 1e-9 * scale
@@ -171,6 +174,7 @@ def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: flo
     found = np.inf
     if out.values is not None:
         bounds, stages = form.decode(out.values)
+        bounds = search.partition(c, bounds)
         ev = search.evaluate(c.plan(bounds, stages))
         if ev.feasible:
             found = ev.predicted_time

@@ -15,13 +15,17 @@ exactly as the evaluator does (up to the integer resolution of CP-SAT, see
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from ...model.costs import CandidateTerms
+from ...model.costs.terms import stage_order
 from .grouping import FreeGrouping, class_terms
 from .layers import PrefixLayers
-from .model import TIME, LinearModel, lin
+from .model import INT, TIME, LinearModel, lin
 
 
 @dataclass
@@ -35,45 +39,77 @@ class Formulation:
 
 class Program:
     """One candidate's program under construction: the model, its layer assignment and its
-    time variables, with upper bounds gathered as the rows are written."""
+    time variables, with upper bounds gathered as the rows are written.  Layers are in stage
+    order; with interleaving the (fixed) chunks make each stage one range (eq. H11)."""
 
     def __init__(self, search, cand):
         self.search, self.cand, self.instance = search, cand, search.instance
         self.L, p = search.instance.num_layers, cand.pp
-        self.terms = CandidateTerms(search.tables, cand)
+        chunks = search.chunks(cand)
+        self.terms = CandidateTerms(search.tables, cand, chunks=chunks)
         self.enforce_memory = search.model.enforces_memory
         self.total_params = float(self.terms.sums.params.sum())
         self.mdl = LinearModel()
-        self.layers = PrefixLayers(self.mdl, self.terms.sums, self.L, p)
+        self.layers = PrefixLayers(self.mdl, self.terms.sums, self.L, p,
+                                   None if chunks is None else stage_order(chunks, p)[1])
         self.E = [self.mdl.var(f"E[{s}]", 0, 0, TIME) for s in range(p)]
         self.Emax = self.mdl.var("Emax", 0, 0, TIME)
         self.P = [self.mdl.var(f"P[{s}]", 0, 0, TIME) for s in range(p - 1)]
         self.ARmax = self.mdl.var("ARmax", 0, 0, TIME)
         self.ub = {"E": 0.0, "P": 0.0, "AR": 0.0}
         self.vol = self.terms.volume
+        self.peak = {}  # per stage: (a variable at least the largest per-layer buffer it holds (H7, H9), the buffers)
+
+    def comm_bytes(self, s: int) -> dict:
+        """(H10) bytes stage s moves on its ring per micro-batch, linear in the assignment."""
+        z, kv = self.layers.z, self.terms.comm_layer_bytes(s)
+        return lin(*[(float(kv[l]), z(s, l)) for l in range(self.L) if kv[l]],
+                   (self.terms.comm_param_bytes(), self.layers.params(s)))
 
     def memory_row(self, s: int, capacity: float, guard: dict, big_m, name: str) -> None:
         """(M8) bytes per device of stage s <= capacity (+ big-M slack when guarded)."""
         terms, z = self.terms, self.layers.z
-        act = terms.sums.activation_memory
+        kept = terms.layer_bytes(s)
         inflight = terms.in_flight(s) * terms.micro_batch
         expr = lin((terms.state_bytes_per_param, self.layers.params(s)),
-                   *[(float(inflight * act[l]), z(s, l)) for l in range(self.L)])
+                   *[(float(inflight * kept[l]), z(s, l)) for l in range(self.L)], self._peak(s))
         rhs = capacity - self.instance.training.memory_reserve
         if guard:
             expr = lin(expr, (big_m, guard))  # + M * has  <=  cap + M
             rhs += big_m
         self.mdl.add(expr, "<=", rhs, "bytes", name)
 
+    def _peak(self, s: int) -> dict:
+        """The buffers of eq. H7 and H9 that a stage holds once: the activations of the layer being
+        recomputed (full recomputation) and one layer's gathered weights and gradients (ZeRO-3).
+        A variable bounded below by every layer's buffer: memory rows alone push it down."""
+        terms = self.terms
+        tr = self.instance.training
+        per_layer = np.zeros(self.L)
+        if terms.modes[s] == "full":
+            per_layer = per_layer + terms.micro_batch * terms.activations
+        if self.cand.zero_stage >= 3:
+            per_layer = per_layer + self.cand.replicas * terms.sums.params * (tr.weight_bytes + tr.gradient_bytes)
+        if not per_layer.any():
+            return {}
+        if s not in self.peak:
+            self.peak[s] = (self.mdl.var(f"buffer[{s}]", 0, float(per_layer.max()), INT), per_layer)
+            for l in range(self.L):
+                if per_layer[l]:
+                    self.mdl.add(lin({self.peak[s][0]: 1}, (-float(per_layer[l]), self.layers.z(s, l))), ">=", 0,
+                                 "bytes", f"buffer[{s},{l}]")
+        return {self.peak[s][0]: 1.0}
+
     def fixed_rows(self, costs) -> None:
         """(M5-M8) on a fixed placement: every stage's classes, link and capacity are known."""
         mdl, z, e, L, ub = self.mdl, self.layers.z, self.layers.e, self.L, self.ub
         self.vol = vol = costs.p2p_volume()
         for s in range(self.cand.pp):
+            ring = (costs.ring_factor(s), self.comm_bytes(s))  # (H10)
             for times in costs.layer_times(s):
-                mdl.add(lin({self.E[s]: 1}, *[(-float(times[l]), z(s, l)) for l in range(L)]), ">=", 0, "time",
-                        f"compute[{s}]")
-                ub["E"] = max(ub["E"], float(times.sum()))
+                mdl.add(lin({self.E[s]: 1}, *[(-float(times[l]), z(s, l)) for l in range(L)], (-ring[0], ring[1])),
+                        ">=", 0, "time", f"compute[{s}]")
+                ub["E"] = max(ub["E"], float(times.sum()) + ring[0] * sum(abs(c) for c in ring[1].values()))
             if s < self.cand.pp - 1:
                 phi = costs.p2p_factor(s)
                 mdl.add(lin({self.P[s]: 1}, *[(-float(vol[l] * phi), e(s, l)) for l in range(L)]), ">=", 0, "time",
@@ -86,19 +122,23 @@ class Program:
                 self.memory_row(s, costs.capacity[s], {}, None, f"memory[{s}]")
 
     def objective(self) -> int:
-        """(M9) w Emax + sum E + sum P + ARmax; returns the rounded coefficients on its path."""
+        """(M9, H11) (n - 1/v) Emax + (1/v) sum E + sum P + ARmax; returns the rounded coefficients
+        on its path."""
         mdl, E, P = self.mdl, self.E, self.P
         for s in range(self.cand.pp):
             mdl.add(lin({self.Emax: 1}, (-1, {E[s]: 1})), ">=", 0, "time", f"bottleneck[{s}]")
         for v, key in [(self.Emax, "E"), (self.ARmax, "AR")] + [(x, "E") for x in E] + [(x, "P") for x in P]:
             mdl.vars[v].ub = self.ub[key] * (1 + 1e-6) + 1e-12  # slack for float round-off in hints
-        w = self.terms.n_micro - 1
-        mdl.objective = lin({self.Emax: float(w)}, *[{x: 1.0} for x in E], *[{x: 1.0} for x in P], {self.ARmax: 1.0})
+        v = self.cand.virtual_stages
+        w = self.terms.n_micro - 1 / v
+        mdl.objective = lin({self.Emax: float(w)}, *[{x: 1 / v} for x in E], *[{x: 1.0} for x in P], {self.ARmax: 1.0})
+        mdl.objective_scale = v
         # Rounded coefficients on the objective's path: w * L (Emax), L (sum E), p (P), L (AR).
-        return (w + 2) * self.L + self.cand.pp
+        return (math.ceil(w) + 2) * self.L + self.cand.pp
 
     def hint_times(self, bounds, stages) -> None:
-        """The time variables' values for a plan, priced by the cost model."""
+        """The time and buffer variables' values for a plan (``bounds`` in stage order), priced by
+        the cost model."""
         hint, p = self.mdl.hint, self.cand.pp
         costs = self.search.stage_costs(self.cand, stages)
         for s in range(p):
@@ -107,16 +147,19 @@ class Program:
                 hint[self.P[s]] = float(costs.p2p(s, bounds[s + 1]))
         hint[self.Emax] = max(hint[self.E[s]] for s in range(p))
         hint[self.ARmax] = max(float(costs.allreduce(s, bounds[s], bounds[s + 1])) for s in range(p))
+        for s, (var, per_layer) in self.peak.items():
+            hint[var] = float(np.ceil(per_layer[bounds[s]:bounds[s + 1]].max()))
 
 
 def build(search, cand, fixed_stages=None) -> Formulation:
-    """The program of a candidate: fixed placement (``fixed_stages``) or, without it, free grouping."""
+    """The program of a candidate: fixed placement (``fixed_stages``) or, without it, free grouping.
+    ``decode`` gives stage boundaries in stage order (:meth:`Search.partition` makes the plan's)."""
     prog = Program(search, cand)
     grouping = None
     if fixed_stages is not None:
         prog.fixed_rows(search.stage_costs(cand, fixed_stages))
     else:
-        grouping = FreeGrouping(prog, class_terms(search.tables, cand))
+        grouping = FreeGrouping(prog, class_terms(prog.terms))
     terms = prog.objective()
 
     def decode(values):
@@ -129,6 +172,10 @@ def build(search, cand, fixed_stages=None) -> Formulation:
         prog.hint_times(bounds, stages)
         if grouping is not None:
             grouping.hint(stages, prog.mdl.hint)
+            costs = search.stage_costs(cand, stages)
+            for s, var in grouping.X.items():
+                prog.mdl.hint[var] = float(costs.terms.stage_comm_bytes(s, bounds[s], bounds[s + 1])
+                                           * costs.ring_factor(s))
 
     return Formulation(prog.mdl, decode, hint_from, terms,
                        {"node_classes": 0 if grouping is None else len(grouping.classes)})

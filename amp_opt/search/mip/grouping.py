@@ -14,9 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...model.classes import NodeClass, node_classes
-from ...model.costs import allreduce_factor
 from ..grouping import assign_groups
-from .model import BIN, INT, lin
+from .model import BIN, INT, TIME, lin
 
 
 @dataclass(frozen=True)
@@ -38,12 +37,13 @@ class ClassTerms:
         return self.node_class.nodes
 
 
-def class_terms(tables, cand) -> list[ClassTerms]:
-    """Every node class of the instance at a candidate (eq. M10, M11)."""
-    inst = tables.instance
+def class_terms(terms) -> list[ClassTerms]:
+    """Every node class of the instance at a candidate (eq. M10, M11), with its effective layer
+    times (eq. H8: the candidate's recomputation and context parallelism)."""
+    inst, cand = terms.instance, terms.cand
     return [ClassTerms(c, c.groups_per_node(cand.tp), inst.device_types[c.device_type].memory,
-                       tables.layer_times(c.device_type, c.intra, cand.tp, cand.micro_batch).seconds,
-                       per_node=c.groups_per_node(cand.tp) >= cand.dp)
+                       terms.layer_seconds(c.device_type, c.intra, cand.recompute),
+                       per_node=c.groups_per_node(cand.tp) >= cand.replicas)
             for c in node_classes(inst)]
 
 
@@ -56,6 +56,7 @@ class FreeGrouping:
         self._groups()
         self._symmetry()
         self._locality()
+        self._ring()
         self._compute()
         self._p2p()
         self._allreduce()
@@ -69,7 +70,7 @@ class FreeGrouping:
     def _groups(self) -> None:
         """(M10) groups per stage and class (or node); u[s,c] marks the classes a stage uses;
         (M11) loc[s,j] = [stage s takes all its groups from node j]."""
-        mdl, d, p = self.prog.mdl, self.prog.cand.dp, self.prog.cand.pp
+        mdl, d, p = self.prog.mdl, self.prog.cand.replicas, self.prog.cand.pp
         x, y, u, loc = self.x, self.y, self.u, self.loc
         for s in range(p):
             for c in self.classes:
@@ -125,19 +126,48 @@ class FreeGrouping:
                 mdl.add({sh[s, j]: 1, loc[s, j]: -1, loc[s + 1, j]: -1}, ">=", -1, "count", f"share_c[{s},{j}]")
         self.sh_s = [lin(*[{sh[s, j]: 1} for _, j in self._per_node()]) for s in range(p - 1)]
 
+    def _ring(self) -> None:
+        """(H10 in M6's form) X[s]: stage s's ring traffic per micro-batch over its slowest link, or
+        the node's intra link when the stage sits in one; only when there is such traffic."""
+        prog = self.prog
+        self.X = {}
+        for s in range(prog.cand.pp):
+            traffic = prog.comm_bytes(s)
+            if not traffic:
+                continue
+            worst = sum(abs(c) for c in traffic.values())
+            self.X[s] = prog.mdl.var(f"X[{s}]", 0, worst / min(c.node_class.inter for c in self.classes), TIME)
+            self._link_rows(s, self.X[s], traffic, worst, f"ring[{s}")
+
+    def _link_rows(self, s: int, var: int, expr: dict, worst: float, name: str) -> None:
+        """var >= expr / link of stage s: one row per class (its inter-node link, off when the stage
+        sits in one node) and one per node that can hold the stage (its intra-node link)."""
+        prog = self.prog
+        for c in self.classes:
+            a = 1.0 / c.node_class.inter
+            prog.mdl.add(lin({var: 1}, (-a, expr), (-a * worst, {self.u[s, c.index]: 1}), (a * worst, self.loc_s[s])),
+                         ">=", -a * worst, "time", f"{name},{c.index}]")
+            if c.per_node:
+                a2 = 1.0 / c.node_class.intra
+                for j in c.nodes:
+                    prog.mdl.add(lin({var: 1}, (-a2, expr), (-a2 * worst, {self.loc[s, j]: 1})), ">=", -a2 * worst,
+                                 "time", f"{name}_local,{j}]")
+
     def _compute(self) -> None:
-        """(M5) the slowest class present sets the pace: one big-M row per class."""
+        """(M5) the slowest class present sets the pace: one big-M row per class (plus the ring, H10)."""
         prog = self.prog
         for s in range(prog.cand.pp):
+            ring = {self.X[s]: 1.0} if s in self.X else {}
             for c in self.classes:
                 M = 1.001 * float(c.times.sum())  # slack so that rounded coefficients never bind when unused
                 prog.mdl.add(lin({prog.E[s]: 1}, *[(-float(c.times[l]), prog.layers.z(s, l)) for l in range(prog.L)],
-                                 (-M, {self.u[s, c.index]: 1})), ">=", -M, "time", f"compute[{s},{c.index}]")
-                prog.ub["E"] = max(prog.ub["E"], M)
+                                 (-M, {self.u[s, c.index]: 1}), (-1.0, ring)), ">=", -M, "time", f"compute[{s},{c.index}]")
+                prog.ub["E"] = max(prog.ub["E"], M + (prog.mdl.vars[self.X[s]].ub if ring else 0.0))
 
     def _p2p(self) -> None:
         """(M7) p2p over the slowest link the two stages use, or the shared node's intra link."""
-        prog, vol = self.prog, self.prog.vol
+        prog = self.prog
+        vol = prog.vol * prog.cand.virtual_stages  # an interleaved boundary is crossed v times (H11)
         vmax = float(vol.max()) if len(vol) else 0.0
         for s in range(prog.cand.pp - 1):
             for c in self.classes:
@@ -159,17 +189,17 @@ class FreeGrouping:
     def _allreduce(self) -> None:
         """(M6) allreduce over the ring's slowest link, or the node's intra link when the stage sits in one."""
         prog = self.prog
-        d, total = prog.cand.dp, prog.total_params
+        sync, total = prog.terms.allreduce_bytes_per_param(), prog.total_params
         for s in range(prog.cand.pp):
             pe = prog.layers.params(s)
             for c in self.classes:
-                a = allreduce_factor(prog.instance, d, c.node_class.inter)
+                a = sync / c.node_class.inter
                 M = a * total
                 prog.mdl.add(lin({prog.ARmax: 1}, (-a, pe), (-M, {self.u[s, c.index]: 1}), (M, self.loc_s[s])),
                              ">=", -M, "time", f"allreduce[{s},{c.index}]")
                 prog.ub["AR"] = max(prog.ub["AR"], M)
                 if c.per_node:
-                    a2 = allreduce_factor(prog.instance, d, c.node_class.intra)
+                    a2 = sync / c.node_class.intra
                     M2 = a2 * total
                     for j in c.nodes:
                         prog.mdl.add(lin({prog.ARmax: 1}, (-a2, pe), (-M2, {self.loc[s, j]: 1})), ">=", -M2, "time",
@@ -179,9 +209,11 @@ class FreeGrouping:
     def _memory(self) -> None:
         """(M8) every device type in the stage must hold it; rows that can never bind are left out."""
         prog, terms = self.prog, self.prog.terms
-        act_total = float(terms.sums.activation_memory.sum())
         for s in range(prog.cand.pp):
-            worst = prog.total_params * terms.state_bytes_per_param + terms.in_flight(s) * terms.micro_batch * act_total
+            buffers = prog._peak(s)
+            worst = (prog.total_params * terms.state_bytes_per_param
+                     + terms.in_flight(s) * terms.micro_batch * float(terms.layer_bytes(s).sum())
+                     + sum(prog.mdl.vars[v].ub for v in buffers))
             for c in self.classes:
                 room = c.capacity - prog.instance.training.memory_reserve
                 big_m = max(0.0, worst - room)
@@ -211,7 +243,7 @@ class FreeGrouping:
 
     def hint(self, stages, hint: dict) -> None:
         """The grouping variables' values for a plan's device groups."""
-        node_of, d = self.prog.instance.device_node, self.prog.cand.dp
+        node_of, d = self.prog.instance.device_node, self.prog.cand.replicas
         counts = [{} for _ in stages]
         for s, stage in enumerate(stages):
             for group in stage:

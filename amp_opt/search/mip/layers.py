@@ -12,15 +12,18 @@ from .model import BIN, CONST, LinearModel, lin
 
 
 class PrefixLayers:
-    """The layer-assignment part of a program over ``L`` layers and ``p`` stages."""
+    """The layer-assignment part of a program over ``L`` layers and ``p`` stages; ``fixed``
+    (stage boundaries) pins it, as interleaving's chunks do."""
 
-    def __init__(self, mdl: LinearModel, sums, L: int, p: int):
+    def __init__(self, mdl: LinearModel, sums, L: int, p: int, fixed=None):
         self.mdl, self.sums, self.L, self.p = mdl, sums, L, p
         self.Y = {}
         for s in range(p - 1):
             for l in range(L):
                 lo = 1 if l <= s else 0  # every stage is non-empty, so layer l <= s sits on a stage <= s
                 hi = 0 if l >= L - (p - 1 - s) else 1  # leave a layer for each later stage
+                if fixed is not None:
+                    lo = hi = int(l < fixed[s + 1])
                 self.Y[s, l] = mdl.var(f"Y[{s},{l}]", lo, hi, BIN)
         # (M1) prefix and order; (M2) non-empty stages.
         for s in range(p - 1):

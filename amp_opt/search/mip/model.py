@@ -35,6 +35,9 @@ class LinearModel:
     vars: list[Var] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
     objective: dict[int, float] = field(default_factory=dict)  # seconds
+    # Multiplying the objective's coefficients by this makes them whole numbers (interleaving's 1/v
+    # weights); backends that need integer coefficients scale by it and divide the value back.
+    objective_scale: int = 1
     hint: dict[int, float] = field(default_factory=dict)
 
     def var(self, name: str, lb: float, ub: float, kind: str) -> int:

@@ -1,0 +1,78 @@
+"""Training engines and their rules: which decisions a plan may take and still run.
+
+The search never proposes a candidate an engine cannot run, and a given plan that breaks
+a rule is rejected with one line naming the field and the rule (``check``).  Sources:
+Megatron-LM (``megatron/training/arguments.py``, ``megatron/core/pipeline_parallel/
+schedules.py``: the interleaved schedule needs micro-batches divisible by pp; sequence
+parallelism is dropped when tp is 1; ZeRO-2/3 through Megatron-FSDP, which runs without
+pipeline parallelism) and DeepSpeed (``PipelineModule``: no interleaved schedule, ZeRO
+stages 2 and 3 only without pipeline parallelism, activation checkpointing of whole
+layers, which each stage's own layer code may apply or not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What one training engine can run."""
+
+    name: str
+    interleaving: bool  # virtual pipeline stages (interleaved 1F1B)
+    context_parallel: bool
+    sequence_parallel: bool  # Megatron-style sequence parallelism (with tp > 1)
+    selective_recompute: bool
+    per_stage_recompute: bool  # stages may recompute differently
+    sharded_zero_with_pipeline: int  # the largest ZeRO stage allowed together with pp > 1
+
+    def rule(self, instance, cand) -> tuple[str, str] | None:
+        """(field, rule) of the first rule the candidate breaks, or None when the engine can run it."""
+        n_micro = cand.n_micro(instance)
+        if cand.sequence_parallel and not self.sequence_parallel:
+            return "sequence_parallel", f"{self.name} has no Megatron-style sequence parallelism"
+        if cand.sequence_parallel and cand.tp == 1:
+            return "sequence_parallel", "sequence parallelism splits the tensor-parallel group's activations: needs tp > 1"
+        if cand.cp > 1 and not self.context_parallel:
+            return "cp", f"{self.name} has no context parallelism"
+        if cand.cp > 1 and not any(layer.kv_bytes.replicated + layer.kv_bytes.sharded > 0 for layer in instance.layers):
+            return "cp", "context parallelism needs the model's keys and values (kv_bytes; a preset model has them)"
+        if cand.virtual_stages > 1:
+            if not self.interleaving:
+                return "virtual_stages", f"{self.name} has no interleaved pipeline schedule"
+            if cand.pp < 2:
+                return "virtual_stages", "the interleaved schedule needs pp >= 2"
+            if n_micro % cand.pp:
+                return "virtual_stages", (f"the interleaved schedule needs micro-batches per iteration ({n_micro}) "
+                                          f"divisible by pp ({cand.pp})")
+        if cand.recompute == "selective" and not self.selective_recompute:
+            return "recompute", f"{self.name} recomputes whole layers only (no selective recomputation)"
+        if cand.zero_stage > self.sharded_zero_with_pipeline and cand.pp > 1:
+            return "zero_stage", (f"{self.name} runs ZeRO stage {cand.zero_stage} only without pipeline parallelism "
+                                  f"(pp = 1); with pp > 1 at most stage {self.sharded_zero_with_pipeline}")
+        return None
+
+    def check(self, instance, plan, *, where: str = "plan") -> None:
+        """Raise InputError naming the field and the rule a checked plan breaks."""
+        if not isinstance(plan.recompute, str) and not self.per_stage_recompute:
+            raise InputError(f"{where}.recompute", f"{self.name} recomputes the same way on every stage: "
+                                                   "give one mode, not a list")
+        broken = self.rule(instance, plan.candidate)
+        if broken is not None:
+            raise InputError(f"{where}.{broken[0]}", f"{broken[1]} (engine {self.name})")
+
+
+ENGINES = {
+    "megatron": Engine("megatron", interleaving=True, context_parallel=True, sequence_parallel=True,
+                       selective_recompute=True, per_stage_recompute=False, sharded_zero_with_pipeline=1),
+    "deepspeed": Engine("deepspeed", interleaving=False, context_parallel=False, sequence_parallel=False,
+                        selective_recompute=False, per_stage_recompute=True, sharded_zero_with_pipeline=1),
+}
+
+
+def engine_of(instance) -> Engine:
+    """The engine an instance's plans must run on (``search.engine``, default megatron)."""
+    return ENGINES[instance.search.engine]
