@@ -37,8 +37,16 @@ class NodeClass:
         return len(self.nodes) * (self.devices // tp)
 
 
+def group_nodes(nodes) -> tuple[NodeClass, ...]:
+    """Nodes grouped into classes, numbered by first appearance (a pure function of the node list)."""
+    members: dict[tuple, list[int]] = {}
+    for j, n in enumerate(nodes):
+        members.setdefault((n.device_type, n.devices, n.intra_bandwidth, n.inter_bandwidth), []).append(j)
+    return tuple(NodeClass(i, *key, tuple(group)) for i, (key, group) in enumerate(members.items()))
+
+
 def node_classes(instance) -> tuple[NodeClass, ...]:
-    """The classes of an instance's nodes, numbered by first appearance.
+    """The classes of an instance's nodes, numbered by first appearance (computed once per instance).
 
     Examples
     --------
@@ -46,10 +54,7 @@ def node_classes(instance) -> tuple[NodeClass, ...]:
     >>> [(c.device_type, c.nodes) for c in node_classes(load_instance("instances/amp_het_cluster.json"))]
     [('V100-16GB', (0, 1, 2)), ('T4', (3,))]
     """
-    members: dict[tuple, list[int]] = {}
-    for j, n in enumerate(instance.nodes):
-        members.setdefault((n.device_type, n.devices, n.intra_bandwidth, n.inter_bandwidth), []).append(j)
-    return tuple(NodeClass(i, *key, tuple(nodes)) for i, (key, nodes) in enumerate(members.items()))
+    return instance.node_classes
 
 
 def class_of_node(instance) -> list[int]:

@@ -13,6 +13,8 @@ from typing import Mapping
 
 import numpy as np
 
+from .classes import group_nodes
+
 
 @dataclass(frozen=True)
 class Split:
@@ -141,6 +143,11 @@ class Instance:
     def node_first_device(self) -> tuple[int, ...]:
         starts = np.concatenate([[0], np.cumsum([n.devices for n in self.nodes])[:-1]])
         return tuple(int(s) for s in starts)
+
+    @cached_property
+    def node_classes(self):
+        """Interchangeable nodes grouped into classes (:mod:`amp_opt.model.classes`)."""
+        return group_nodes(self.nodes)
 
     @cached_property
     def devices_by_type(self) -> dict[str, int]:

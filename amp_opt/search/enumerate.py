@@ -16,7 +16,7 @@ from ..model.candidates import candidates, why_empty
 from .diagnose import infeasible_reason, least_overfull, least_overfull_rank_order
 from .grouping import candidate_graph
 from .partition import optimal_path
-from .result import Incumbent, SolverStats, SolveResult
+from .result import Incumbent, NoPlanBelow, SolverStats, SolveResult
 
 
 def solve_enumerate(search) -> SolveResult:
@@ -34,7 +34,7 @@ def solve_enumerate(search) -> SolveResult:
     tightest = None  # the least overfull plan, to explain infeasibility
     timed_out, remaining_lb = False, np.inf
     for i, cand in enumerate(order):
-        kth = found[opts.top_k - 1].value if len(found) >= opts.top_k else np.inf
+        kth = found[opts.top_k - 1].value if len(found) >= opts.top_k else opts.cutoff
         if lower[cand] >= kth:
             pruned += len(order) - i
             break
@@ -60,6 +60,8 @@ def solve_enumerate(search) -> SolveResult:
     if not found:
         if timed_out:
             raise InfeasibleError(f"no feasible plan found within the time limit of {opts.time_limit} s")
+        if np.isfinite(opts.cutoff):  # nothing beats the plan the caller has (or nothing fits at all)
+            raise NoPlanBelow(opts.cutoff)
         raise InfeasibleError(infeasible_reason(search, tightest or least_overfull_rank_order(search)))
 
     evaluations = tuple(search.evaluate(f.plan) for f in found)

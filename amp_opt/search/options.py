@@ -16,6 +16,7 @@ from ..model.fields import whole_number
 from ..model.placement import check_placement
 
 SOLVERS = ("auto", "enumerate", "cpsat", "cbc")
+OBJECTIVES = ("time", "cost")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,13 @@ class SolveOptions:
         For the MIP solvers; fixed so that runs repeat.
     gap : float
         Relative gap at which the MIP search may stop (0: prove optimality).
+    objective : str
+        "time" (seconds per iteration) or "cost" (USD per iteration).
+    budget : float or None
+        USD per hour the plan's devices may cost at most (with objective time).
+    cutoff : float
+        Seconds: only plans faster than this are of interest (set by the search over idle
+        node classes, which already knows such a plan).
     progress : callable or None
         ``progress(done, total)`` after each candidate.
     """
@@ -50,6 +58,9 @@ class SolveOptions:
     seed: int = 0
     workers: int = 1
     gap: float = 0.0
+    objective: str = "time"
+    budget: float | None = None
+    cutoff: float = math.inf
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)
 
     @property
@@ -59,7 +70,8 @@ class SolveOptions:
 
 def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero", placement: str | None = None,
                   top_k: int = 1, time_limit: float | None = None, seed: int = 0, workers: int = 1,
-                  gap: float = 0.0, progress=None) -> SolveOptions:
+                  gap: float = 0.0, objective: str = "time", budget: float | None = None,
+                  progress=None) -> SolveOptions:
     """Check every option once and return the record; InputError names the first bad one.
 
     Examples
@@ -79,5 +91,13 @@ def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero
         raise InputError("--time-limit", f"must be positive seconds, got {time_limit!r}")
     if not 0 <= gap < 1:
         raise InputError("gap", f"must be a fraction in [0, 1), got {gap!r}")
+    if objective not in OBJECTIVES:
+        raise InputError("--objective", f"unknown objective {objective!r} (choose from {', '.join(OBJECTIVES)})")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                               or not budget > 0 or not math.isfinite(budget)):
+        raise InputError("--budget", f"must be positive USD per hour, got {budget!r}")
+    if budget is not None and objective == "cost":
+        raise InputError("--budget", "applies with --objective time (the cost objective already minimises cost)")
     return SolveOptions(solver, model.name, check_placement(placement, model), top_k,
-                        None if time_limit is None else float(time_limit), seed, workers, float(gap), progress)
+                        None if time_limit is None else float(time_limit), seed, workers, float(gap), objective,
+                        None if budget is None else float(budget), math.inf, progress)

@@ -89,15 +89,25 @@ def memory_ratio(costs: StageCosts, num_layers: int, stage: int) -> np.ndarray:
 
 def fixed_placement_graph(costs: StageCosts, num_layers: int, bounds=None) -> StageGraph:
     """The graph of a fixed placement: one state and one transition per stage (the ranges fixed
-    to ``bounds`` in stage order when given: interleaved chunks)."""
+    to ``bounds`` in stage order when given: interleaved chunks).  Stages with the same compute
+    and allreduce tables share a kind, so that the tables stay small on long pipelines."""
     p, L = costs.pp, num_layers
-    compute, allreduce = zip(*(range_tables(costs, L, s) for s in range(p)))
-    ratio = np.zeros((p, p, L + 1, L + 1))
+    kinds: dict[tuple, int] = {}
+    compute, allreduce, kind_of = [], [], []
     for s in range(p):
-        ratio[s, s] = memory_ratio(costs, L, s)
+        c, a = range_tables(costs, L, s)
+        key = (c.tobytes(), a.tobytes())
+        if key not in kinds:
+            kinds[key] = len(kinds)
+            compute.append(c)
+            allreduce.append(a)
+        kind_of.append(kinds[key])
+    ratio = np.zeros((p, len(kinds), L + 1, L + 1))
+    for s in range(p):
+        ratio[s, kind_of[s]] = memory_ratio(costs, L, s)
     volume = np.concatenate([[0.0], costs.p2p_volume()])
     factors = [0.0] + [costs.p2p_factor(s) for s in range(p - 1)]
-    transitions = tuple(((0, s, factors[s], 0),) for s in range(p))
+    transitions = tuple(((0, kind_of[s], factors[s], 0),) for s in range(p))
     return make_graph(costs.n_micro, np.stack(compute), np.stack(allreduce), ratio, costs.enforces_memory, volume,
                       transitions, virtual=costs.cand.virtual_stages, bounds=bounds)
 

@@ -37,6 +37,14 @@ class Incumbent:
         return (self.value, self.candidate, self.bounds, self.stages)
 
 
+class NoPlanBelow(Exception):
+    """A search with a cutoff proved that no plan is faster than it (``bound``, seconds)."""
+
+    def __init__(self, bound: float):
+        super().__init__(f"no plan below {bound} s")
+        self.bound = bound
+
+
 @dataclass(frozen=True)
 class SolverStats:
     """How a search went.  Times in seconds."""

@@ -10,10 +10,12 @@ from .enumerate import solve_enumerate
 from .mip.driver import solve_mip
 from .options import solve_options
 from .result import SolveResult
+from .subsets import solve_subsets
 
 
 def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str | None = None, top_k: int = 1,
-          time_limit: float | None = None, seed: int = 0, workers: int = 1, progress=None) -> SolveResult:
+          time_limit: float | None = None, seed: int = 0, workers: int = 1, objective: str = "time",
+          budget: float | None = None, progress=None) -> SolveResult:
     """Find the fastest plan of an instance under a cost model.
 
     Parameters
@@ -33,6 +35,10 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
         Seconds for the whole search.
     seed, workers : int
         For the MIP solvers; fixed so that results repeat.
+    objective : {"time", "cost"}
+        Seconds per iteration (default), or USD per iteration at the used devices' $/hour.
+    budget : float, optional
+        USD per hour the used devices may cost at most (with objective "time").
     progress : callable, optional
         Called as ``progress(done, total)`` after each candidate.
 
@@ -57,7 +63,13 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     (1.0617, 'OPTIMAL')
     """
     options = solve_options(solver=solver, cost_model=cost_model, placement=placement, top_k=top_k,
-                            time_limit=time_limit, seed=seed, workers=workers, progress=progress)
+                            time_limit=time_limit, seed=seed, workers=workers, objective=objective, budget=budget,
+                            progress=progress)
+    return solve_subsets(instance, options, _solve_one)
+
+
+def _solve_one(instance, options) -> SolveResult:
+    """One solver on one instance (all its devices), with the options' cutoff."""
     search = Search(instance, options)
     if options.solver not in ("auto", "enumerate"):
         return solve_mip(search)

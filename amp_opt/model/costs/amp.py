@@ -61,6 +61,7 @@ class AmpModel(CostModel):
     description = "the AMP paper's reference model: one blended profile, AMP's links, memory not enforced"
     enforces_memory = False
     placements = ("rank-order",)
+    idle = False  # the blended profile (A1) averages over every device of the cluster
 
     def prices(self, cand) -> bool:
         """AMP's model knows the strategy space of 2022: no context or sequence parallelism,

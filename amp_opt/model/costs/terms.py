@@ -324,7 +324,8 @@ class CostModel:
     """The protocol of a cost model (a strategy): its name, whether it enforces memory, the
     placements it can price, the candidates it can price, its stage terms and its bound.
 
-    ``placements`` lists the placements the model prices, the default first.
+    ``placements`` lists the placements the model prices, the default first; ``idle`` says
+    whether the model prices a plan by the devices it uses alone, so that some may stay idle.
     ``prices(cand)`` says whether the model prices a candidate's decisions.
     ``stage_costs(tables, cand, stages, chunks=..., modes=...)`` returns the
     :class:`StageCosts` of a candidate on a placement; ``lower_bound(tables, cand,
@@ -336,6 +337,7 @@ class CostModel:
     description: str = ""
     enforces_memory: bool = True
     placements: tuple[str, ...] = ()
+    idle: bool = True  # whether a plan's price depends only on the devices it uses (so some may idle)
 
     def prices(self, cand: Candidate) -> bool:  # pragma: no cover
         raise NotImplementedError

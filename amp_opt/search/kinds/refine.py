@@ -27,6 +27,7 @@ KIND_SHARE = 0.75  # share of the time left that phase 1b may spend
 KIND_SWEEPS = 400  # DP paths per candidate and round for the Lagrangian kind bound
 POLISHED = 3  # candidates (lowest bounds first) that get plans built per round
 QUICK_SWEEPS = 60  # DP paths of the kind bound before a candidate's first incumbent
+QUICK_SHARE = 0.01  # share of the time limit one such quick bound may take
 POLISH_CELLS = 3  # threshold cells (the weakest) at which an incumbent is re-partitioned
 
 
@@ -60,10 +61,13 @@ class KindPhase:
         return np.inf if value >= ceiling else value
 
     def quick_bound(self, cand, lower: float, best: float) -> float:
-        """Phase 1's quick try at ruling a candidate out before its DP incumbent is built."""
+        """Phase 1's quick try at ruling a candidate out before its DP incumbent is built; under a
+        time limit each try may take QUICK_SHARE of it."""
         if self.of(cand, best) is None:
             return lower
-        return max(lower, self.raise_bound(cand, best, QUICK_SWEEPS, self.search.deadline))
+        limit = self.search.options.time_limit
+        deadline = None if limit is None else min(self.search.deadline, time.perf_counter() + QUICK_SHARE * limit)
+        return max(lower, self.raise_bound(cand, best, QUICK_SWEEPS, deadline))
 
     def refine(self, incumbents: dict, lower: dict, best: float, gap: float) -> float:
         """Rounds of bound raising and plan building; updates ``incumbents`` and ``lower`` and

@@ -28,7 +28,7 @@ from ...model.plan import Candidate, rank_order_stages
 from ..diagnose import infeasible_reason, least_overfull_rank_order
 from ..kinds.refine import KindPhase, runs_kinds
 from ..partition import fixed_placement_graph, good_path
-from ..result import Incumbent, SolverStats, SolveResult
+from ..result import Incumbent, NoPlanBelow, SolverStats, SolveResult
 from .backends import resolution_for, solve_cbc, solve_cpsat
 from .formulation import build
 
@@ -91,9 +91,12 @@ def solve_mip(search) -> SolveResult:
     if phase is not None:
         best = phase.refine(incumbents, lower, best, max(opts.gap, SAME))
     proofs = _programs(search, cands, lower, incumbents)
+    proofs.results = [r for r in proofs.results if r.value < opts.cutoff]
     if not proofs.results:
         if not proofs.closed:
             raise InfeasibleError(f"no feasible plan found within the time limit of {opts.time_limit} s")
+        if np.isfinite(opts.cutoff):  # nothing beats the plan the caller has (or nothing fits at all)
+            raise NoPlanBelow(opts.cutoff)
         example = " rank-order plan (free grouping was searched too)" if opts.placement == "free" else ""
         raise InfeasibleError(infeasible_reason(search, least_overfull_rank_order(search), example))
     return _result(search, cands, proofs)
@@ -103,11 +106,11 @@ def _incumbents(search, cands, lower: dict, phase: KindPhase | None) -> tuple[di
     """Phase 1: incumbents from the DP, candidates in order of their lower bound.  Under free
     grouping the kind bound (eq. B4) first gets a quick try at ruling the candidate out."""
     incumbents: dict[Candidate, Incumbent] = {}
-    best = np.inf
+    best = search.options.cutoff
     for c in sorted(cands, key=lambda c: (lower[c], c)):
         if lower[c] >= best or search.out_of_time():
             break
-        if phase is not None:
+        if phase is not None and np.isfinite(best):  # before any plan there is no target to rule it out by
             lower[c] = phase.quick_bound(c, lower[c], best)
             if lower[c] >= best:
                 continue
@@ -128,7 +131,7 @@ def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
     def kth_best():
         values = sorted([r.value for r in proofs.results]
                         + [incumbents[x].value for x in incumbents if x not in proofs.bound])
-        return values[opts.top_k - 1] if len(values) >= opts.top_k else np.inf
+        return min(values[opts.top_k - 1] if len(values) >= opts.top_k else np.inf, opts.cutoff)
 
     for i, c in enumerate(order):
         kth = kth_best()
@@ -140,6 +143,8 @@ def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
         elif search.out_of_time():
             proofs.closed = False
             proofs.bound[c] = lower[c]
+            if c in incumbents:  # the DP's plan is the best this candidate has
+                proofs.results.append(incumbents[c])
         else:
             # Share what is left among the candidates still open; the first ones get a bit more.
             left = search.remaining()
