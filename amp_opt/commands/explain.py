@@ -65,7 +65,7 @@ def overflows(instance, ev, parts) -> list[Overflow]:
     out = []
     for r, p in zip(ev.stages, parts):
         for t in r.device_types:
-            cap = instance.device_types[t].memory
+            cap = instance.device_types[t].capacity
             if r.memory > cap:
                 out.append(Overflow(r.index, t, r.memory, cap, p))
     return out

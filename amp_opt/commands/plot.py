@@ -200,7 +200,7 @@ def _memory_panel(ax, instance, evaluation, parts) -> None:
     types = sorted({t for r in evaluation.stages for t in r.device_types})
     styles = ["-", "--", ":", "-."]
     for k, t in enumerate(types):
-        cap = instance.device_types[t].memory / gib
+        cap = instance.device_types[t].capacity / gib
         for r in evaluation.stages:
             if t in r.device_types:
                 ax.hlines(cap, r.index - 0.4, r.index + 0.4, colors="red", linestyles=styles[k % len(styles)],

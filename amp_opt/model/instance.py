@@ -59,10 +59,22 @@ class Layer:
 
 @dataclass(frozen=True)
 class DeviceType:
+    """A GPU type.  The last four fields are corrections an instance's ``calibration`` section
+    sets (``formulations/calibration.md``); their defaults leave the model as it is."""
+
     name: str
     memory: float  # bytes
     peak_flops: float | None  # dense fp16/bf16 FLOP/s
     price_per_hour: float | None = None  # USD per device-hour (the cost objective)
+    compute_scale: float = 1.0  # measured / modelled layer time
+    batch_exponent: float = 1.0  # time grows as micro_batch ** exponent away from measured sizes
+    step_overhead: float = 0.0  # seconds every stage spends per micro-batch beyond its layers
+    memory_overhead: float = 0.0  # bytes per device the framework takes beyond the model's count
+
+    @property
+    def capacity(self) -> float:
+        """Bytes a stage may use per device: the memory less the learned overhead."""
+        return self.memory - self.memory_overhead
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,7 @@ class Training:
     zero_stage: int
     memory_reserve: float  # bytes per device
     analytic_efficiency: float
+    activation_factor: float = 1.0  # measured / modelled activation bytes (calibration)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -28,6 +29,7 @@ DEFAULT_TP = (1, 2, 4, 8)
 DEFAULT_CP = (1, 2, 4, 8, 16)  # context-parallel degrees the search may try
 DEFAULT_VIRTUAL = (1, 2, 4)  # virtual pipeline stages per device (interleaved 1F1B)
 RECOMPUTE = ("none", "selective", "full")
+CALIBRATED = ("compute_scale", "batch_exponent", "step_overhead", "memory_overhead")  # DeviceType fields
 DEFAULT_MEMORY_RESERVE = 2**30  # 1 GiB: CUDA context, allocator slack, workspaces
 DEFAULT_EFFICIENCY = 0.4  # fraction of peak FLOP/s an analytic estimate assumes
 MIXED_PRECISION_ADAM = {"weights": 2.0, "gradients": 2.0, "optimizer": 12.0}
@@ -114,6 +116,8 @@ def parse_instance(data: Any, *, base_dir: Path | None = None, default_name: str
     profiles = _parse_profiles(data.get("profiles", []), device_types, len(layers))
     training = _parse_training(data["training"])
     search = _parse_search(data.get("search", {}), training, len(layers))
+    if "calibration" in data:
+        device_types, nodes, training = _calibrate(data["calibration"], device_types, nodes, training)
     return Instance(
         name=data.get("name", default_name),
         layers=layers,
@@ -124,6 +128,26 @@ def parse_instance(data: Any, *, base_dir: Path | None = None, default_name: str
         search=search,
         notes=tuple(notes),
     )
+
+
+def _calibrate(raw: Mapping, device_types: dict[str, DeviceType], nodes, training: Training):
+    """Apply a ``calibration`` section (``formulations/calibration.md``): corrections per device
+    type, effective bandwidth factors per link kind (intra- and inter-node), a factor on
+    activation bytes.  Device types it names that the instance does not use are ignored, so
+    a section fitted on one cluster applies unchanged to any with the same hardware."""
+    per_type = raw.get("device_types", {})
+    types = {name: replace(t, **{k: float(v) for k, v in per_type.get(name, {}).items() if k in CALIBRATED})
+             for name, t in device_types.items()}
+    links = raw.get("links", {})
+
+    def link(node: Node) -> Node:
+        own = per_type.get(node.device_type, {})
+        intra = float(own.get("intra_bandwidth_factor", links.get("intra", 1.0)))
+        inter = float(own.get("inter_bandwidth_factor", links.get("inter", 1.0)))
+        return replace(node, intra_bandwidth=node.intra_bandwidth * intra, inter_bandwidth=node.inter_bandwidth * inter)
+
+    factor = float(raw.get("activation_factor", 1.0))
+    return types, tuple(link(n) for n in nodes), replace(training, activation_factor=factor)
 
 
 def _split(value, default_sharded: bool) -> Split:

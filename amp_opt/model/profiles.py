@@ -2,11 +2,15 @@
 
 Measured profiles give forward+backward seconds per layer for one micro-batch
 at some micro-batch sizes.  Between measured sizes the time is interpolated
-linearly; outside them it is scaled per sample from the nearest measurement.
-Without a measurement for the device type and tp degree, the analytic estimate
-of ``formulations/hetero.md`` (eq. H2) is used:
+linearly; outside them it is scaled from the nearest measurement as (b / b0) ** beta,
+beta the device type's ``batch_exponent`` (1: per sample).  Without a measurement for
+the device type and tp degree, the analytic estimate of ``formulations/hetero.md``
+(eq. H2) is used:
 
-    t = b * flops / (tp * peak * efficiency) + 2 (tp-1)/tp * b * tp_comm_bytes / intra_bw
+    t = b ** beta * flops / (tp * peak * efficiency) + 2 (tp-1)/tp * b * tp_comm_bytes / intra_bw
+
+Either is multiplied by the device type's ``compute_scale`` (1 unless calibrated,
+``formulations/calibration.md``).
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ def _measured(instance, device_type: str, tp: int) -> list[tuple[int, tuple[floa
     return sorted((p.micro_batch, p.layer_times) for p in instance.profiles if p.device_type == device_type and p.tp == tp)
 
 
-def _interpolate(measured: list[tuple[int, tuple[float, ...]]], b: int) -> np.ndarray:
+def _interpolate(measured: list[tuple[int, tuple[float, ...]]], b: int, exponent: float = 1.0) -> np.ndarray:
+    """Linear between measured sizes; outside them t(b0) (b / b0) ** exponent from the nearest."""
     sizes = [m for m, _ in measured]
     times = [np.asarray(t, dtype=float) for _, t in measured]
     if b <= sizes[0]:
-        return times[0] * (b / sizes[0])
+        return times[0] * (b / sizes[0]) ** exponent
     if b >= sizes[-1]:
-        return times[-1] * (b / sizes[-1])
+        return times[-1] * (b / sizes[-1]) ** exponent
     hi = next(i for i, m in enumerate(sizes) if m >= b)
     if sizes[hi] == b:
         return times[hi]
@@ -57,7 +62,7 @@ def _analytic(instance, device_type: str, intra_bw: float, tp: int, b: int) -> n
                 f"no measured profile for device type {device_type!r} at tp {tp}, and {missing} to estimate it from",
             )
         comm = 2 * (tp - 1) / tp * b * layer.tp_comm_bytes / intra_bw if tp > 1 else 0.0
-        out[i] = b * layer.flops / (tp * dev.peak_flops * eff) + comm
+        out[i] = b ** dev.batch_exponent * layer.flops / (tp * dev.peak_flops * eff) + comm
     return out
 
 
@@ -74,7 +79,8 @@ def layer_times(instance, device_type: str, intra_bw: float, tp: int, micro_batc
     >>> len(times.seconds) == inst.num_layers, times.estimated
     (True, False)
     """
+    dev = instance.device_types[device_type]
     measured = _measured(instance, device_type, tp)
     if measured:
-        return LayerTimes(_interpolate(measured, micro_batch), False)
-    return LayerTimes(_analytic(instance, device_type, intra_bw, tp, micro_batch), True)
+        return LayerTimes(dev.compute_scale * _interpolate(measured, micro_batch, dev.batch_exponent), False)
+    return LayerTimes(dev.compute_scale * _analytic(instance, device_type, intra_bw, tp, micro_batch), True)

@@ -40,7 +40,7 @@ class AmpCosts(StageCosts):
         inst, m, d = self.instance, self.tp, self.dp
         blended, self.estimated = blended_times(self.tables, m, self.micro_batch)
         prefix = np.concatenate([[0.0], np.cumsum(blended)])
-        self._compute_prefixes = [[(prefix, prefix)]] * self.pp
+        self._compute_prefixes = [[(prefix, prefix, 0.0)]] * self.pp
         # A2: p2p volume as fp32 elements; the link factor is averaged over replicas.
         self._volume = self._volume * (AMP_WIRE_BYTES / inst.training.activation_element_bytes)
         link = inst.link_bandwidth

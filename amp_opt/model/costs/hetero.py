@@ -49,8 +49,8 @@ class HeteroCosts(StageCosts):
 class ComputeClass:
     """Groups of one compute class (device type, intra link) at a candidate's (tp, micro-batch)."""
 
-    def __init__(self, times: np.ndarray, groups: int, capacity: float, link: float):
-        self.times, self.groups, self.capacity, self.link = times, groups, capacity, link
+    def __init__(self, times: np.ndarray, groups: int, capacity: float, link: float, step: float = 0.0):
+        self.times, self.groups, self.capacity, self.link, self.step = times, groups, capacity, link, step
 
 
 def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
@@ -64,8 +64,8 @@ def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
         entry = info.setdefault(c.compute_key, [0, 0.0])
         entry[0] += c.groups(cand.tp)
         entry[1] = max(entry[1], link)
-    out = [ComputeClass(terms.layer_seconds(t, bw, cand.recompute), g, inst.device_types[t].memory, link)
-           for (t, bw), (g, link) in info.items()]
+    out = [ComputeClass(terms.layer_seconds(t, bw, cand.recompute), g, inst.device_types[t].capacity, link,
+                        inst.device_types[t].step_overhead) for (t, bw), (g, link) in info.items()]
     return sorted(out, key=lambda c: float(c.times.sum()))
 
 
@@ -89,8 +89,13 @@ class HeteroModel(CostModel):
         (labels used so far, layer position), with memory, when small enough (``labelled``);
         else B3: a fractional speed bound and the min-max partition of the fastest times.
         """
-        v = cand.virtual_stages
-        if v > 1:
+        v, n, p = cand.virtual_stages, cand.n_micro(tables.instance), cand.pp
+        # Every stage pays at least the smallest calibrated step overhead per micro-batch.
+        step = min(tables.instance.device_types[c.device_type].step_overhead for c in node_classes(tables.instance))
+        return (n - 1 / v) * step + p * step / v + self._bound(tables, cand, labelled)
+
+    def _bound(self, tables, cand, labelled: bool) -> float:
+        if cand.virtual_stages > 1:
             return _fixed_partition_bound(tables, cand)
         terms = CandidateTerms(tables, cand)
         classes = compute_classes(terms)

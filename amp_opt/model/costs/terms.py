@@ -79,9 +79,11 @@ class CandidateTerms:
         layers = [inst.layers[i] for i in (range(inst.num_layers) if self.order is None else self.order)]
         m, sp, cp = cand.tp, cand.sequence_parallel, cand.cp
         ids = np.arange(inst.num_layers) if self.order is None else self.order
-        before = [inst.layers[i - 1].activation_bytes.at(m, sp) / cp if i > 0 else 0.0 for i in ids]
-        act = np.array([layer.activation_memory_bytes.at(m, sp) / cp for layer in layers])
-        scores = np.array([layer.attention_memory_bytes.at(m, sp) / cp for layer in layers])
+        before = [inst.layers[i - 1].activation_bytes.at(m, sp) * inst.training.activation_factor / cp if i > 0 else 0.0
+                  for i in ids]
+        factor = inst.training.activation_factor / cp  # calibrated activation bytes, split over cp ranks
+        act = np.array([layer.activation_memory_bytes.at(m, sp) for layer in layers]) * factor
+        scores = np.array([layer.attention_memory_bytes.at(m, sp) for layer in layers]) * factor
         self.recomputes = np.array([layer.recomputes for layer in layers])
         # H7: bytes kept per sample for backward, by recomputation mode.
         self.kept = {"none": act, "selective": act - np.where(self.recomputes, scores, 0.0),
@@ -239,10 +241,11 @@ class StageCosts:
             for stage in stages
         )
         types = instance.device_types
-        self.capacity = [min(types[t].memory for t in place.device_types) for place in self.placement]
+        self.capacity = [min(types[t].capacity for t in place.device_types) for place in self.placement]
         # Per stage and compute class: prefix sums of layer seconds in the stage's recomputation
-        # mode and without recomputation (the layers after a block of recomputed ones).
-        self._compute_prefixes: list[list[tuple[np.ndarray, np.ndarray]]] = []
+        # mode and without recomputation (the layers after a block of recomputed ones), and the
+        # class's fixed seconds per micro-batch.
+        self._compute_prefixes: list[list[tuple[np.ndarray, np.ndarray, float]]] = []
         self._volume = self.terms.volume
         self._p2p_factor: list[float] = []
         self._ring_factor: list[float] = [0.0] * cand.pp  # seconds per byte on each stage's ring (H10)
@@ -252,12 +255,14 @@ class StageCosts:
     def _price(self) -> None:  # pragma: no cover - every cost model defines it
         raise NotImplementedError
 
-    def _class_prefixes(self, device_type: str, intra: float, s: int) -> tuple[np.ndarray, np.ndarray]:
-        """Prefix sums of a compute class's layer seconds on stage s: its mode's, and without recomputation."""
+    def _class_prefixes(self, device_type: str, intra: float, s: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """Prefix sums of a compute class's layer seconds on stage s: its mode's, and without
+        recomputation; and the class's fixed seconds per micro-batch (calibrated step overhead)."""
         self.estimated |= self.terms.estimated(device_type, intra)
         mode = self.terms.modes[s]
         return (_prefix(self.terms.layer_seconds(device_type, intra, mode)),
-                _prefix(self.terms.layer_seconds(device_type, intra, "none")))
+                _prefix(self.terms.layer_seconds(device_type, intra, "none")),
+                self.instance.device_types[device_type].step_overhead)
 
     @property
     def enforces_memory(self) -> bool:
@@ -277,8 +282,8 @@ class StageCosts:
         k, l = np.asarray(k), np.asarray(l)
         mid = self.terms.split(s, k, l)
         out = None
-        for mode, none in self._compute_prefixes[s]:
-            time = (mode[mid] - mode[k]) + (none[l] - none[mid])
+        for mode, none, step in self._compute_prefixes[s]:
+            time = (mode[mid] - mode[k]) + (none[l] - none[mid]) + step
             out = time if out is None else np.maximum(out, time)
         if self._ring_factor[s]:
             out = out + self.terms.stage_comm_bytes(s, k, l) * self._ring_factor[s]
@@ -303,7 +308,11 @@ class StageCosts:
     def layer_times(self, s: int) -> list[np.ndarray]:
         """Per compute class present in stage s: seconds of each layer for one micro-batch (every
         layer in the stage's recomputation mode: a block of recomputed layers is not per-layer)."""
-        return [np.diff(mode) for mode, _ in self._compute_prefixes[s]]
+        return [np.diff(mode) for mode, _, _ in self._compute_prefixes[s]]
+
+    def step_overheads(self, s: int) -> list[float]:
+        """Per compute class of stage s (as :meth:`layer_times`): its fixed seconds per micro-batch."""
+        return [step for _, _, step in self._compute_prefixes[s]]
 
     def p2p_volume(self) -> np.ndarray:
         """Per layer: what p2p_factor multiplies when a boundary follows the layer."""

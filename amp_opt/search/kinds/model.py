@@ -92,7 +92,7 @@ class KindModel:
         ranges = []
         for c in self.classes:
             prefix = np.concatenate([[0.0], np.cumsum(terms.layer_seconds(c.device_type, c.intra, self.cand.recompute))])
-            ranges.append(prefix[g.stop] - prefix[g.start])
+            ranges.append((prefix[g.stop] - prefix[g.start]) + self.instance.device_types[c.device_type].step_overhead)
         params = terms.sums.params_in(g.start, g.stop)
         traffic = terms.stage_comm_bytes(0, g.start, g.stop)  # every stage recomputes alike
         sync = terms.allreduce_bytes_per_param()
@@ -105,7 +105,7 @@ class KindModel:
             # The factors as the evaluator forms them (StageCosts), so that both give the same floats.
             self.compute[i] = np.where(g.nonempty, np.max([ranges[c] for c in S], axis=0) + traffic * (1.0 / link), INF)
             self.allreduce[i] = np.where(g.nonempty, params * (sync / link), INF)
-            self.capacity[i] = min(self.instance.device_types[self.classes[c].device_type].memory for c in S)
+            self.capacity[i] = min(self.instance.device_types[self.classes[c].device_type].capacity for c in S)
         return params
 
     def _memory(self, terms: CandidateTerms) -> None:

@@ -106,10 +106,10 @@ class Program:
         self.vol = vol = costs.p2p_volume()
         for s in range(self.cand.pp):
             ring = (costs.ring_factor(s), self.comm_bytes(s))  # (H10)
-            for times in costs.layer_times(s):
+            for times, step in zip(costs.layer_times(s), costs.step_overheads(s)):
                 mdl.add(lin({self.E[s]: 1}, *[(-float(times[l]), z(s, l)) for l in range(L)], (-ring[0], ring[1])),
-                        ">=", 0, "time", f"compute[{s}]")
-                ub["E"] = max(ub["E"], float(times.sum()) + ring[0] * sum(abs(c) for c in ring[1].values()))
+                        ">=", step, "time", f"compute[{s}]")
+                ub["E"] = max(ub["E"], float(times.sum()) + step + ring[0] * sum(abs(c) for c in ring[1].values()))
             if s < self.cand.pp - 1:
                 phi = costs.p2p_factor(s)
                 mdl.add(lin({self.P[s]: 1}, *[(-float(vol[l] * phi), e(s, l)) for l in range(L)]), ">=", 0, "time",
