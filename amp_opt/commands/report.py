@@ -73,11 +73,23 @@ def evaluation_tables(instance, ev: Evaluation):
     return stages, terms
 
 
+def usage_line(instance, ev: Evaluation) -> str:
+    """Devices used, price per iteration and per hour (when every used type has a price), MFU."""
+    parts = [f"devices used: {ev.devices_used} of {instance.num_devices}"]
+    if ev.cost is not None:
+        rate = ev.cost / ev.predicted_time * 3600.0 if ev.predicted_time > 0 else 0.0
+        parts.append(f"cost: ${ev.cost:.4g} per iteration (${rate:,.2f}/h)")
+    if ev.mfu is not None:
+        parts.append(f"model FLOPs utilisation: {ev.mfu:.1%}")
+    return "; ".join(parts)
+
+
 def print_evaluation(instance, ev: Evaluation, out: Console | None = None) -> None:
     console = out or make_console()
     stages, terms = evaluation_tables(instance, ev)
     console.print(stages)
     console.print(terms)
+    console.print(usage_line(instance, ev))
     verdict = "feasible" if ev.feasible else "INFEASIBLE"
     ignores = "" if cost_model(ev.cost_model).enforces_memory else f" (the {ev.cost_model} cost model ignores memory)"
     console.print(verdict + ignores)

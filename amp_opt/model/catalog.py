@@ -16,6 +16,9 @@ Conventions, applied to every entry:
   per-GPU, per-direction GPU-to-GPU bandwidth of a typical server for that GPU
   (half of NVIDIA's bidirectional NVLink figure; PCIe x16 per direction when
   the usual server has no NVLink).  Real clusters should state their own links.
+* ``price_per_hour`` is an on-demand list price in USD per GPU-hour (``PRICES``: the
+  node's hourly price over its GPUs, with its provider, instance and date).  Prices
+  move: an instance's ``device_types`` entry overrides it (``price_per_hour``).
 """
 
 from __future__ import annotations
@@ -49,8 +52,28 @@ class GpuSpec:
     price_per_hour: float | None = None  # USD per GPU-hour, on-demand list price (see PRICES)
 
 
+_AWS = "AWS us-east-1 on-demand Linux, instances.vantage.sh data of 2026-01-21 (after AWS's June 2025 P4/P5 cut)"
+
+# USD per GPU-hour and where it comes from: the price of a whole node over its GPU count.
+PRICES: dict[str, tuple[float, str]] = {
+    "V100-16GB": (3.06, f"p3.16xlarge, 8 x V100-16GB, $24.48/h; {_AWS}"),
+    "V100-32GB": (3.9015, f"p3dn.24xlarge, 8 x V100-32GB, $31.212/h; {_AWS}"),
+    "T4": (0.978, f"g4dn.metal, 8 x T4, $7.824/h; {_AWS}"),
+    "A10": (0.86, "Lambda on-demand 1 x A10 $0.86/h, as listed on 2026-05-07 (secondary source: "
+                  "techbytes.app serverless GPU pricing matrix); no hyperscaler sells the A10 on demand"),
+    "A10G": (2.036, f"g5.48xlarge, 8 x A10G, $16.288/h; {_AWS}"),
+    "L4": (1.6688, f"g6.48xlarge, 8 x L4, $13.3504/h; {_AWS}"),
+    "A100-40GB": (2.7447, f"p4d.24xlarge, 8 x A100-40GB, $21.9576/h; {_AWS}"),
+    "A100-80GB": (3.4309, f"p4de.24xlarge, 8 x A100-80GB, $27.4471/h; {_AWS}"),
+    "H100-80GB": (6.88, f"p5.48xlarge, 8 x H100-80GB, $55.04/h; {_AWS}"),
+    "H200": (7.912, "p5en.48xlarge, 8 x H200, $63.296/h, AWS us-east-1 on-demand (dstack offer listing of 2026-08-06)"),
+    "RTX-4090": (0.69, "RunPod Secure Cloud 1 x RTX 4090 $0.69/h (SkyPilot catalog snapshot, undated, likely 2025)"),
+}
+
+
 def _spec(name, gib, tflops, source, link):
-    return GpuSpec(name, float(gib * GIB), float(tflops * TERA), source, float(link))
+    price = PRICES[name][0] if name in PRICES else None
+    return GpuSpec(name, float(gib * GIB), float(tflops * TERA), source, float(link), price)
 
 
 CATALOG: dict[str, GpuSpec] = {
