@@ -25,6 +25,11 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="solver random seed (MIP solvers)")
     p.add_argument("--workers", type=positive_int, default=1,
                    help="solver threads (MIP solvers; default 1 for repeatable runs)")
+    p.add_argument("--objective", choices=("time", "cost"), default="time",
+                   help="time: seconds per iteration (default); cost: USD per iteration at the used devices' prices")
+    p.add_argument("--budget", type=positive_float, default=None, metavar="USD_PER_HOUR",
+                   help="the devices a plan uses may cost at most this many USD per hour (GPU prices: the catalog's "
+                        "or the instance's device_types[].price_per_hour)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the report")
 
 
@@ -32,7 +37,7 @@ def run(args) -> int:
     instance = load_instance(args.instance)
     result = solve(instance, solver=args.solver, cost_model=args.cost_model, placement=args.placement,
                    top_k=args.top_k, time_limit=args.time_limit, seed=args.seed, workers=args.workers,
-                   progress=None if args.json else progress_printer())
+                   objective=args.objective, budget=args.budget, progress=None if args.json else progress_printer())
     if args.json:
         print(json.dumps(result.to_json(instance, with_top=args.top_k > 1), indent=2))
     else:

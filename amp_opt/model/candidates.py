@@ -34,7 +34,7 @@ def even_partition(instance, parts: int, *, exact: bool = False) -> tuple[int, .
     those after the last one (head, ...) the last.  When the counts do not divide, the
     first ranges get one layer more (numpy's ``array_split`` convention); with ``exact``
     they must divide (Megatron's rule for virtual stages), else None.  Without transformer
-    layers, or with more ranges than transformer layers, every layer counts.  None if
+    layers, or (without ``exact``) with more ranges than transformer layers, every layer counts.  None if
     ``parts`` exceeds the layer count.
     """
     n = instance.num_layers
@@ -43,6 +43,8 @@ def even_partition(instance, parts: int, *, exact: bool = False) -> tuple[int, .
     body = [i for i, layer in enumerate(instance.layers) if layer.kind == "transformer"]
     first, last = (body[0], body[-1] + 1) if body else (0, n)
     if last - first < parts:
+        if exact and body:
+            return None  # Megatron's interleaved split counts transformer layers only
         first, last = 0, n
     size, extra = divmod(last - first, parts)
     if exact and extra:
@@ -82,11 +84,8 @@ def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: i
     out = []
     for seq, zero, mode, v in itertools.product(sp, zeros, modes, space.virtual_stages):
         cand = Candidate(tp, dp, pp, micro_batch, cp, seq, mode, 0, zero, v)
-        if not model.prices(cand) or engine.rule(instance, cand) is not None:
-            continue
-        if v > 1 and even_partition(instance, pp * v, exact=True) is None:
-            continue  # Megatron's virtual stages split the layers evenly
-        out.append(cand)
+        if model.prices(cand) and engine.rule(instance, cand) is None:
+            out.append(cand)
     return out
 
 

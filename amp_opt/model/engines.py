@@ -45,6 +45,11 @@ class Engine:
                 return "virtual_stages", f"{self.name} has no interleaved pipeline schedule"
             if cand.pp < 2:
                 return "virtual_stages", "the interleaved schedule needs pp >= 2"
+            parts = cand.pp * cand.virtual_stages
+            body = sum(layer.kind == "transformer" for layer in instance.layers) or instance.num_layers
+            if body % parts:
+                return "virtual_stages", (f"the interleaved schedule splits the {body} transformer layers evenly over "
+                                          f"pp*virtual_stages = {parts} chunks: they must divide")
             if n_micro % cand.pp:
                 return "virtual_stages", (f"the interleaved schedule needs micro-batches per iteration ({n_micro}) "
                                           f"divisible by pp ({cand.pp})")

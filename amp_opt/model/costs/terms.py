@@ -95,6 +95,7 @@ class CandidateTerms:
         self.volume = cand.micro_batch * np.array([layer.activation_bytes.at(m, sp) / cp for layer in layers])
         self.kv = cand.micro_batch * np.array([layer.kv_bytes.at(m) / cp for layer in layers])
         self.activations = act  # bytes per sample of each layer without recomputation
+        self.recomputed_activations = np.where(self.recomputes, act, 0.0)  # what full recomputation rebuilds
         self._count = np.concatenate([[0], np.cumsum(self.recomputes)])  # recomputing layers before each position
         self._max: dict[str, np.ndarray] = {}
         tr, R, z = inst.training, cand.replicas, cand.zero_stage
@@ -139,16 +140,16 @@ class CandidateTerms:
                + self.in_flight(s) * self.micro_batch * ((kept[mid] - kept[k]) + (rest[l] - rest[mid]))
                + self.instance.training.memory_reserve)
         if mode == "full":  # the recomputed layer's activations while its backward runs
-            out = out + self.micro_batch * self._range_max("activations", k, mid)
+            out = out + self.micro_batch * self._range_max("recomputed", k, mid)
         if self.cand.zero_stage >= 3:  # one layer's gathered weights and gradients (H9)
             tr = self.instance.training
-            out = out + self.cand.replicas * self._range_max("params", k, l) * (tr.weight_bytes + tr.gradient_bytes)
+            out = out + self._range_max("params", k, l) * (tr.weight_bytes + tr.gradient_bytes)
         return out
 
     def _range_max(self, what: str, k, l):
         """max of a per-layer array over [k, l) for every pair of the broadcast ranges (0 when empty)."""
         if what not in self._max:
-            values = self.activations if what == "activations" else self.sums.params
+            values = self.recomputed_activations if what == "recomputed" else self.sums.params
             L = len(values)
             table = np.zeros((L + 1, L + 1))
             for start in range(L):

@@ -58,7 +58,7 @@ class Program:
         self.ARmax = self.mdl.var("ARmax", 0, 0, TIME)
         self.ub = {"E": 0.0, "P": 0.0, "AR": 0.0}
         self.vol = self.terms.volume
-        self.peak = {}  # per stage: (a variable at least the largest per-layer buffer it holds (H7, H9), the buffers)
+        self.peak = {}  # per (stage, buffer kind): (a variable at least the largest per-layer buffer (H7, H9), the buffers)
 
     def comm_bytes(self, s: int) -> dict:
         """(H10) bytes stage s moves on its ring per micro-batch, linear in the assignment."""
@@ -82,23 +82,27 @@ class Program:
     def _peak(self, s: int) -> dict:
         """The buffers of eq. H7 and H9 that a stage holds once: the activations of the layer being
         recomputed (full recomputation) and one layer's gathered weights and gradients (ZeRO-3).
-        A variable bounded below by every layer's buffer: memory rows alone push it down."""
-        terms = self.terms
-        tr = self.instance.training
-        per_layer = np.zeros(self.L)
+        One variable per buffer, bounded below by every layer's: memory rows alone push it down."""
+        terms, tr = self.terms, self.instance.training
+        buffers = []
         if terms.modes[s] == "full":
-            per_layer = per_layer + terms.micro_batch * terms.activations
+            buffers.append(("recompute", terms.micro_batch * terms.recomputed_activations))
         if self.cand.zero_stage >= 3:
-            per_layer = per_layer + self.cand.replicas * terms.sums.params * (tr.weight_bytes + tr.gradient_bytes)
-        if not per_layer.any():
-            return {}
-        if s not in self.peak:
-            self.peak[s] = (self.mdl.var(f"buffer[{s}]", 0, float(per_layer.max()), INT), per_layer)
-            for l in range(self.L):
-                if per_layer[l]:
-                    self.mdl.add(lin({self.peak[s][0]: 1}, (-float(per_layer[l]), self.layers.z(s, l))), ">=", 0,
-                                 "bytes", f"buffer[{s},{l}]")
-        return {self.peak[s][0]: 1.0}
+            buffers.append(("gathered", terms.sums.params * (tr.weight_bytes + tr.gradient_bytes)))
+        out = {}
+        for kind, per_layer in buffers:
+            if not per_layer.any():
+                continue
+            key = (s, kind)
+            if key not in self.peak:
+                var = self.mdl.var(f"buffer[{s},{kind}]", 0, float(per_layer.max()), INT)
+                self.peak[key] = (var, per_layer)
+                for l in range(self.L):
+                    if per_layer[l]:
+                        self.mdl.add(lin({var: 1}, (-float(per_layer[l]), self.layers.z(s, l))), ">=", 0,
+                                     "bytes", f"buffer[{s},{kind},{l}]")
+            out[self.peak[key][0]] = 1.0
+        return out
 
     def fixed_rows(self, costs) -> None:
         """(M5-M8) on a fixed placement: every stage's classes, link and capacity are known."""
@@ -147,7 +151,7 @@ class Program:
                 hint[self.P[s]] = float(costs.p2p(s, bounds[s + 1]))
         hint[self.Emax] = max(hint[self.E[s]] for s in range(p))
         hint[self.ARmax] = max(float(costs.allreduce(s, bounds[s], bounds[s + 1])) for s in range(p))
-        for s, (var, per_layer) in self.peak.items():
+        for (s, _), (var, per_layer) in self.peak.items():
             hint[var] = float(np.ceil(per_layer[bounds[s]:bounds[s + 1]].max()))
 
 

@@ -1,0 +1,354 @@
+"""Today's strategy space (formulations/hetero.md H7-H12): each term against a hand computation,
+engine rules, old plans, idle GPUs, cost and budgets, and every solver equal to the enumerator
+with all decisions open."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from amp_opt import InfeasibleError, InputError, evaluate, parse_instance, parse_plan, solve
+from amp_opt.model.profiles import layer_times
+
+GB = 1e9
+GIB = 2**30
+DATA = __import__("pathlib").Path(__file__).resolve().parent / "data"
+
+
+def preset_doc(*, attention="eager", nodes=(("A100-80GB", 1, 4),), layers=4, global_batch=8, search=None, **training):
+    """A tiny GPT (hidden 64, 4 heads, seq 128) on nodes of catalog GPUs: (gpu, count, devices)."""
+    return {
+        "version": 1,
+        "name": "tiny-gpt",
+        "model": {"preset": "gpt", "hidden": 64, "layers": layers, "heads": 4, "vocab": 256, "seq_len": 128,
+                  "attention": attention},
+        "nodes": [{"name": f"n{i}", "device_type": gpu, "count": count, "devices": devices,
+                   "intra_bandwidth": "100 GB/s", "inter_bandwidth": "100 Gbit/s"}
+                  for i, (gpu, count, devices) in enumerate(nodes)],
+        "training": {"global_batch": global_batch, **training},
+        "search": search or {},
+    }
+
+
+def plan(tp=1, dp=1, pp=1, micro_batch=1, partition=None, **fields):
+    doc = {"tp": tp, "dp": dp, "pp": pp, "micro_batch": micro_batch, **fields}
+    doc["partition"] = partition
+    return parse_plan(doc)
+
+
+def single_stage(inst, **fields):
+    return plan(partition=[0, inst.num_layers], **fields)
+
+
+def stage_params(inst, ids=None):
+    """Parameters a stage holding layers ``ids`` keeps (tp 1): a tied tensor counts once."""
+    ids = range(inst.num_layers) if ids is None else ids
+    tied = [inst.layers[i] for i in ids if inst.layers[i].tie]
+    return sum(inst.layers[i].params.at(1) for i in ids) - (tied[0].tied_params if len(tied) > 1 else 0.0)
+
+
+def times(inst, tp=1, b=1):
+    node = inst.nodes[0]
+    return layer_times(inst, node.device_type, node.intra_bandwidth, tp, b).seconds
+
+
+# -- the attention kernel -------------------------------------------------------------------
+def test_flash_keeps_no_scores_and_eager_keeps_them():
+    flash = parse_instance(preset_doc(attention="flash"))
+    eager = parse_instance(preset_doc(attention="eager"))
+    for f, e in zip(flash.layers, eager.layers):
+        if e.kind == "transformer":
+            assert e.attention_memory_bytes.at(1, False) > 0
+            assert f.attention_memory_bytes.at(1, False) == 0
+            # the s^2 terms are the whole difference, less flash's log-sum-exp row statistics
+            diff = e.activation_memory_bytes.at(1, False) - f.activation_memory_bytes.at(1, False)
+            assert diff == pytest.approx(e.attention_memory_bytes.at(1, False) - 4 * 4 * 128)
+    assert parse_instance({k: v for k, v in preset_doc().items()} | {"model": {
+        "preset": "gpt", "hidden": 64, "layers": 4, "heads": 4, "vocab": 256, "seq_len": 128}}).layers[1] == flash.layers[1]
+
+
+# -- H7/H8: recomputation --------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_recomputation_time_and_memory_by_hand(mode):
+    inst = parse_instance(preset_doc())
+    ev = evaluate(inst, single_stage(inst, recompute=mode, zero_stage=0))
+    t = times(inst)
+    tr = inst.training
+    rec = np.array([layer.recomputes for layer in inst.layers])
+    mem = np.array([layer.activation_memory_bytes.at(1, False) for layer in inst.layers])
+    scores = np.array([layer.attention_memory_bytes.at(1, False) for layer in inst.layers])
+    before = np.array([0.0] + [layer.activation_bytes.at(1, False) for layer in inst.layers[:-1]])
+    extra = {"none": np.zeros(len(t)),
+             "selective": np.array([l.attention_flops / l.flops if l.recomputes else 0.0 for l in inst.layers]),
+             "full": np.where(rec, 1 / 3, 0.0)}[mode]
+    assert ev.stages[0].compute == pytest.approx(float((t * (1 + extra)).sum()), rel=1e-12)
+    kept = {"none": mem, "selective": mem - np.where(rec, scores, 0.0), "full": np.where(rec, np.minimum(before, mem), mem)}[mode]
+    params = stage_params(inst)
+    state = params * (tr.weight_bytes + tr.gradient_bytes + tr.optimizer_bytes)
+    buffer = float(np.max(np.where(rec, mem, 0.0))) if mode == "full" else 0.0
+    # one stage keeps min(p - s, n) = 1 micro-batch in flight
+    expected = state + float(kept.sum()) + buffer + tr.memory_reserve
+    assert ev.stages[0].memory == pytest.approx(expected, rel=1e-9)
+
+
+def test_selective_frees_exactly_the_scores_and_full_keeps_less():
+    inst = parse_instance(preset_doc(attention="eager"))
+    mem = {m: evaluate(inst, single_stage(inst, recompute=m)).stages[0].memory for m in ("none", "selective", "full")}
+    assert mem["full"] < mem["selective"] < mem["none"]
+
+
+def test_block_recomputation_recomputes_the_first_layers_of_each_stage():
+    inst = parse_instance(preset_doc(layers=4))
+    t = times(inst)
+    ev = evaluate(inst, single_stage(inst, recompute="full", recompute_layers=1))
+    first = next(i for i, layer in enumerate(inst.layers) if layer.recomputes)
+    assert ev.stages[0].compute == pytest.approx(float(t.sum() + t[first] / 3), rel=1e-12)
+
+
+# -- sequence parallelism --------------------------------------------------------------------
+def test_sequence_parallelism_splits_norms_and_p2p_at_the_same_compute():
+    inst = parse_instance(preset_doc(nodes=(("A100-80GB", 1, 8),)))
+    base = dict(tp=2, dp=1, pp=2, micro_batch=1, partition=[0, 3, inst.num_layers], zero_stage=0)
+    off, on = (evaluate(inst, plan(**base, sequence_parallel=sp)) for sp in (False, True))
+    assert on.stages[0].compute == pytest.approx(off.stages[0].compute)
+    assert on.stages[0].p2p == pytest.approx(off.stages[0].p2p / 2)
+    assert on.stages[0].memory < off.stages[0].memory
+
+
+# -- H9: ZeRO --------------------------------------------------------------------------------
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_zero_stages_memory_and_traffic(zero):
+    inst = parse_instance(preset_doc())
+    R = 4
+    ev = evaluate(inst, single_stage(inst, dp=R, micro_batch=1, zero_stage=zero))
+    tr = inst.training
+    layers = inst.layers
+    params = stage_params(inst)
+    w, g, o = tr.weight_bytes, tr.gradient_bytes, tr.optimizer_bytes
+    per_param = w / (R if zero >= 3 else 1) + g / (R if zero >= 2 else 1) + o / (R if zero >= 1 else 1)
+    acts = sum(layer.activation_memory_bytes.at(1, False) for layer in layers)
+    gathered = max(layer.params.at(1) for layer in layers) * (w + g) if zero == 3 else 0.0
+    assert ev.stages[0].memory == pytest.approx(params * per_param + acts + gathered + tr.memory_reserve, rel=1e-9)
+    bw = inst.nodes[0].intra_bandwidth
+    t = float(times(inst).sum())
+    if zero < 3:  # one ring allreduce (or reduce-scatter + all-gather) per iteration
+        assert ev.stages[0].allreduce == pytest.approx(2 * (R - 1) / R * params * tr.allreduce_bytes_per_param / bw)
+        assert ev.stages[0].compute == pytest.approx(t)
+    else:  # two gathers and a reduce-scatter per micro-batch, on top of compute (H10)
+        assert ev.stages[0].allreduce == 0
+        assert ev.stages[0].compute == pytest.approx(t + (R - 1) / R * (2 * w + g) * params / bw)
+
+
+# -- H10: context parallelism ----------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["none", "full"])
+def test_context_parallel_splits_the_sequence_and_rings_keys_and_values(mode):
+    inst = parse_instance(preset_doc())
+    cp = 2
+    one = evaluate(inst, single_stage(inst, dp=2, recompute=mode, zero_stage=0))
+    two = evaluate(inst, single_stage(inst, dp=2, cp=cp, recompute=mode, zero_stage=0))
+    kv = sum(layer.kv_bytes.at(1) for layer in inst.layers)
+    passes = 4 if mode == "full" else 3
+    ring = passes * (cp - 1) * kv / cp / inst.nodes[0].intra_bandwidth
+    assert two.stages[0].compute == pytest.approx(one.stages[0].compute / cp + ring, rel=1e-12)
+    # the gradient ring spans dp * cp = 4 ranks instead of 2
+    assert two.stages[0].allreduce == pytest.approx(one.stages[0].allreduce * (3 / 4) / (1 / 2))
+
+
+# -- H11: interleaving -----------------------------------------------------------------------
+def test_interleaved_schedule_formula_memory_and_p2p():
+    inst = parse_instance(preset_doc(layers=4, global_batch=8))
+    # pp 2, v 2: four chunks of one transformer layer (embedding with the first, head with the last)
+    p = plan(dp=1, pp=2, micro_batch=1, partition=[0, 2, 3, 4, 6], virtual_stages=2, zero_stage=0)
+    ev = evaluate(inst, p)
+    E = [s.compute for s in ev.stages]
+    n, v = 8, 2
+    assert ev.predicted_time == pytest.approx((n - 1 / v) * max(E) + sum(E) / v + sum(s.p2p for s in ev.stages)
+                                              + max(s.allreduce for s in ev.stages))
+    t = times(inst)
+    assert E[0] == pytest.approx(t[0] + t[1] + t[3])  # chunks 0 and 2
+    flat = evaluate(inst, plan(dp=1, pp=2, micro_batch=1, partition=[0, 3, 6], zero_stage=0))
+    assert ev.stages[0].p2p == pytest.approx(2 * flat.stages[0].p2p)  # every boundary crossed v times
+    # stage 0 keeps Megatron's warm-up: (2 (p-1) + (v-1) p + 1) / v = 2.5 micro-batches of its layers
+    acts = [layer.activation_memory_bytes.at(1, False) for layer in inst.layers]
+    state = ev.stages[0].memory - inst.training.memory_reserve - 2.5 * (acts[0] + acts[1] + acts[3])
+    params = stage_params(inst, (0, 1, 3))
+    assert state == pytest.approx(params * 16, rel=1e-9)
+
+
+# -- engine rules ----------------------------------------------------------------------------
+@pytest.mark.parametrize("fields, engine, field, words", [
+    ({"sequence_parallel": True}, "megatron", "sequence_parallel", "needs tp > 1"),
+    ({"pp": 2, "partition": [0, 1, 2, 3, 4, 5, 6], "virtual_stages": 3}, "megatron", "virtual_stages", "must divide"),
+    ({"pp": 2, "partition": [0, 2, 3, 4, 6], "virtual_stages": 2}, "megatron", "virtual_stages", "divisible by pp"),
+    ({"dp": 2, "pp": 2, "partition": [0, 3, 6], "zero_stage": 3}, "megatron", "zero_stage", "pp = 1"),
+    ({"cp": 2}, "deepspeed", "cp", "no context parallelism"),
+    ({"pp": 2, "partition": [0, 2, 3, 4, 6], "virtual_stages": 2}, "deepspeed", "virtual_stages", "interleaved"),
+    ({"recompute": "selective"}, "deepspeed", "recompute", "whole layers"),
+])
+def test_engine_rules_reject_a_given_plan_in_one_line(tmp_path, fields, engine, field, words):
+    doc = preset_doc(search={"engine": engine}, global_batch=5 if words == "divisible by pp" else 8)
+    base = {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 6]}
+    (tmp_path / "i.json").write_text(json.dumps(doc))
+    (tmp_path / "p.json").write_text(json.dumps(base | fields))
+    run = subprocess.run([sys.executable, "-m", "amp_opt", "evaluate", str(tmp_path / "i.json"), str(tmp_path / "p.json")],
+                         capture_output=True, text=True)
+    assert run.returncode == 2, run.stderr
+    line = run.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert f"plan.{field}" in line and words in line and engine in line
+
+
+def test_the_search_never_proposes_what_the_engine_cannot_run():
+    from amp_opt.model.candidates import candidates
+    from amp_opt.model.engines import ENGINES
+
+    for engine in ("megatron", "deepspeed"):
+        inst = parse_instance(preset_doc(nodes=(("A100-80GB", 2, 4),), search={"engine": engine}))
+        cands = candidates(inst)
+        assert cands
+        assert all(ENGINES[engine].rule(inst, c) is None for c in cands)
+        assert not any(c.sequence_parallel and c.tp == 1 for c in cands)
+    assert any(c.virtual_stages > 1 for c in candidates(parse_instance(preset_doc(nodes=(("A100-80GB", 2, 4),)))))
+
+
+# -- old plans and the paper optima ----------------------------------------------------------
+def test_an_old_plan_keeps_its_meaning(paper_instances):
+    inst = paper_instances["het_cluster"]
+    old = parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 9, 16, 23, 30]})
+    assert (old.cp, old.sequence_parallel, old.recompute, old.zero_stage, old.virtual_stages) == (1, False, "none", None, 1)
+    spelled = dataclasses.replace(old, zero_stage=inst.training.zero_stage)
+    assert evaluate(inst, old).predicted_time == evaluate(inst, spelled).predicted_time
+
+
+def today(instance):
+    """The instance with every new decision fixed to what amp_opt searched before them."""
+    space = dataclasses.replace(instance.search, cp=(1,), sequence_parallel=(False,), recompute=("none",),
+                                zero_stages=(instance.training.zero_stage,), virtual_stages=(1,), idle=False)
+    return dataclasses.replace(instance, search=space)
+
+
+@pytest.mark.parametrize("exp", ["homogeneous", "het_cluster", "het_model"])
+def test_paper_optima_unchanged_with_the_new_decisions_fixed(paper_instances, exp):
+    """The optima recorded from the code before these decisions existed (tests/data/paper_optima.json)."""
+    recorded = json.loads((DATA / "paper_optima.json").read_text())["optima"][exp]
+    for key, ref in recorded.items():
+        cost_model, placement = key.split("/")
+        best = solve(today(paper_instances[exp]), solver="enumerate", cost_model=cost_model, placement=placement).best
+        assert best.predicted_time == pytest.approx(ref["time"], rel=1e-9), key
+        assert list(best.plan.partition) == ref["partition"], key
+
+
+# -- idle GPUs, cost, budget -----------------------------------------------------------------
+def slow_and_fast(**kw):
+    """Four fast A100s and one node of slow T4s: a T4 stage drags a pipeline down."""
+    return preset_doc(nodes=(("A100-80GB", 1, 4), ("T4", 1, 4)), layers=4, global_batch=8, **kw)
+
+
+def brute_force(instance, objective="time", budget=None):
+    """The best plan over every non-empty set of node classes, each solved on its own."""
+    import itertools
+
+    from amp_opt.model.classes import node_classes
+
+    classes = node_classes(instance)
+    best = None
+    for r in range(1, len(classes) + 1):
+        for chosen in itertools.combinations(classes, r):
+            nodes = tuple(instance.nodes[j] for c in chosen for j in sorted(c.nodes))
+            sub = dataclasses.replace(instance, nodes=nodes, search=dataclasses.replace(instance.search, idle=False))
+            rate = sum(instance.device_types[n.device_type].price_per_hour * n.devices for n in nodes)
+            if budget is not None and rate > budget:
+                continue
+            try:
+                ev = solve(sub, solver="enumerate").best if objective == "time" else None
+            except InfeasibleError:
+                continue
+            if objective == "cost":
+                ev = solve(sub, solver="enumerate", objective="cost").best
+            score = ev.predicted_time if objective == "time" else ev.cost
+            best = score if best is None else min(best, score)
+    return best
+
+
+def test_idle_node_classes_when_slow_gpus_only_drag():
+    inst = parse_instance(slow_and_fast())
+    result = solve(inst, solver="enumerate")
+    assert result.best.devices_used < inst.num_devices
+    assert result.best.predicted_time == pytest.approx(brute_force(inst), rel=1e-12)
+    forced = solve(dataclasses.replace(inst, search=dataclasses.replace(inst.search, idle=False)), solver="enumerate")
+    assert forced.best.devices_used == inst.num_devices
+    assert forced.best.predicted_time > result.best.predicted_time
+
+
+def test_cost_objective_and_budget_equal_brute_force():
+    inst = parse_instance(slow_and_fast())
+    cheapest = solve(inst, solver="enumerate", objective="cost").best
+    assert cheapest.cost == pytest.approx(brute_force(inst, "cost"), rel=1e-12)
+    budget = 4 * inst.device_types["T4"].price_per_hour + 1e-9  # only the T4 node fits
+    within = solve(inst, solver="enumerate", budget=budget).best
+    assert all(inst.nodes[inst.device_node[d]].device_type == "T4" for stage in within.plan.stages
+               for group in stage for d in group)
+    assert within.predicted_time == pytest.approx(brute_force(inst, budget=budget), rel=1e-12)
+
+
+def test_a_budget_no_plan_meets_exits_3_with_the_cheapest_plan(tmp_path):
+    (tmp_path / "i.json").write_text(json.dumps(slow_and_fast()))
+    run = subprocess.run([sys.executable, "-m", "amp_opt", "solve", str(tmp_path / "i.json"), "--budget", "0.5"],
+                         capture_output=True, text=True)
+    assert run.returncode == 3
+    assert "budget" in run.stderr and "USD/hour" in run.stderr and "over" in run.stderr and "Traceback" not in run.stderr
+
+
+# -- every solver equals the enumerator with all decisions open ------------------------------
+GPUS = ["A100-80GB", "A100-40GB", "V100-32GB", "T4"]
+
+
+def open_instance(gpus, devices, layers, memory_gib):
+    """A small GPT (hidden 2048, 16 heads, sequences of 4096 tokens: memory matters) on two or
+    three node classes with all decisions open; eager attention, so that selective
+    recomputation pays; memories from 4 to 24 GiB, so that recomputation, ZeRO, sequence and
+    context parallelism and idle GPUs all win somewhere."""
+    doc = preset_doc(attention="eager", nodes=tuple((g, 1, devices) for g in gpus), layers=layers, global_batch=8,
+                     search={"micro_batches": [1, 2, 4], "tp": [1, 2]})
+    doc["model"].update(hidden=2048, seq_len=4096, heads=16, vocab=32000)
+    doc["device_types"] = [{"name": g, "memory": f"{memory_gib[i]} GiB"} for i, g in enumerate(gpus)]
+    return parse_instance(doc)
+
+
+open_instances = st.builds(
+    open_instance, gpus=st.lists(st.sampled_from(GPUS), min_size=2, max_size=3, unique=True),
+    devices=st.sampled_from([1, 2]), layers=st.integers(2, 4),
+    memory_gib=st.lists(st.sampled_from([4, 6, 8, 12, 24]), min_size=3, max_size=3))
+
+
+def outcome(instance, solver):
+    try:
+        return solve(instance, solver=solver)
+    except InfeasibleError:
+        return None
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instance=open_instances)
+def test_all_solvers_equal_the_enumerator_with_all_decisions_open(instance):
+    found = {s: outcome(instance, s) for s in ("enumerate", "cpsat", "cbc")}
+    assert len({r is None for r in found.values()}) == 1, {s: r is None for s, r in found.items()}
+    if found["enumerate"] is None:
+        return
+    ref = found["enumerate"].best.predicted_time
+    for name, result in found.items():
+        assert result.solver.status == "OPTIMAL", name
+        assert result.best.feasible, name
+        assert result.best.predicted_time == pytest.approx(ref, rel=1e-5), name
+
+
+@pytest.mark.slow
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instance=open_instances)
+def test_all_solvers_equal_the_enumerator_with_all_decisions_open_long(instance):
+    test_all_solvers_equal_the_enumerator_with_all_decisions_open.hypothesis.inner_test(instance)
