@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from ..errors import InfeasibleError, NoPlanFound
 from ..model.load import load_instance
 from ..model.placement import PLACEMENTS
 from ..search.options import SOLVERS
@@ -30,9 +31,15 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     instance = load_instance(args.instance)
-    result = solve(instance, solver=args.solver, cost_model=args.cost_model, placement=args.placement,
-                   top_k=args.top_k, time_limit=args.time_limit, seed=args.seed, workers=args.workers,
-                   progress=None if args.json else progress_printer())
+    try:
+        result = solve(instance, solver=args.solver, cost_model=args.cost_model, placement=args.placement,
+                       top_k=args.top_k, time_limit=args.time_limit, seed=args.seed, workers=args.workers,
+                       progress=None if args.json else progress_printer(), started=getattr(args, "started", None))
+    except (InfeasibleError, NoPlanFound) as exc:
+        if args.json:  # a reader of --json always gets an object: the status and why
+            status = "INFEASIBLE" if isinstance(exc, InfeasibleError) else "UNKNOWN"
+            print(json.dumps({"status": status, "reason": str(exc)}, indent=2))
+        raise
     if args.json:
         print(json.dumps(result.to_json(instance, with_top=args.top_k > 1), indent=2))
     else:

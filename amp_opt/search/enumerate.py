@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InfeasibleError
+from ..errors import InfeasibleError, NoPlanFound
 from ..model.candidates import candidates, why_empty
 from .diagnose import infeasible_reason, least_overfull, least_overfull_rank_order
-from .grouping import candidate_graph
+from .grouping import Stopped, candidate_graph
 from .partition import optimal_path
 from .result import Incumbent, SolverStats, SolveResult
 
@@ -25,7 +25,8 @@ def solve_enumerate(search) -> SolveResult:
     cands = candidates(instance)
     if not cands:
         raise InfeasibleError(why_empty(instance))
-    lower = {c: search.lower_bound(c) for c in cands}
+    # The cheap bound (B3) once time is short: the labelled one (B2) can take a while per candidate.
+    lower = {c: search.lower_bound(c, labelled=not search.out_of_time()) for c in cands}
     order = sorted(cands, key=lambda c: (lower[c], c))
     found: list[Incumbent] = []
     explored = pruned = 0
@@ -40,10 +41,17 @@ def solve_enumerate(search) -> SolveResult:
             timed_out, remaining_lb = True, min(lower[c] for c in order[i:])
             break
         explored += 1
-        graph, to_stages = candidate_graph(search.tables, cand, search.model, opts.placement)
-        best = optimal_path(graph)
+        try:
+            graph, to_stages = candidate_graph(search.tables, cand, search.model, opts.placement,
+                                               stop=search.out_of_time)
+        except Stopped:
+            timed_out, remaining_lb = True, min(lower[c] for c in order[i:])
+            break
+        best = optimal_path(graph, stop=search.out_of_time)
+        if search.out_of_time():  # the DP may have stopped early: this candidate is not proven
+            timed_out, remaining_lb = True, min(lower[c] for c in order[i:])
         if best is None:
-            if not found:
+            if not found and not timed_out:
                 tightest = least_overfull(graph, cand, to_stages, tightest)
         else:
             found.append(Incumbent(best[0], cand, best[1].bounds, to_stages(best[1])))
@@ -51,9 +59,11 @@ def solve_enumerate(search) -> SolveResult:
             del found[opts.top_k:]
         if opts.progress is not None:
             opts.progress(i + 1, len(order))
+        if timed_out:
+            break
     if not found:
         if timed_out:
-            raise InfeasibleError(f"no feasible plan found within the time limit of {opts.time_limit} s")
+            raise NoPlanFound(search.stopped_why())
         raise InfeasibleError(infeasible_reason(search, tightest or least_overfull_rank_order(search)))
 
     evaluations = tuple(search.evaluate(f.plan) for f in found)
@@ -65,6 +75,6 @@ def solve_enumerate(search) -> SolveResult:
         objective=objective,
         bound=min(objective, remaining_lb),
         extra={"placement": opts.placement, "candidates": len(cands), "candidates_explored": explored,
-               "candidates_pruned": pruned},
+               "candidates_pruned": pruned, **({"stopped": search.stopped_why()} if timed_out else {})},
     )
     return SolveResult(evaluations[0], evaluations, stats)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -77,15 +78,26 @@ def memory_ratio(costs: StageCosts, num_layers: int, stage: int) -> np.ndarray:
 
 
 def fixed_placement_graph(costs: StageCosts, num_layers: int) -> StageGraph:
-    """The graph of a fixed placement: one state and one transition per stage."""
+    """The graph of a fixed placement: one state and one transition per stage.
+
+    Stages with the same compute and allreduce tables (the same device types and links)
+    share one kind, so the tables take (p, kinds, L+1, L+1) memory, not (p, p, L+1, L+1)."""
     p, L = costs.pp, num_layers
-    compute, allreduce = zip(*(range_tables(costs, L, s) for s in range(p)))
-    ratio = np.zeros((p, p, L + 1, L + 1))
+    kind_of, compute, allreduce, seen = [], [], [], {}
     for s in range(p):
-        ratio[s, s] = memory_ratio(costs, L, s)
+        c, a = range_tables(costs, L, s)
+        key = (c.tobytes(), a.tobytes())
+        if key not in seen:
+            seen[key] = len(compute)
+            compute.append(c)
+            allreduce.append(a)
+        kind_of.append(seen[key])
+    ratio = np.zeros((p, len(compute), L + 1, L + 1))
+    for s in range(p):
+        ratio[s, kind_of[s]] = memory_ratio(costs, L, s)
     volume = np.concatenate([[0.0], costs.p2p_volume()])
     factors = [0.0] + [costs.p2p_factor(s) for s in range(p - 1)]
-    transitions = tuple(((0, s, factors[s], 0),) for s in range(p))
+    transitions = tuple(((0, kind_of[s], factors[s], 0),) for s in range(p))
     return make_graph(costs.n_micro, np.stack(compute), np.stack(allreduce), ratio, costs.enforces_memory, volume,
                       transitions)
 
@@ -236,8 +248,12 @@ def _batch_size(g: StageGraph, limit_bytes: float = 4e8) -> int:
     return int(max(8, min(256, limit_bytes / (8 * states * (g.layers + 1) * 2))))
 
 
-def optimal_path(g: StageGraph, batch: int | None = None) -> tuple[float, Path] | None:
-    """The exact minimum of f over paths and a path reaching it, or None if none is feasible."""
+def optimal_path(g: StageGraph, batch: int | None = None,
+                 stop: Callable[[], bool] | None = None) -> tuple[float, Path] | None:
+    """The exact minimum of f over paths and a path reaching it, or None if none is feasible.
+
+    ``stop()`` is asked between batches of thresholds; once it is true the best path found so
+    far is returned, which is then not proven optimal (the caller knows it stopped)."""
     p, L = g.stages, g.layers
     batch = batch or _batch_size(g)
     if p > L:
@@ -264,12 +280,17 @@ def optimal_path(g: StageGraph, batch: int | None = None) -> tuple[float, Path] 
 
     # One-sided sweeps: h(T, inf) and h(inf, U) bound h(T, U) from below, and their
     # paths are good incumbents.
+    stopped = (lambda: False) if stop is None else stop
     hT = np.empty(len(T_all))
     for i in range(0, len(T_all), batch):
+        if stopped():
+            return best, best_path
         hT[i:i + batch], found = _paths(g, T_all[i:i + batch], np.full(len(T_all[i:i + batch]), INF))
         best, best_path = _better(g, best, best_path, found)
     hU = np.empty(len(U_all))
     for i in range(0, len(U_all), batch):
+        if stopped():
+            return best, best_path
         hU[i:i + batch], found = _paths(g, np.full(len(U_all[i:i + batch]), INF), U_all[i:i + batch])
         best, best_path = _better(g, best, best_path, found)
 
@@ -282,7 +303,7 @@ def optimal_path(g: StageGraph, batch: int | None = None) -> tuple[float, Path] 
     order = np.argsort(lower[keep], kind="stable")
     TT, UU, base, lower = TT[keep][order], UU[keep][order], base[keep][order], lower[keep][order]
     pos = 0
-    while pos < len(TT) and lower[pos] < best:
+    while pos < len(TT) and lower[pos] < best and not stopped():
         sl = slice(pos, pos + batch)
         best, best_path = _better(g, best, best_path, _paths(g, T_all[TT[sl]], U_all[UU[sl]])[1])
         pos += batch

@@ -10,10 +10,12 @@ from .enumerate import solve_enumerate
 from .mip.driver import solve_mip
 from .options import solve_options
 from .result import SolveResult
+from .route import enumerator_fits
 
 
 def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str | None = None, top_k: int = 1,
-          time_limit: float | None = None, seed: int = 0, workers: int = 1, progress=None) -> SolveResult:
+          time_limit: float | None = None, seed: int = 0, workers: int = 1, progress=None,
+          started: float | None = None) -> SolveResult:
     """Find the fastest plan of an instance under a cost model.
 
     Parameters
@@ -21,7 +23,8 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     instance : Instance
     solver : {"auto", "enumerate", "cpsat", "cbc"}
         auto (default): the exact enumerator, or CP-SAT when free grouping is too large
-        to enumerate.
+        to enumerate (estimated from the instance before either starts,
+        :mod:`amp_opt.search.route`).
     cost_model : {"hetero", "amp"} or CostModel
         hetero (default): per-device speeds, slowest links, memory limits; amp: the
         AMP paper's model.
@@ -30,11 +33,15 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     top_k : int
         How many of the best plans to return (enumerate keeps more than one).
     time_limit : float, optional
-        Seconds for the whole search.
+        Seconds for the whole search, counted from ``started``.  A search cut short returns
+        the best plan found so far (status FEASIBLE, with its proven bound).
     seed, workers : int
         For the MIP solvers; fixed so that results repeat.
     progress : callable, optional
         Called as ``progress(done, total)`` after each candidate.
+    started : float, optional
+        ``time.perf_counter()`` when the time limit started counting (the CLI passes the
+        start of the process); default: now.
 
     Returns
     -------
@@ -47,6 +54,9 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
         For bad options (the message names the option).
     InfeasibleError
         When no plan fits (the message says why).
+    NoPlanFound
+        When the time limit or a stop request (:mod:`amp_opt.search.stop`) ended the search
+        before it found a plan or proved that none exists.
 
     Examples
     --------
@@ -58,18 +68,29 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     """
     options = solve_options(solver=solver, cost_model=cost_model, placement=placement, top_k=top_k,
                             time_limit=time_limit, seed=seed, workers=workers, progress=progress)
-    search = Search(instance, options)
+    search = Search(instance, options, started)
     if options.solver not in ("auto", "enumerate"):
         return solve_mip(search)
+    if options.solver == "auto":
+        fits, why = enumerator_fits(instance, options.placement)
+        if not fits:
+            return _noting(_as_cpsat(search), f"CP-SAT chosen up front: {why}")
     try:
         return solve_enumerate(search)
     except SearchTooLarge as exc:
         if options.solver == "enumerate":
             raise
         spent, why = search.elapsed(), exc.problem
-    search.options = dataclasses.replace(options, solver="cpsat")
-    result = solve_mip(search)
-    # The solver block covers the whole search, the enumerator's attempt included.
-    stats = dataclasses.replace(result.solver, extra={**result.solver.extra,
-                                                      "auto": f"enumerator gave up after {spent:.1f} s: {why}"})
+    # The estimate let the enumerator start, but a candidate was larger than estimated.
+    return _noting(_as_cpsat(search), f"enumerator gave up after {spent:.1f} s: {why}")
+
+
+def _as_cpsat(search: Search) -> SolveResult:
+    search.options = dataclasses.replace(search.options, solver="cpsat")
+    return solve_mip(search)
+
+
+def _noting(result: SolveResult, note: str) -> SolveResult:
+    """The result with how ``auto`` chose its solver; the solver block covers the whole search."""
+    stats = dataclasses.replace(result.solver, extra={**result.solver.extra, "auto": note})
     return dataclasses.replace(result, solver=stats)

@@ -8,7 +8,6 @@ search's free grouping.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -87,9 +86,8 @@ class HeteroModel(CostModel):
         caps = _caps(classes, cand.dp, cand.pp)
         n, p, L = cand.n_micro(tables.instance), cand.pp, tables.instance.num_layers
         if labelled:
-            vectors = [v for v in itertools.product(*(range(c + 1) for c in caps))
-                       if sum(v) <= p and all(sum(v[: i + 1]) <= caps[i] for i in range(len(caps)))]
-            if len(vectors) * len(classes) * (L + 1) ** 2 <= LABELLED_BUDGET:
+            vectors = _label_vectors(caps, int(LABELLED_BUDGET // (len(classes) * (L + 1) ** 2)))
+            if vectors is not None:
                 return _labelled_bound(tables, cand, classes, caps, vectors)
         fastest = np.min([c.times for c in classes], axis=0)
         return (n - 1) * _fractional_bottleneck(classes, caps, p) + float(fastest.sum())
@@ -106,6 +104,28 @@ def _caps(classes, dp: int, p: int) -> list[int]:
         caps.append(min(p, total // dp))
     caps[-1] = p
     return caps
+
+
+def _label_vectors(caps: list[int], limit: int) -> list[tuple[int, ...]] | None:
+    """Stages per label, v, with every prefix sum v_1 + ... + v_k <= caps[k] (caps[-1] = p), in
+    lexicographic order; None as soon as there are more than ``limit`` (listed one by one, so
+    that a large count costs no more than the limit)."""
+    out: list[tuple[int, ...]] = []
+    v: list[int] = []
+
+    def rec(i: int, total: int) -> bool:
+        if i == len(caps):
+            out.append(tuple(v))
+            return len(out) <= limit
+        for x in range(caps[i] - total + 1):
+            v.append(x)
+            going = rec(i + 1, total + x)
+            v.pop()
+            if not going:
+                return False
+        return True
+
+    return out if rec(0, 0) else None
 
 
 def _labelled_bound(tables, cand, classes, caps, vectors) -> float:

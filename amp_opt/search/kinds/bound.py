@@ -14,12 +14,12 @@ trust-region cutting-plane ascent (:class:`Ascent`); a bound that reaches
 from __future__ import annotations
 
 import heapq
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...model.ranges import INF
+from ..stop import past
 from .model import KindModel, KindPath, min_max
 
 LP_MS = 2000  # milliseconds one dual step's LP may take (a guard; it takes about one)
@@ -188,7 +188,7 @@ class KindSearch:
         only cover plans below the first target, and targets only decrease).
         """
         w, stop = self.model.w, self.sweeps + sweeps
-        while self.heap and self.sweeps < stop and not (deadline is not None and time.perf_counter() >= deadline):
+        while self.heap and self.sweeps < stop and not past(deadline):
             wave = []
             while self.heap and self.heap[0][0] < target and len(wave) < WAVE:
                 cell = heapq.heappop(self.heap)[2]

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from .. import stop
 from .bound import KindSearch
 from .construct import POLISH_RATE, POLISH_WORK, construct, polish
 from .model import kind_model
@@ -59,11 +60,13 @@ class KindPhase:
         value = search.raise_to(min(best, ceiling), sweeps, deadline)
         return np.inf if value >= ceiling else value
 
-    def quick_bound(self, cand, lower: float, best: float) -> float:
-        """Phase 1's quick try at ruling a candidate out before its DP incumbent is built."""
+    def quick_bound(self, cand, lower: float, best: float, deadline=None) -> float:
+        """Phase 1's quick try at ruling a candidate out before its DP incumbent is built
+        (until ``deadline``, by default the search's)."""
         if self.of(cand, best) is None:
             return lower
-        return max(lower, self.raise_bound(cand, best, QUICK_SWEEPS, self.search.deadline))
+        return max(lower, self.raise_bound(cand, best, QUICK_SWEEPS,
+                                           self.search.deadline if deadline is None else deadline))
 
     def refine(self, incumbents: dict, lower: dict, best: float, gap: float) -> float:
         """Rounds of bound raising and plan building; updates ``incumbents`` and ``lower`` and
@@ -118,4 +121,4 @@ class KindPhase:
 
 
 def _past(deadline) -> bool:
-    return deadline is not None and time.perf_counter() >= deadline
+    return stop.past(deadline)

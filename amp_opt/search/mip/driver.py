@@ -6,7 +6,9 @@ smaller and tighter (w = n-1 and the memory in flight are constants), and candid
 are pruned with the best objective found so far.  In order:
 
 1. every candidate gets a fast incumbent from the exact stage DP on a few fixed node
-   orders (AMP's rank order, fastest nodes first, slowest first);
+   orders (AMP's rank order, fastest nodes first, slowest first); under a time limit this
+   phase ends at P1_SHARE of the time left once it has a plan (it goes on until it has
+   one), and the quick kind bounds before the DP stop at P1_QUICK_SHARE;
 1b. under the hetero model with free grouping on large clusters, the stage-kind search
    (:mod:`amp_opt.search.kinds.refine`) tightens every candidate's bound and improves
    the plans;
@@ -21,9 +23,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import InfeasibleError
+from ...errors import InfeasibleError, NoPlanFound
 from ...model.candidates import candidates, why_empty
 from ...model.plan import Candidate, rank_order_stages
+from .. import stop
 from ..diagnose import infeasible_reason, least_overfull_rank_order
 from ..kinds.refine import KindPhase, runs_kinds
 from ..partition import fixed_placement_graph, good_path
@@ -32,6 +35,8 @@ from .backends import resolution_for, solve_cbc, solve_cpsat
 from .formulation import build
 
 SAME = 1e-6  # relative difference below which a bound counts as reaching a value
+P1_SHARE = 0.4  # of the time left: phase 1 (DP incumbents) stops there once it has a plan
+P1_QUICK_SHARE = 0.25  # of the time left: phase 1's quick kind bounds stop there
 
 
 def node_orders(search, cand: Candidate) -> list[list[int]]:
@@ -56,9 +61,12 @@ def stages_in_order(instance, cand: Candidate, order: list[int]):
 
 
 def heuristic(search, cand: Candidate) -> Incumbent | None:
-    """The best partition (stage DP) over a few fixed placements (``node_orders``)."""
+    """The best partition (stage DP) over a few fixed placements (``node_orders``); once out of
+    time, what the orders tried so far gave."""
     best = None
-    for order in node_orders(search, cand):
+    for i, order in enumerate(node_orders(search, cand)):
+        if i > 0 and search.out_of_time():
+            break
         stages = stages_in_order(search.instance, cand, order)
         found = good_path(fixed_placement_graph(search.stage_costs(cand, stages), search.instance.num_layers))
         if found and (best is None or found[0] < best.value):
@@ -90,7 +98,7 @@ def solve_mip(search) -> SolveResult:
     proofs = _programs(search, cands, lower, incumbents)
     if not proofs.results:
         if not proofs.closed:
-            raise InfeasibleError(f"no feasible plan found within the time limit of {opts.time_limit} s")
+            raise NoPlanFound(search.stopped_why())
         example = " rank-order plan (free grouping was searched too)" if opts.placement == "free" else ""
         raise InfeasibleError(infeasible_reason(search, least_overfull_rank_order(search), example))
     return _result(search, cands, proofs)
@@ -101,17 +109,21 @@ def _incumbents(search, cands, lower: dict, phase: KindPhase | None) -> tuple[di
     grouping the kind bound (eq. B4) first gets a quick try at ruling the candidate out."""
     incumbents: dict[Candidate, Incumbent] = {}
     best = np.inf
+    until, quick_until = search.share(P1_SHARE), search.share(P1_QUICK_SHARE)
     for c in sorted(cands, key=lambda c: (lower[c], c)):
-        if lower[c] >= best or search.out_of_time():
+        if lower[c] >= best or search.out_of_time() or (np.isfinite(best) and stop.past(until)):
             break
-        if phase is not None:
-            lower[c] = phase.quick_bound(c, lower[c], best)
+        # Before the first plan the DP goes first: a plan is what every later phase needs.
+        if phase is not None and np.isfinite(best) and not stop.past(quick_until):
+            lower[c] = phase.quick_bound(c, lower[c], best, quick_until)
             if lower[c] >= best:
                 continue
         inc = heuristic(search, c)
         if inc is not None:
             incumbents[c] = inc
             best = min(best, inc.value)
+        elif phase is not None and not np.isfinite(best) and not stop.past(quick_until):
+            lower[c] = phase.quick_bound(c, lower[c], best, quick_until)  # may prove it has no plan
     return incumbents, best
 
 
@@ -199,15 +211,17 @@ def _result(search, cands, proofs: Proofs) -> SolveResult:
     evaluations = tuple(search.evaluate(r.plan) for r in top)
     objective = top[0].objective if top[0].objective is not None else top[0].value
     bound = min([objective] + list(proofs.bound.values()))
+    # Every candidate's bound is proven (solved, cut off, or bounded), so a bound that meets
+    # the objective proves it optimal even when some program stopped at the time limit.
+    optimal = bound >= objective * (1 - SAME)
     stats = SolverStats(
         name=opts.solver,
-        # Every candidate's bound is proven (solved, cut off, or bounded), so a bound that meets
-        # the objective proves it optimal even when some program stopped at the time limit.
-        status="OPTIMAL" if bound >= objective * (1 - SAME) else "FEASIBLE",
+        status="OPTIMAL" if optimal else "FEASIBLE",
         wall_time=search.elapsed(),
         objective=objective,
         bound=min(bound, objective),
         extra={"placement": opts.placement, "candidates": len(cands), **proofs.sizes,
-               **({"time_resolution_relative": 1e-8} if opts.solver == "cpsat" else {})},
+               **({"time_resolution_relative": 1e-8} if opts.solver == "cpsat" else {}),
+               **({"stopped": search.stopped_why()} if not optimal and search.out_of_time() else {})},
     )
     return SolveResult(evaluations[0], evaluations, stats)
