@@ -23,8 +23,11 @@ def add_arguments(p) -> None:
     """The options of the command."""
     p.add_argument("instance", help="instance JSON file")
     p.add_argument("plan", help="JSON file with one plan object")
-    p.add_argument("--format", choices=list(EXPORTERS), required=True, help="deepspeed or megatron")
-    p.add_argument("-o", "--output", default=None, help="write the JSON here instead of stdout")
+    p.add_argument("--format", choices=list(EXPORTERS), required=True,
+                   help="deepspeed: a DeepSpeed config file plus the stage boundaries and launch mapping; "
+                        "megatron: Megatron-LM arguments (required)")
+    p.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="file to write (default: stdout)")
     add_cost_model(p, "cost model whose verdict is attached (predicted time, feasibility)")
 
 

@@ -67,7 +67,7 @@ def compute_classes(tables, cand) -> list[ComputeClass]:
 
 class HeteroModel(CostModel):
     name = "hetero"
-    description = "per-device speeds, the slowest links a stage uses, memory limits (default)"
+    description = "per-device speeds, the slowest links a stage uses, memory limits"
     enforces_memory = True
     placements = ("free", "rank-order")
 

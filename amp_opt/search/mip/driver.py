@@ -149,6 +149,8 @@ def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
         elif search.out_of_time():
             proofs.closed = False
             proofs.bound[c] = lower[c]
+            if c in incumbents:  # no time for its program: its plan from phases 1 and 1b stands
+                proofs.results.append(incumbents[c])
         else:
             # Share what is left among the candidates still open; the first ones get a bit more.
             left = search.remaining()
