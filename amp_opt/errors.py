@@ -36,11 +36,12 @@ class NoPlanFound(AmpOptError):
 
     exit_code = 4
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, message: str | None = None):
         self.reason = reason
-        super().__init__(f"no plan found before the {reason}; infeasibility not proven"
-                         if reason.startswith("time limit") else
-                         f"{reason} before a plan was found; infeasibility not proven")
+        if message is None:
+            message = (f"no plan found before the {reason}; infeasibility not proven" if reason.startswith("time limit")
+                       else f"{reason} before a plan was found; infeasibility not proven")
+        super().__init__(message)
 
 
 class SearchTooLarge(InputError):

@@ -118,6 +118,16 @@ class Instance:
         return tuple(int(s) for s in starts)
 
     @cached_property
+    def layer_flops(self) -> np.ndarray:
+        """Per layer: forward+backward FLOPs per sample (nan where not given)."""
+        return np.array([np.nan if layer.flops is None else layer.flops for layer in self.layers], dtype=float)
+
+    @cached_property
+    def layer_tp_comm(self) -> np.ndarray:
+        """Per layer: bytes all-reduced in the tensor-parallel group per sample."""
+        return np.array([layer.tp_comm_bytes for layer in self.layers], dtype=float)
+
+    @cached_property
     def devices_by_type(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for node in self.nodes:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from ..errors import SearchTooLarge
+from ..model.coarsen import coarsen
+from .blocks import solve_blocks
 from .context import Search
 from .enumerate import solve_enumerate
 from .mip.driver import solve_mip
@@ -68,6 +71,11 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     """
     options = solve_options(solver=solver, cost_model=cost_model, placement=placement, top_k=top_k,
                             time_limit=time_limit, seed=seed, workers=workers, progress=progress)
+    coarse = coarsen(instance)
+    if coarse is not None:  # a long model: searched over blocks of identical layers
+        return solve_blocks(instance, *coarse, solve, dict(
+            solver=solver, cost_model=cost_model, placement=placement, top_k=top_k, time_limit=time_limit,
+            seed=seed, workers=workers, progress=progress, started=time.perf_counter() if started is None else started))
     search = Search(instance, options, started)
     if options.solver not in ("auto", "enumerate"):
         return solve_mip(search)

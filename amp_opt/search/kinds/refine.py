@@ -45,11 +45,13 @@ class KindPhase:
         self.searches: dict = {}  # candidate -> KindSearch, or None (too many node classes)
         self.tried: set = set()  # (candidate, what) pairs already used to build plans
 
-    def of(self, cand, best: float) -> KindSearch | None:
-        """The candidate's kind search (eq. B4), started at target ``best`` on first use."""
+    def of(self, cand, best: float, deadline=None) -> KindSearch | None:
+        """The candidate's kind search (eq. B4), started at target ``best`` on first use (its first
+        dual steps stop at ``deadline``, by default the search's)."""
         if cand not in self.searches:
             model = kind_model(self.search.tables, cand)
-            self.searches[cand] = None if model is None else KindSearch(model, min(best, model.ceiling))
+            deadline = self.search.deadline if deadline is None else deadline
+            self.searches[cand] = None if model is None else KindSearch(model, min(best, model.ceiling), deadline)
         return self.searches[cand]
 
     def raise_bound(self, cand, best: float, sweeps: int, deadline) -> float:
@@ -63,7 +65,7 @@ class KindPhase:
     def quick_bound(self, cand, lower: float, best: float, deadline=None) -> float:
         """Phase 1's quick try at ruling a candidate out before its DP incumbent is built
         (until ``deadline``, by default the search's)."""
-        if self.of(cand, best) is None:
+        if self.of(cand, best, deadline) is None:
             return lower
         return max(lower, self.raise_bound(cand, best, QUICK_SWEEPS,
                                            self.search.deadline if deadline is None else deadline))
@@ -79,7 +81,7 @@ class KindPhase:
             open_ = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if lower[c] < best * (1 - gap)]
             before = (best, min([lower[c] for c in open_], default=np.inf))
             for c in open_:
-                if _past(stop) or lower[c] >= best or self.of(c, best) is None:
+                if _past(stop) or lower[c] >= best or self.of(c, best, stop) is None:
                     continue
                 lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, stop))
             # Plans where the bounds leave the most room: the likeliest to hold better ones.

@@ -19,6 +19,7 @@ The returned plans are re-scored by the evaluator.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,6 +83,7 @@ class Proofs:
     bound: dict = field(default_factory=dict)  # candidate -> proven lower bound
     closed: bool = True  # every candidate's bound is proven (no program was cut short without one)
     sizes: dict = field(default_factory=lambda: {"variables": 0, "constraints": 0, "programs": 0})
+    build_rate: float = 0.0  # seconds per stage x layer that building the last program took
 
 
 def solve_mip(search) -> SolveResult:
@@ -146,7 +148,7 @@ def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
             if c in incumbents:
                 proofs.results.append(incumbents[c])
             proofs.bound[c] = lower[c]
-        elif search.out_of_time():
+        elif search.out_of_time() or not _time_to_build(search, c, proofs):
             proofs.closed = False
             proofs.bound[c] = lower[c]
             if c in incumbents:  # no time for its program: its plan from phases 1 and 1b stands
@@ -164,10 +166,19 @@ def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
     return proofs
 
 
+def _time_to_build(search, c: Candidate, proofs: Proofs) -> bool:
+    """Whether the time left covers building the candidate's program (and handing it to the
+    solver, about as long again), estimated from the last build: its size grows with p x L."""
+    left = search.remaining()
+    return left is None or left > 2.0 * proofs.build_rate * c.pp * search.instance.num_layers + 0.05
+
+
 def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: float, seconds, proofs: Proofs) -> None:
     """Build, solve and decode one candidate's program; record its plan and what it proved."""
     opts = search.options
+    started = time.perf_counter()
     form = build(search, c, None if opts.placement == "free" else rank_order_stages(c.tp, c.dp, c.pp))
+    proofs.build_rate = (time.perf_counter() - started) / (c.pp * search.instance.num_layers)
     if inc is not None:
         form.hint_from(inc.bounds, inc.stages)
     scale = inc.value if inc is not None else lower
