@@ -36,8 +36,10 @@ def run(args) -> int:
     plan = check_plan(instance, load_single_plan(args.plan))
     out = EXPORTERS[args.format](instance, plan)
     ev = evaluate(instance, plan, args.cost_model)
-    out["evaluation"] = {"cost_model": ev.cost_model, "predicted_time": ev.predicted_time, "feasible": ev.feasible,
-                         "violations": list(ev.violations)}
+    # The DeepSpeed file is DeepSpeed's config: amp_opt's additions stay under its amp_opt key.
+    (out["amp_opt"] if args.format == "deepspeed" else out)["evaluation"] = {
+        "cost_model": ev.cost_model, "predicted_time": ev.predicted_time, "feasible": ev.feasible,
+        "violations": list(ev.violations)}
     if not ev.feasible:
         print("amp-opt: warning: the plan does not fit in memory: " + "; ".join(ev.violations), file=sys.stderr)
     write_text(json.dumps(out, indent=2) + "\n", args.output)

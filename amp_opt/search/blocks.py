@@ -32,10 +32,14 @@ from ..model.profiles import layer_times
 from .result import SolveResult
 
 SAME = 1e-6
+REMAP_SECONDS_PER_LAYER = 5e-6  # re-scoring the plans and the bound on the original layers (0.3 s at 10^5)
 
 
 def solve_blocks(instance, coarse, bounds: tuple[int, ...], solve, options: dict) -> SolveResult:
-    """``solve(coarse, **options)``, its plans mapped to ``instance``'s layers and re-scored."""
+    """``solve(coarse, **options)``, its plans mapped to ``instance``'s layers and re-scored; the
+    coarse search's time limit leaves REMAP_SECONDS_PER_LAYER per original layer for that."""
+    if options.get("time_limit") is not None:
+        options = dict(options, time_limit=max(0.01, options["time_limit"] - REMAP_SECONDS_PER_LAYER * instance.num_layers))
     try:
         result = solve(coarse, **options)
     except InfeasibleError:

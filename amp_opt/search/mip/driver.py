@@ -83,7 +83,7 @@ class Proofs:
     bound: dict = field(default_factory=dict)  # candidate -> proven lower bound
     closed: bool = True  # every candidate's bound is proven (no program was cut short without one)
     sizes: dict = field(default_factory=lambda: {"variables": 0, "constraints": 0, "programs": 0})
-    build_rate: float = 0.0  # seconds per stage x layer that building the last program took
+    build_rate: float = 0.0  # the most seconds per stage x layer that building a program took
 
 
 def solve_mip(search) -> SolveResult:
@@ -168,9 +168,10 @@ def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
 
 def _time_to_build(search, c: Candidate, proofs: Proofs) -> bool:
     """Whether the time left covers building the candidate's program (and handing it to the
-    solver, about as long again), estimated from the last build: its size grows with p x L."""
+    solver, about as long again, and decoding), estimated from the slowest build so far per
+    stage x layer: a program's size grows with p x L."""
     left = search.remaining()
-    return left is None or left > 2.0 * proofs.build_rate * c.pp * search.instance.num_layers + 0.05
+    return left is None or left > 3.0 * proofs.build_rate * c.pp * search.instance.num_layers + 0.05
 
 
 def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: float, seconds, proofs: Proofs) -> None:
@@ -178,7 +179,10 @@ def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: flo
     opts = search.options
     started = time.perf_counter()
     form = build(search, c, None if opts.placement == "free" else rank_order_stages(c.tp, c.dp, c.pp))
-    proofs.build_rate = (time.perf_counter() - started) / (c.pp * search.instance.num_layers)
+    built = time.perf_counter() - started
+    proofs.build_rate = max(proofs.build_rate, built / (c.pp * search.instance.num_layers))
+    if seconds is not None:  # the solver gets what is left of the share once the program is built
+        seconds = max(0.01, seconds - built)
     if inc is not None:
         form.hint_from(inc.bounds, inc.stages)
     scale = inc.value if inc is not None else lower
