@@ -255,3 +255,18 @@ def test_long_model_is_searched_over_exact_blocks():
     assert evaluate(coarse, block_plan).predicted_time == pytest.approx(result.best.predicted_time, rel=1e-9)
     assert result.solver.bound <= result.solver.objective
     assert result.solver.status in ("FEASIBLE", "OPTIMAL")
+
+
+def test_a_program_beyond_64_bit_integers_is_no_crash():
+    """Global batches near 2^40 make memory rows of huge micro-batches exceed CP-SAT's integers:
+    such a program yields no plan and no proof (UNKNOWN), never a traceback."""
+    from amp_opt.search.mip.backends import solve_cpsat
+    from amp_opt.search.mip.model import BIN, LinearModel
+
+    lm = LinearModel()
+    x = lm.var("x", 0, 1, BIN)
+    y = lm.var("y", 0, 1, BIN)
+    lm.add({x: 6e18, y: 5e18}, "<=", 8e18, "bytes", "memory")
+    lm.objective = {x: 1.0, y: 1.0}
+    out = solve_cpsat(lm, 1e-8, 1.0, 0, 1)
+    assert out.status == "UNKNOWN" and out.values is None and out.rejected

@@ -29,6 +29,7 @@ from ..model.candidates import candidates
 from ..model.costs.amp import blended_times
 from ..model.evaluate import evaluate
 from ..model.profiles import layer_times
+from .context import rounded
 from .result import SolveResult
 
 SAME = 1e-6
@@ -38,10 +39,13 @@ REMAP_SECONDS_PER_LAYER = 5e-6  # re-scoring the plans and the bound on the orig
 def solve_blocks(instance, coarse, bounds: tuple[int, ...], solve, options: dict) -> SolveResult:
     """``solve(coarse, **options)``, its plans mapped to ``instance``'s layers and re-scored; the
     coarse search's time limit leaves REMAP_SECONDS_PER_LAYER per original layer for that."""
-    if options.get("time_limit") is not None:
-        options = dict(options, time_limit=max(0.01, options["time_limit"] - REMAP_SECONDS_PER_LAYER * instance.num_layers))
+    limit = options.get("time_limit")
+    if limit is not None:
+        options = dict(options, time_limit=max(0.01, limit - REMAP_SECONDS_PER_LAYER * instance.num_layers))
     try:
         result = solve(coarse, **options)
+    except NoPlanFound as exc:  # said with the caller's time limit, not the coarse search's
+        raise (NoPlanFound(f"time limit of {rounded(limit)} s") if exc.reason.startswith("time limit") else exc) from None
     except InfeasibleError:
         raise NoPlanFound("coarsened", f"no plan with stage boundaries on the {len(bounds) - 1} blocks of "
                                        f"consecutive layers fits ({instance.num_layers} layers in all); a finer split was not "

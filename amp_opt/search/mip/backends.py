@@ -47,6 +47,7 @@ class Outcome:
     objective: float | None  # seconds
     bound: float | None  # seconds, a lower bound of the program
     wall_time: float
+    rejected: str | None = None  # why the solver could not take the program (then UNKNOWN)
 
 
 def resolution_for(scale: float, model: LinearModel | None = None) -> float:
@@ -113,7 +114,10 @@ def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: i
     from ortools.sat.python import cp_model  # heavy: imported when a CP-SAT program runs
 
     start = time.perf_counter()
-    model, xs = _cpsat_model(lm, delta, cutoff)
+    try:
+        model, xs = _cpsat_model(lm, delta, cutoff)
+    except (OverflowError, TypeError) as exc:  # a coefficient beyond CP-SAT's 64-bit integers
+        return Outcome("UNKNOWN", None, None, None, time.perf_counter() - start, f"not representable: {exc}"[:200])
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.num_workers = workers
@@ -133,8 +137,8 @@ def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: i
         return Outcome(status, values, solver.objective_value * delta, solver.best_objective_bound * delta, wall)
     if code == cp_model.INFEASIBLE:
         return Outcome("INFEASIBLE", None, None, None, wall)
-    if solver.status_name(code) == "MODEL_INVALID":
-        raise RuntimeError(f"CP-SAT rejected the model: {model.validate()}")
+    if solver.status_name(code) == "MODEL_INVALID":  # e.g. sums that could overflow 64 bits: no proof, no plan
+        return Outcome("UNKNOWN", None, None, None, wall, f"CP-SAT rejected the model: {model.validate()}"[:200])
     return Outcome("UNKNOWN", None, None, None, wall)
 
 

@@ -195,6 +195,8 @@ def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: flo
         out = solve_cbc(form.model, seconds, opts.seed, opts.workers, cutoff, opts.gap, scale)
     sizes = proofs.sizes
     sizes["programs"] += 1
+    if out.rejected:  # the program exists but the solver could not take it: no proof, no plan
+        sizes["programs_rejected"] = sizes.get("programs_rejected", 0) + 1
     sizes["variables"] = max(sizes["variables"], form.model.size["variables"])
     sizes["constraints"] = max(sizes["constraints"], form.model.size["constraints"])
     found = np.inf
