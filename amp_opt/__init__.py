@@ -38,13 +38,14 @@ _EXPORTS = {
     "SolverStats": "search.result",
     "InputError": "errors",
     "InfeasibleError": "errors",
+    "NoPlanFound": "errors",
     "AmpOptError": "errors",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .errors import AmpOptError, InfeasibleError, InputError
+    from .errors import AmpOptError, InfeasibleError, InputError, NoPlanFound
     from .model.evaluate import Evaluation, StageReport, evaluate
     from .model.instance import DeviceType, Instance, Layer, Node
     from .model.load import load_instance, parse_instance

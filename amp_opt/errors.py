@@ -1,4 +1,4 @@
-"""The two kinds of user-facing failure, each with its exit code.
+"""The kinds of user-facing failure, each with its exit code.
 
 The CLI turns these into a one-line message and an exit status; library users
 catch them like any exception.  Anything else escaping is a bug in amp_opt.
@@ -28,6 +28,20 @@ class InfeasibleError(AmpOptError):
     """No plan satisfies the constraints.  The message says which one binds."""
 
     exit_code = 3
+
+
+class NoPlanFound(AmpOptError):
+    """The search stopped (time limit, or a signal) before it found a plan, and before it
+    could prove that none exists: not a verdict on the instance.  ``reason`` is the stop."""
+
+    exit_code = 4
+
+    def __init__(self, reason: str, message: str | None = None):
+        self.reason = reason
+        if message is None:
+            message = (f"no plan found before the {reason}; infeasibility not proven" if reason.startswith("time limit")
+                       else f"{reason} before a plan was found; infeasibility not proven")
+        super().__init__(message)
 
 
 class SearchTooLarge(InputError):

@@ -10,7 +10,7 @@ from conftest import INSTANCES, PAPER
 
 import amp_opt
 from amp_opt.errors import InputError
-from amp_opt.export.deepspeed import export_deepspeed
+from amp_opt.export.deepspeed import deepspeed_config_only, export_deepspeed
 from amp_opt.export.megatron import export_megatron, megatron_layout, megatron_split_args, transformer_split
 from amp_opt.model.generate import generate_instance
 from amp_opt.model.plan import Plan, check_plan, parse_plan
@@ -78,15 +78,16 @@ def check_torchrun(instance, launch):
 def check_exports(instance, plan):
     plan = check_plan(instance, plan)
     ds = export_deepspeed(instance, plan)
-    cfg = ds["deepspeed_config"]
+    cfg = deepspeed_config_only(ds)
     assert cfg["train_batch_size"] == instance.training.global_batch
     assert cfg["train_micro_batch_size_per_gpu"] == plan.micro_batch
     assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * plan.dp
     assert set(cfg) <= {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                         "zero_optimization"}
-    assert ds["pipeline"]["num_stages"] == plan.pp and ds["pipeline"]["parts"] == list(plan.partition)
-    check_mapping(instance, plan, ds["launch"])
-    check_torchrun(instance, ds["launch"])
+    extra = ds["amp_opt"]
+    assert extra["pipeline"]["num_stages"] == plan.pp and extra["pipeline"]["parts"] == list(plan.partition)
+    check_mapping(instance, plan, extra["launch"])
+    check_torchrun(instance, extra["launch"])
 
     mg = export_megatron(instance, plan)
     args = mg["args"]
@@ -124,7 +125,7 @@ def test_free_grouping_plan_reorders_nodes(small_free):
     inst, plan = small_free
     assert plan.stages != check_plan(inst, Plan(plan.tp, plan.dp, plan.pp, plan.micro_batch, plan.partition)).stages
     ds, _ = check_exports(inst, plan)
-    launch = ds["launch"]
+    launch = ds["amp_opt"]["launch"]
     assert launch["torchrun_compatible"]
     # stage 0 runs on the last node, so that node gets node_rank 0 and hosts rank 0
     assert launch["nodes"][0]["hostname"] == inst.nodes[int(inst.device_node[plan.stages[0][0][0]])].name
@@ -136,8 +137,8 @@ def test_interleaved_grouping_needs_explicit_ranks(paper_instances):
     stages = [[[s + 4 * r] for r in range(4)] for s in range(4)]  # stage s takes local device s of every node
     plan = parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30], "stages": stages})
     ds, _ = check_exports(inst, plan)
-    assert not ds["launch"]["torchrun_compatible"]
-    p3 = ds["launch"]["nodes"][0]
+    assert not ds["amp_opt"]["launch"]["torchrun_compatible"]
+    p3 = ds["amp_opt"]["launch"]["nodes"][0]
     assert [p["RANK"] for p in p3["processes"]] == [0, 4, 8, 12]
 
 
@@ -167,7 +168,7 @@ def test_zero1_is_exported(paper_instances):
     inst = paper_instances["homogeneous"]
     inst = dataclasses.replace(inst, training=dataclasses.replace(inst.training, zero_stage=1))
     plan = parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]})
-    assert export_deepspeed(inst, plan)["deepspeed_config"]["zero_optimization"] == {"stage": 1}
+    assert export_deepspeed(inst, plan)["zero_optimization"] == {"stage": 1}
     assert "--use-distributed-optimizer" in export_megatron(inst, plan)["args"]
 
 
@@ -181,7 +182,8 @@ def test_cli(tmp_path):
     inst = str(INSTANCES / "amp_het_cluster.json")
     out = run("export", inst, str(plan), "--format", "deepspeed")
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["deepspeed_config"]["gradient_accumulation_steps"] == 8
+    doc = json.loads(out.stdout)
+    assert doc["gradient_accumulation_steps"] == 8 and doc["amp_opt"]["evaluation"]["cost_model"] == "hetero"
     target = tmp_path / "mg.json"
     out = run("export", inst, str(plan), "--format", "megatron", "-o", str(target), "--cost-model", "amp")
     assert out.returncode == 0 and out.stdout == ""
@@ -199,3 +201,63 @@ def test_bad_plan_raises_input_error(paper_instances):
     with pytest.raises(InputError):
         export_deepspeed(paper_instances["het_cluster"], parse_plan(
             {"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 31]}))
+
+
+def test_deepspeed_file_is_a_deepspeed_config(paper_instances):
+    """Every top-level key but amp_opt is one DeepSpeed reads; the batch sizes satisfy DeepSpeed's
+    assertion train_batch = micro x accumulation x dp (its _batch_assertion, dp = world size of
+    the pipeline engine's data-parallel group)."""
+    inst = paper_instances["het_cluster"]
+    plan = check_plan(inst, parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}))
+    ds = export_deepspeed(inst, plan)
+    assert set(ds) <= {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                       "zero_optimization", "amp_opt"}
+    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * 4
+
+
+class _FakeTopology:
+    def __init__(self, stages, stage_of_rank):
+        self.stages, self.stage_of_rank = stages, stage_of_rank
+
+    def get_dim(self, name):
+        assert name == "pipe"
+        return self.stages
+
+    def get_coord(self, rank):
+        return type("Coord", (), {"pipe": self.stage_of_rank})()
+
+
+def test_exact_pipeline_module_sets_the_boundaries(tmp_path, monkeypatch, paper_instances):
+    """The helper's override does what DeepSpeed's own _partition_layers does (deepspeed/runtime/
+    pipe/module.py: self.parts, then self._set_bounds(start, stop) for this rank's stage), checked
+    against a stand-in PipelineModule with that interface (DeepSpeed itself is not installed here)."""
+    import types
+
+    from amp_opt.export.pipeline import exact_pipeline_module, stage_boundaries
+
+    class PipelineModule:
+        def __init__(self, layers, num_stages=None, topology=None, **kwargs):
+            self._topo = topology or _FakeTopology(num_stages, 2)
+            self.global_rank = 0
+            self._partition_layers(method=kwargs.get("partition_method", "parameters"))
+
+        def _set_bounds(self, start=None, stop=None):
+            self.bounds = (start, stop)
+
+    fake = types.ModuleType("deepspeed.pipe")
+    fake.PipelineModule = PipelineModule
+    monkeypatch.setitem(sys.modules, "deepspeed", types.ModuleType("deepspeed"))
+    monkeypatch.setitem(sys.modules, "deepspeed.pipe", fake)
+    inst = paper_instances["het_cluster"]
+    plan = check_plan(inst, parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 8, 13, 20, 30]}))
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(export_deepspeed(inst, plan)))
+    module = exact_pipeline_module(list(range(30)), str(path))
+    assert module.parts == [0, 8, 13, 20, 30] and module.bounds == (13, 20)
+    assert stage_boundaries([0, 3, 5]) == [0, 3, 5]
+    with pytest.raises(ValueError, match="cover 30 layers"):
+        exact_pipeline_module(list(range(29)), str(path))
+    with pytest.raises(ValueError, match="5 pipeline stages"):
+        exact_pipeline_module(list(range(30)), str(path), topology=_FakeTopology(5, 0))
+    with pytest.raises(ValueError, match="increase"):
+        stage_boundaries([0, 4, 4])

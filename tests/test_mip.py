@@ -104,7 +104,7 @@ def test_cpsat_is_deterministic(paper_instances):
 
 
 def test_auto_hands_large_free_grouping_to_cpsat():
-    """64 GPUs of two types: too many free groupings to enumerate, so auto switches to CP-SAT."""
+    """64 GPUs of two types: too many free groupings to enumerate, so auto picks CP-SAT up front."""
     from conftest import INSTANCES
 
     from amp_opt import InputError, load_instance
@@ -113,5 +113,5 @@ def test_auto_hands_large_free_grouping_to_cpsat():
     with pytest.raises(InputError, match="too large for the enumerator"):
         solve(inst, solver="enumerate")
     result = solve(inst, time_limit=60)
-    assert result.solver.name == "cpsat" and "enumerator gave up" in result.solver.extra["auto"]
+    assert result.solver.name == "cpsat" and "chosen up front" in result.solver.extra["auto"]
     assert result.best.feasible and result.solver.status == "OPTIMAL"

@@ -16,13 +16,14 @@ from .common import positive_float
 def add_arguments(p) -> None:
     """The options of the command."""
     p.add_argument("--suite", choices=SUITE_CHOICES, default="paper",
-                   help="paper: the AMP paper's 3 instances; scale: instances/suite/scale; all: both")
+                   help="paper: the AMP paper's 3 instances; scale: instances/suite/scale; all: both (default: paper)")
     p.add_argument("--solvers", default="enumerate", type=_solver_list, metavar="LIST",
                    help="comma-separated solvers (enumerate,cpsat,cbc); default enumerate")
     p.add_argument("--time-limit", type=positive_float, default=DEFAULT_TIME_LIMIT, metavar="S",
                    help=f"seconds per solve (default {DEFAULT_TIME_LIMIT:g}); a child is killed after "
                         f"{1 + MARGIN_FRACTION:g} x S + {MARGIN_SECONDS:g} s")
-    p.add_argument("--out", default="benchmarks/results", metavar="DIR", help="output directory")
+    p.add_argument("--out", default="benchmarks/results", metavar="DIR",
+                   help="output directory (default: benchmarks/results)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 

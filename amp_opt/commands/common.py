@@ -37,9 +37,9 @@ def positive_int(text: str) -> int:
 
 def add_cost_model(parser: argparse.ArgumentParser, what: str = "") -> None:
     """The ``--cost-model`` option, the same on every command."""
-    names = ", ".join(f"{m.name}: {m.description}" for m in COST_MODELS.values())
+    names = "; ".join(f"{m.name}: {m.description}" for m in COST_MODELS.values())
     parser.add_argument("--cost-model", choices=list(COST_MODELS), default="hetero",
-                        help=(what + "; " if what else "") + names)
+                        help=(what + ". " if what else "") + names + " (default: hetero)")
 
 
 def load_single_plan(path: str) -> Plan:

@@ -317,7 +317,7 @@ def add_arguments(p) -> None:
     p.add_argument("plan", nargs="?", default=None, help="JSON file with one plan object (optional)")
     add_cost_model(p)
     p.add_argument("--time-limit", type=positive_float, default=30.0, metavar="S",
-                   help="seconds per solve when explaining an instance (default 30)")
+                   help="seconds for each solve when explaining an instance (default: 30)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 

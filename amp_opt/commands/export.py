@@ -23,8 +23,11 @@ def add_arguments(p) -> None:
     """The options of the command."""
     p.add_argument("instance", help="instance JSON file")
     p.add_argument("plan", help="JSON file with one plan object")
-    p.add_argument("--format", choices=list(EXPORTERS), required=True, help="deepspeed or megatron")
-    p.add_argument("-o", "--output", default=None, help="write the JSON here instead of stdout")
+    p.add_argument("--format", choices=list(EXPORTERS), required=True,
+                   help="deepspeed: a DeepSpeed config file plus the stage boundaries and launch mapping; "
+                        "megatron: Megatron-LM arguments (required)")
+    p.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="file to write (default: stdout)")
     add_cost_model(p, "cost model whose verdict is attached (predicted time, feasibility)")
 
 
@@ -33,8 +36,10 @@ def run(args) -> int:
     plan = check_plan(instance, load_single_plan(args.plan))
     out = EXPORTERS[args.format](instance, plan)
     ev = evaluate(instance, plan, args.cost_model)
-    out["evaluation"] = {"cost_model": ev.cost_model, "predicted_time": ev.predicted_time, "feasible": ev.feasible,
-                         "violations": list(ev.violations)}
+    # The DeepSpeed file is DeepSpeed's config: amp_opt's additions stay under its amp_opt key.
+    (out["amp_opt"] if args.format == "deepspeed" else out)["evaluation"] = {
+        "cost_model": ev.cost_model, "predicted_time": ev.predicted_time, "feasible": ev.feasible,
+        "violations": list(ev.violations)}
     if not ev.feasible:
         print("amp-opt: warning: the plan does not fit in memory: " + "; ".join(ev.violations), file=sys.stderr)
     write_text(json.dumps(out, indent=2) + "\n", args.output)

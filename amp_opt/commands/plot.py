@@ -225,7 +225,8 @@ def add_arguments(p) -> None:
     """The options of the command."""
     p.add_argument("instance", help="instance JSON file")
     p.add_argument("plan", help="JSON file with one plan object")
-    p.add_argument("-o", "--output", required=True, help="image file, .png or .svg")
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="image file to write, .png or .svg (required)")
     add_cost_model(p, "cost model whose terms are drawn")
 
 

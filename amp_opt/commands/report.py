@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import sys
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -20,8 +23,29 @@ TERM_LABELS = {
 }
 
 
+TERMINAL_WIDTH = 130  # columns of the report on a terminal
+PIPE_WIDTH = 10_000  # on a pipe or file: wide enough that nothing wraps
+
+
+class Report(Console):
+    """A rich console that writes plain lines: no trailing spaces, and, when stdout is not a
+    terminal, no wrapping and no colour.  Each ``print`` goes out at once, line by line."""
+
+    def __init__(self, file=None):
+        self._out = file or sys.stdout
+        tty = self._out.isatty()
+        super().__init__(file=io.StringIO(), width=TERMINAL_WIDTH if tty else PIPE_WIDTH, highlight=False,
+                         soft_wrap=not tty, force_terminal=tty, no_color=not tty)
+
+    def print(self, *args, **kwargs) -> None:
+        with self.capture() as captured:
+            super().print(*args, **kwargs)
+        text = "\n".join(line.rstrip() for line in captured.get().split("\n"))
+        self._out.write(text)
+
+
 def make_console() -> Console:
-    return Console(width=130, highlight=False, soft_wrap=False)
+    return Report()
 
 
 def _ms(seconds: float) -> str:

@@ -1,4 +1,13 @@
-"""The DeepSpeed export: a config, the pipeline layer split and the launch mapping."""
+"""The DeepSpeed export: a DeepSpeed config file, with the pipeline split and launch mapping inside.
+
+The file is a DeepSpeed config as it is: ``deepspeed --deepspeed_config FILE`` and
+``DeepSpeedConfig(FILE)`` take it directly.  DeepSpeed reads the keys it knows
+(``deepspeed/runtime/config.py`` reads each with ``get_scalar_param`` and the like) and
+rejects none it does not, so amp_opt's part sits beside them under one key, ``amp_opt``:
+the degrees, the stage boundaries (``amp_opt.pipeline.parts``), the topology and the
+launch mapping.  :func:`amp_opt.export.pipeline.exact_pipeline_module` builds a
+``PipelineModule`` whose stages have exactly those boundaries from this file.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +16,11 @@ from typing import Any
 from ..model.plan import Plan, check_plan
 from .ranks import batch_sizes, launch_layout, stage_layers
 
+SECTION = "amp_opt"  # the one key of the exported file that is not DeepSpeed's
+
 
 def export_deepspeed(instance, plan: Plan) -> dict[str, Any]:
-    """A DeepSpeed config plus, alongside it, the PipelineModule layout and the launch mapping."""
+    """A DeepSpeed config whose ``amp_opt`` key holds the pipeline layout and the launch mapping."""
     plan = check_plan(instance, plan)
     batch, micro, gas = batch_sizes(instance, plan)
     config: dict[str, Any] = {
@@ -20,9 +31,9 @@ def export_deepspeed(instance, plan: Plan) -> dict[str, Any]:
     if instance.training.zero_stage:
         config["zero_optimization"] = {"stage": instance.training.zero_stage}
     parts = list(plan.partition)
-    return {
+    config[SECTION] = {
         "format": "amp_opt.export.deepspeed",
-        "deepspeed_config": config,
+        "note": "DeepSpeed ignores this key; the keys above are the DeepSpeed config",
         "check": f"train_batch_size {batch} = micro {micro} x gradient_accumulation_steps {gas} x dp {plan.dp}",
         "degrees": {"tp": plan.tp, "dp": plan.dp, "pp": plan.pp},
         "pipeline": {
@@ -32,13 +43,17 @@ def export_deepspeed(instance, plan: Plan) -> dict[str, Any]:
             "topology": (f"PipeModelDataParallelTopology(num_pp={plan.pp}, num_mp={plan.tp}, num_dp={plan.dp})"
                          if plan.tp > 1 else f"PipeDataParallelTopology(num_pp={plan.pp}, num_dp={plan.dp})"),
             "how": (
-                "PipelineModule's partition_method accepts 'parameters' (default), 'uniform' and 'type:REGEX', "
-                "none of which takes explicit boundaries. To use these, subclass PipelineModule and override "
-                "_partition_layers to set self.parts = parts and call "
-                "self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1]) with "
-                "stage_id = self._topo.get_coord(self.global_rank).pipe. parts index the PipelineModule's layer "
-                "list, which must match the instance's layer list one to one (stage i runs parts[i]..parts[i+1]-1)."
+                "PipelineModule's partition_method ('parameters', 'uniform', 'type:REGEX') takes no explicit "
+                "boundaries; amp_opt.export.pipeline.exact_pipeline_module(layers, 'THIS_FILE.json', ...) builds a "
+                "PipelineModule whose stage i runs layers parts[i]..parts[i+1]-1. The layer list must match the "
+                "instance's layer list one to one."
             ),
         },
         "launch": launch_layout(instance, plan),
     }
+    return config
+
+
+def deepspeed_config_only(exported: dict[str, Any]) -> dict[str, Any]:
+    """The DeepSpeed keys of an export (without ``amp_opt``)."""
+    return {k: v for k, v in exported.items() if k != SECTION}

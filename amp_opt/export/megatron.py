@@ -12,6 +12,15 @@ PRE_KINDS = ("embedding",)
 POST_KINDS = ("head",)
 NOOP_KINDS = ("noop",)
 TRANSFORMER_KIND = "transformer"
+LAYOUT_NOTE = (
+    "--pipeline-model-parallel-layout needs Megatron-LM core_v0.13.0 or later, from the Megatron-LM repository "
+    "(github.com/NVIDIA/Megatron-LM: the flag is parsed by megatron/training/arguments.py, which the megatron-core "
+    "pip package does not contain); Megatron marks it experimental. Older versions have no flag for this split: "
+    "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers (core_r0.9.0 and later) only express "
+    "splits whose middle stages hold equally many layers, so pick such a plan (solve --top-k lists alternatives) "
+    "or upgrade")
+FIRST_LAST_NOTE = ("--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers need Megatron-LM "
+                   "core_r0.9.0 or later (megatron/training/arguments.py of the Megatron-LM repository)")
 
 
 def transformer_split(instance, plan: Plan) -> tuple[list[int], list[str], list[str]]:
@@ -76,8 +85,9 @@ def export_megatron(instance, plan: Plan) -> dict[str, Any]:
     else:
         flags, method = megatron_split_args(counts)
         if method == "layout" or any(c == 0 for c in counts):
-            notes.append("--pipeline-model-parallel-layout is marked experimental in Megatron-LM "
-                         "(megatron/core/transformer/pipeline_parallel_layer_layout.py); it needs a recent Megatron-Core")
+            notes.append(LAYOUT_NOTE)
+        elif method == "first-last":
+            notes.append(FIRST_LAST_NOTE)
         args += flags
         split.update(expressible=True, method=method, args=flags)
         if plan.pp > 1 and method != "layout":

@@ -50,6 +50,9 @@ class Layer:
     attention_memory_bytes: Split = Split()  # part of activation_memory_bytes selective recompute frees
     attention_flops: float = 0.0  # forward FLOPs of the attention core per sample (selective recomputes it)
     kv_bytes: Split = Split()  # keys and values of one sample (context parallelism exchanges them)
+    # A block of consecutive layers (:mod:`amp_opt.model.coarsen`) keeps its members, for the
+    # terms that are not sums: what full recomputation keeps, the largest member's buffers.
+    members: tuple["Layer", ...] = ()
 
     @property
     def recomputes(self) -> bool:
@@ -161,6 +164,16 @@ class Instance:
     def node_classes(self):
         """Interchangeable nodes grouped into classes (:mod:`amp_opt.model.classes`)."""
         return group_nodes(self.nodes)
+
+    @cached_property
+    def layer_flops(self) -> np.ndarray:
+        """Per layer: forward+backward FLOPs per sample (nan where not given)."""
+        return np.array([np.nan if layer.flops is None else layer.flops for layer in self.layers], dtype=float)
+
+    @cached_property
+    def layer_tp_comm(self) -> np.ndarray:
+        """Per layer: bytes all-reduced in the tensor-parallel group per sample."""
+        return np.array([layer.tp_comm_bytes for layer in self.layers], dtype=float)
 
     @cached_property
     def devices_by_type(self) -> dict[str, int]:

@@ -17,6 +17,7 @@ import jsonschema
 
 from ..errors import InputError
 from . import catalog
+from .coarsen import MAX_MODEL_LAYERS
 from .hf_config import preset_from_hf_config
 from .instance import DeviceType, Instance, Layer, Node, Profile, SearchSpace, Split, Training
 from .presets import expand_preset
@@ -25,6 +26,7 @@ from .units import parse_bandwidth, parse_bytes
 FORMAT_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema" / "instance.schema.json"
 
+MAX_DEVICES = 65_536  # GPUs in one instance (benchmarks/results/time_limits.md: sizes up to it run in time)
 DEFAULT_TP = (1, 2, 4, 8)
 DEFAULT_CP = (1, 2, 4, 8, 16)  # context-parallel degrees the search may try
 DEFAULT_VIRTUAL = (1, 2, 4)  # virtual pipeline stages per device (interleaved 1F1B)
@@ -61,8 +63,63 @@ def json_path(parts) -> str:
     return out
 
 
+LONG_LIST = 1000  # layers from which the layer list is checked by _layer_ok first (jsonschema: ~0.2 ms a layer)
+
+
+def _number(x, integer: bool = False) -> bool:
+    """A JSON number (integer) >= 0 as the schema means it; bool is not a number."""
+    if isinstance(x, bool) or not isinstance(x, (int, float) if not integer else int):
+        return False
+    return x >= 0
+
+
+def _split_ok(x, integer: bool = False) -> bool:
+    if isinstance(x, dict):
+        return set(x) <= {"replicated", "sharded"} and all(_number(v) for v in x.values())
+    return _number(x, integer)
+
+
+LAYER_KEYS = {"name", "kind", "params", "activation_bytes", "activation_memory_bytes", "flops", "tp_comm_bytes",
+              "tie", "tied_params"}
+
+
+def _layer_ok(x) -> bool:
+    """A layer that the schema's ``$defs/layer`` surely accepts (never accepts what it rejects; a
+    False sends the document to the full validator, which says what is wrong)."""
+    return (isinstance(x, dict) and set(x) <= LAYER_KEYS and isinstance(x.get("name"), str)
+            and "params" in x and "activation_bytes" in x and isinstance(x.get("kind", ""), str)
+            and _split_ok(x["params"], integer=True) and _split_ok(x["activation_bytes"])
+            and _split_ok(x.get("activation_memory_bytes", 0)) and _number(x.get("flops", 0))
+            and _number(x.get("tp_comm_bytes", 0)) and isinstance(x.get("tie", ""), str)
+            and _number(x.get("tied_params", 0), integer=True))
+
+
+def _shortened(data: Any) -> Any:
+    """The document with a long layer list (and the profiles' times) cut to one entry, when every
+    layer passes the fast check: the schema then only needs to look at the rest.  Otherwise
+    the document itself."""
+    model = data.get("model") if isinstance(data, Mapping) else None
+    layers = model.get("layers") if isinstance(model, Mapping) else None
+    if not isinstance(layers, list) or len(layers) < LONG_LIST or not all(_layer_ok(x) for x in layers):
+        return data
+    profiles = data.get("profiles")
+    if isinstance(profiles, list):
+        for prof in profiles:
+            times = prof.get("layer_times") if isinstance(prof, Mapping) else None
+            if isinstance(times, list) and not all(_number(t) for t in times):
+                return data
+        profiles = [dict(prof, layer_times=prof["layer_times"][:1])
+                    if isinstance(prof, Mapping) and isinstance(prof.get("layer_times"), list) else prof
+                    for prof in profiles]
+    short = dict(data, model=dict(model, layers=layers[:1]))
+    if profiles is not None:
+        short["profiles"] = profiles
+    return short
+
+
 def check_schema(data: Any, schema_path: Path, root: str) -> None:
     """Validate against a JSON Schema; raise the most relevant error as InputError."""
+    data = _shortened(data) if schema_path == SCHEMA_PATH else data
     schema = json.loads(schema_path.read_text())
     validator = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))
@@ -158,16 +215,20 @@ def _split(value, default_sharded: bool) -> Split:
 
 def _parse_model(model: Mapping, base_dir: Path, notes: list[str]) -> tuple[Layer, ...]:
     if "preset" in model:
+        _check_length(model, "instance.model.layers")
         raw_layers = expand_preset(dict(model), field="instance.model")
     elif "hf_config" in model:
         config = model["hf_config"]
         if isinstance(config, str):
             config = load_json(base_dir / config, "Hugging Face config")
         preset = preset_from_hf_config(config, field="instance.model.hf_config", seq_len=model.get("seq_len"))
+        _check_length(preset, "instance.model.hf_config")
         raw_layers = expand_preset(preset, field="instance.model.hf_config")
         notes.append(f"model expanded from a Hugging Face config into the {preset['preset']} preset")
     else:
         raw_layers = model["layers"]
+    if len(raw_layers) > MAX_MODEL_LAYERS:
+        raise InputError("instance.model.layers", f"{len(raw_layers)} layers; amp_opt loads at most {MAX_MODEL_LAYERS}")
 
     layers = []
     for i, raw in enumerate(raw_layers):
@@ -188,6 +249,13 @@ def _parse_model(model: Mapping, base_dir: Path, notes: list[str]) -> tuple[Laye
             )
         )
     return tuple(layers)
+
+
+def _check_length(preset: Mapping, field: str) -> None:
+    """A preset's transformer layers, checked before they are listed (embedding and head add 2)."""
+    layers = preset.get("layers")
+    if isinstance(layers, int) and not isinstance(layers, bool) and layers + 2 > MAX_MODEL_LAYERS:
+        raise InputError(field, f"{layers} transformer layers; amp_opt loads at most {MAX_MODEL_LAYERS - 2}")
 
 
 def _catalog_find(name: str):
@@ -222,8 +290,14 @@ def _parse_device_types(raw_types) -> dict[str, DeviceType]:
 def _parse_nodes(raw_nodes, device_types: dict[str, DeviceType]) -> tuple[Node, ...]:
     nodes: list[Node] = []
     names: set[str] = set()
+    total = 0
     for i, raw in enumerate(raw_nodes):
         where = f"instance.nodes[{i}]"
+        total += raw.get("count", 1) * raw["devices"]
+        if total > MAX_DEVICES:  # checked before the nodes are listed one by one
+            raise InputError(f"{where}.count" if raw.get("count", 1) > 1 else f"{where}.devices",
+                             f"the cluster reaches {total} GPUs here; amp_opt plans at most {MAX_DEVICES} GPUs "
+                             "(a plan lists every GPU by id)")
         type_name = raw["device_type"]
         if type_name not in device_types:
             spec = _catalog_find(type_name)

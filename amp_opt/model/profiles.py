@@ -53,16 +53,18 @@ def _interpolate(measured: list[tuple[int, tuple[float, ...]]], b: int, exponent
 def _analytic(instance, device_type: str, intra_bw: float, tp: int, b: int) -> np.ndarray:
     dev = instance.device_types[device_type]
     eff = instance.training.analytic_efficiency
-    out = np.empty(instance.num_layers)
-    for i, layer in enumerate(instance.layers):
-        if layer.flops is None or dev.peak_flops is None:
-            missing = f"layer {layer.name!r} has no flops" if layer.flops is None else f"device type {device_type!r} has no peak_flops"
-            raise InputError(
-                "instance.profiles",
-                f"no measured profile for device type {device_type!r} at tp {tp}, and {missing} to estimate it from",
-            )
-        comm = 2 * (tp - 1) / tp * b * layer.tp_comm_bytes / intra_bw if tp > 1 else 0.0
-        out[i] = b ** dev.batch_exponent * layer.flops / (tp * dev.peak_flops * eff) + comm
+    flops = instance.layer_flops
+    if dev.peak_flops is None or np.isnan(flops).any():
+        first = int(np.flatnonzero(np.isnan(flops))[0]) if np.isnan(flops).any() else None
+        missing = (f"layer {instance.layers[first].name!r} has no flops" if first is not None
+                   else f"device type {device_type!r} has no peak_flops")
+        raise InputError(
+            "instance.profiles",
+            f"no measured profile for device type {device_type!r} at tp {tp}, and {missing} to estimate it from",
+        )
+    out = b ** dev.batch_exponent * flops / (tp * dev.peak_flops * eff)
+    if tp > 1:
+        out = out + 2 * (tp - 1) / tp * b * instance.layer_tp_comm / intra_bw
     return out
 
 

@@ -3,6 +3,14 @@
 A :class:`Search` is created by :func:`amp_opt.solve` and handed to every solver it runs
 (``auto`` runs the enumerator, then a MIP, on the same one), so derived tables and
 candidate bounds are computed once per solve and owned by it, not hidden on the instance.
+
+The clock: ``start`` is when the time limit started counting (the CLI passes the moment
+the process started, before the instance was loaded; the library, the call to
+:func:`amp_opt.solve`).  The search works until ``deadline = start + time_limit -
+reserve`` (``reserve``: what re-scoring and writing the result need, :data:`RESERVE`),
+and every phase asks :meth:`Search.remaining` or :meth:`Search.share` for its part
+(``formulations/mip.md``, "Time").  A stop request (SIGINT, SIGTERM: :mod:`.stop`) ends
+the search the same way as the deadline does.
 """
 
 from __future__ import annotations
@@ -14,29 +22,55 @@ from ..model.costs.terms import stage_order
 from ..model.evaluate import Evaluation, evaluate
 from ..model.plan import Candidate, Plan
 from ..model.tables import Tables
+from . import stop
 from .options import SolveOptions
+
+RESERVE = (0.05, 0.25)  # seconds kept after the search for the result: a share of the limit, at most
+
+
+def reserve(time_limit: float) -> float:
+    """Seconds of a time limit kept back for re-scoring the plans and writing them."""
+    return min(RESERVE[0] * time_limit, RESERVE[1])
 
 
 class Search:
     """The instance, the options, the derived tables and the deadline of one solve."""
 
-    def __init__(self, instance, options: SolveOptions):
+    def __init__(self, instance, options: SolveOptions, started: float | None = None):
         self.instance, self.options = instance, options
         self.model = options.model
         self.tables = Tables(instance)
-        self.start = time.perf_counter()
-        self.deadline = None if options.time_limit is None else self.start + options.time_limit
+        self.start = time.perf_counter() if started is None else started
+        limit = options.time_limit
+        self.deadline = None if limit is None else self.start + limit - reserve(limit)
         self._bounds: dict[tuple, float] = {}
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
     def out_of_time(self) -> bool:
-        return self.deadline is not None and time.perf_counter() >= self.deadline
+        """Whether the search must stop now: the deadline passed, or a stop was requested."""
+        return stop.past(self.deadline)
 
     def remaining(self) -> float | None:
-        """Seconds left before the deadline (never negative), or None without a time limit."""
+        """Seconds left before the deadline (never negative; 0 once a stop was requested), or
+        None without a time limit."""
+        if stop.requested():
+            return 0.0
         return None if self.deadline is None else max(0.0, self.deadline - time.perf_counter())
+
+    def share(self, fraction: float) -> float | None:
+        """The deadline of a phase that may spend ``fraction`` of the time left (None without a
+        time limit)."""
+        left = self.remaining()
+        return None if left is None else time.perf_counter() + fraction * left
+
+    def stopped_why(self) -> str:
+        """Why the search stopped early, for messages: the signal, or the time limit."""
+        reason = stop.requested()
+        if reason:
+            return f"interrupted by {reason}"
+        return f"time limit of {rounded(self.options.time_limit)} s"
 
     def lower_bound(self, cand: Candidate, *, labelled: bool = True) -> float:
         """The cost model's bound on every plan of a candidate, remembered for this solve."""
@@ -65,3 +99,8 @@ class Search:
     def evaluate(self, plan: Plan) -> Evaluation:
         """The one evaluator, with this search's cost model and tables."""
         return evaluate(self.instance, plan, self.model, tables=self.tables)
+
+
+def rounded(seconds: float | None) -> str:
+    """Seconds for people: 3 significant digits, no trailing zeros (2.2, 16, 0.05)."""
+    return "none" if seconds is None else f"{seconds:.3g}"

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InfeasibleError
+from ..errors import InfeasibleError, NoPlanFound
 from ..model.candidates import candidates, why_empty
 from .diagnose import infeasible_reason, least_overfull, least_overfull_rank_order
-from .grouping import candidate_graph
+from .grouping import Stopped, candidate_graph
 from .partition import optimal_path
 from .result import Incumbent, NoPlanBelow, SolverStats, SolveResult
 
@@ -41,14 +41,21 @@ def solve_enumerate(search) -> SolveResult:
         if search.out_of_time():
             timed_out, remaining_lb = True, min(lower[c] for c in order[i:])
             break
-        if search.lower_bound(cand) >= kth:
+        if search.lower_bound(cand, labelled=not search.out_of_time()) >= kth:
             pruned += 1
             continue
         explored += 1
-        graph, to_plan = candidate_graph(search.tables, cand, search.model, opts.placement, search.chunks(cand))
-        best = optimal_path(graph, cutoff=kth)
+        try:
+            graph, to_plan = candidate_graph(search.tables, cand, search.model, opts.placement, search.chunks(cand),
+                                             stop=search.out_of_time)
+        except Stopped:
+            timed_out, remaining_lb = True, min(lower[c] for c in order[i:])
+            break
+        best = optimal_path(graph, cutoff=kth, stop=search.out_of_time)
+        if search.out_of_time():  # the DP may have stopped early: this candidate is not proven
+            timed_out, remaining_lb = True, min(lower[c] for c in order[i:])
         if best is None:
-            if not found:
+            if not found and not timed_out:
                 tightest = least_overfull(graph, to_plan, tightest)
         elif best[0] < kth:
             plan = to_plan(best[1])
@@ -57,9 +64,11 @@ def solve_enumerate(search) -> SolveResult:
             del found[opts.top_k:]
         if opts.progress is not None:
             opts.progress(i + 1, len(order))
+        if timed_out:
+            break
     if not found:
         if timed_out:
-            raise InfeasibleError(f"no feasible plan found within the time limit of {opts.time_limit} s")
+            raise NoPlanFound(search.stopped_why())
         if np.isfinite(opts.cutoff):  # nothing beats the plan the caller has (or nothing fits at all)
             raise NoPlanBelow(opts.cutoff)
         raise InfeasibleError(infeasible_reason(search, tightest or least_overfull_rank_order(search)))
@@ -73,6 +82,6 @@ def solve_enumerate(search) -> SolveResult:
         objective=objective,
         bound=min(objective, remaining_lb),
         extra={"placement": opts.placement, "candidates": len(cands), "candidates_explored": explored,
-               "candidates_pruned": pruned},
+               "candidates_pruned": pruned, **({"stopped": search.stopped_why()} if timed_out else {})},
     )
     return SolveResult(evaluations[0], evaluations, stats)

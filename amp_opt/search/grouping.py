@@ -30,6 +30,11 @@ from ..model.plan import Candidate, Plan, Stages, rank_order_stages
 from .partition import Path, StageGraph, fixed_placement_graph, make_graph, memory_ratio, range_tables
 
 MAX_TRANSITIONS = 50_000
+STOP_EVERY = 512  # transitions between two looks at the stop callback
+
+
+class Stopped(Exception):
+    """The walk was stopped (time limit or interrupt) before the graph was complete."""
 
 
 def node_groups(instance, tp: int, node: int, start: int, count: int) -> list[tuple[int, ...]]:
@@ -98,15 +103,18 @@ class FreeGraph:
     node_order: tuple[int, ...]  # canonical position -> node index at the start
 
 
-def candidate_graph(tables, cand: Candidate, model, placement: str, chunks=None) -> tuple[StageGraph, Callable[[Path], Plan]]:
+def candidate_graph(tables, cand: Candidate, model, placement: str, chunks=None,
+                    stop: Callable[[], bool] | None = None) -> tuple[StageGraph, Callable[[Path], Plan]]:
     """The stage graph of a candidate under a placement (with interleaving, its ``chunks`` fixed),
-    and a function from a path to the plan."""
+    and a function from a path to the plan.
+
+    Raises Stopped when ``stop()`` turns true while the free-grouping graph is built."""
     if placement == "rank-order":
         stages = rank_order_stages(cand.tp, cand.dp, cand.pp, cand.cp)
         costs = model.stage_costs(tables, cand, stages, chunks=chunks)
         graph = fixed_placement_graph(costs, tables.instance.num_layers, _stage_bounds(cand, chunks))
         return graph, lambda path: cand.plan(chunks or path.bounds, stages)
-    fg = free_graph(tables, cand, chunks)
+    fg = free_graph(tables, cand, chunks, stop=stop)
     return fg.graph, lambda path: cand.plan(chunks or path.bounds,
                                             stages_of_path(tables.instance, cand, fg, path.transitions))
 
@@ -115,11 +123,13 @@ def _stage_bounds(cand: Candidate, chunks):
     return None if chunks is None else stage_order(chunks, cand.pp)[1]
 
 
-def free_graph(tables, cand: Candidate, chunks=None, max_transitions: int = MAX_TRANSITIONS) -> FreeGraph:
+def free_graph(tables, cand: Candidate, chunks=None, max_transitions: int = MAX_TRANSITIONS,
+               stop: Callable[[], bool] | None = None) -> FreeGraph:
     """The stage graph of every free grouping of a candidate (hetero cost model); with
     interleaving its ``chunks`` are fixed.
 
-    Raises SearchTooLarge once the graph has more than ``max_transitions`` transitions.
+    Raises SearchTooLarge once the graph has more than ``max_transitions`` transitions, and
+    Stopped when ``stop()`` turns true (it is asked every STOP_EVERY transitions).
     """
     walk = _StateWalk(tables, cand, chunks)
     # A state: (groups left and "hosts the previous stage" per node in canonical order,
@@ -131,7 +141,7 @@ def free_graph(tables, cand: Candidate, chunks=None, max_transitions: int = MAX_
     transitions, moves, perms = [], [], []
     for s in range(cand.pp):
         left = max_transitions - sum(map(len, transitions))
-        layer, prev_of, step = walk.expand(s, layer, prev_of, left)
+        layer, prev_of, step = walk.expand(s, layer, prev_of, left, stop)
         if step is None:
             raise SearchTooLarge(
                 "--placement",
@@ -170,7 +180,7 @@ class _StateWalk:
         self.kinds: dict[tuple, int] = {}
         self.kind_costs: list[StageCosts] = []
 
-    def expand(self, s: int, layer: dict, prev_of: dict, limit: int):
+    def expand(self, s: int, layer: dict, prev_of: dict, limit: int, stop: Callable[[], bool] | None = None):
         """Every transition of stage s from the states in ``layer``: the next states, their
         representative previous-stage nodes, and per transition (transition, y, permutation);
         the transitions are None as soon as there are more than ``limit``."""
@@ -201,6 +211,8 @@ class _StateWalk:
                 step.append(((sid, self.kinds[key], factor, nxt[target]), y, tuple(perm)))
                 if len(step) > limit:
                     return nxt, nxt_prev, None
+                if stop is not None and len(step) % STOP_EVERY == 0 and stop():
+                    raise Stopped
         return nxt, nxt_prev, step
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -266,12 +267,15 @@ def _batch_size(g: StageGraph, limit_bytes: float = 4e8) -> int:
     return int(max(8, min(256, limit_bytes / (8 * states * (g.layers + 1) * 2))))
 
 
-def optimal_path(g: StageGraph, batch: int | None = None, cutoff: float = INF) -> tuple[float, Path] | None:
+def optimal_path(g: StageGraph, batch: int | None = None, cutoff: float = INF,
+                 stop: Callable[[], bool] | None = None) -> tuple[float, Path] | None:
     """The exact minimum of f over paths and a path reaching it, or None if none is feasible.
 
     With a ``cutoff`` (a value the caller already has), threshold pairs that cannot beat it
     are skipped: the result is the exact minimum when that is below the cutoff, else some
-    path at or above it.
+    path at or above it.  ``stop()`` is asked between batches of thresholds; once it is true
+    the best path found so far is returned, which is then not proven optimal (the caller
+    knows it stopped).
     """
     p, L = g.stages, g.layers
     batch = batch or _batch_size(g)
@@ -302,12 +306,17 @@ def optimal_path(g: StageGraph, batch: int | None = None, cutoff: float = INF) -
 
     # One-sided sweeps: h(T, inf) and h(inf, U) bound h(T, U) from below, and their
     # paths are good incumbents.
+    stopped = (lambda: False) if stop is None else stop
     hT = np.empty(len(T_all))
     for i in range(0, len(T_all), batch):
+        if stopped():
+            return best, best_path
         hT[i:i + batch], found = _paths(g, T_all[i:i + batch], np.full(len(T_all[i:i + batch]), INF))
         best, best_path = _better(g, best, best_path, found)
     hU = np.empty(len(U_all))
     for i in range(0, len(U_all), batch):
+        if stopped():
+            return best, best_path
         hU[i:i + batch], found = _paths(g, np.full(len(U_all[i:i + batch]), INF), U_all[i:i + batch])
         best, best_path = _better(g, best, best_path, found)
 
@@ -320,7 +329,7 @@ def optimal_path(g: StageGraph, batch: int | None = None, cutoff: float = INF) -
     order = np.argsort(lower[keep], kind="stable")
     TT, UU, base, lower = TT[keep][order], UU[keep][order], base[keep][order], lower[keep][order]
     pos = 0
-    while pos < len(TT) and lower[pos] < target():
+    while pos < len(TT) and lower[pos] < target() and not stopped():
         sl = slice(pos, pos + batch)
         best, best_path = _better(g, best, best_path, _paths(g, T_all[TT[sl]], U_all[UU[sl]])[1])
         pos += batch

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from ..errors import SearchTooLarge
+from ..model.coarsen import coarsen
+from .blocks import solve_blocks
 from .context import Search
 from .enumerate import solve_enumerate
 from .mip.driver import solve_mip
 from .options import solve_options
 from .result import SolveResult
+from .route import enumerator_fits
 from .subsets import solve_subsets
 
 
 def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str | None = None, top_k: int = 1,
           time_limit: float | None = None, seed: int = 0, workers: int = 1, objective: str = "time",
-          budget: float | None = None, progress=None) -> SolveResult:
+          budget: float | None = None, progress=None, started: float | None = None) -> SolveResult:
     """Find the fastest plan of an instance under a cost model.
 
     Parameters
@@ -23,7 +27,8 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     instance : Instance
     solver : {"auto", "enumerate", "cpsat", "cbc"}
         auto (default): the exact enumerator, or CP-SAT when free grouping is too large
-        to enumerate.
+        to enumerate (estimated from the instance before either starts,
+        :mod:`amp_opt.search.route`).
     cost_model : {"hetero", "amp"} or CostModel
         hetero (default): per-device speeds, slowest links, memory limits; amp: the
         AMP paper's model.
@@ -32,7 +37,8 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     top_k : int
         How many of the best plans to return (enumerate keeps more than one).
     time_limit : float, optional
-        Seconds for the whole search.
+        Seconds for the whole search, counted from ``started``.  A search cut short returns
+        the best plan found so far (status FEASIBLE, with its proven bound).
     seed, workers : int
         For the MIP solvers; fixed so that results repeat.
     objective : {"time", "cost"}
@@ -41,6 +47,9 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
         USD per hour the used devices may cost at most (with objective "time").
     progress : callable, optional
         Called as ``progress(done, total)`` after each candidate.
+    started : float, optional
+        ``time.perf_counter()`` when the time limit started counting (the CLI passes the
+        start of the process); default: now.
 
     Returns
     -------
@@ -53,6 +62,9 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
         For bad options (the message names the option).
     InfeasibleError
         When no plan fits (the message says why).
+    NoPlanFound
+        When the time limit or a stop request (:mod:`amp_opt.search.stop`) ended the search
+        before it found a plan or proved that none exists.
 
     Examples
     --------
@@ -65,23 +77,39 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     options = solve_options(solver=solver, cost_model=cost_model, placement=placement, top_k=top_k,
                             time_limit=time_limit, seed=seed, workers=workers, objective=objective, budget=budget,
                             progress=progress)
-    return solve_subsets(instance, options, _solve_one)
+    return solve_subsets(instance, options, _solve_one, time.perf_counter() if started is None else started)
 
 
-def _solve_one(instance, options) -> SolveResult:
-    """One solver on one instance (all its devices), with the options' cutoff."""
-    search = Search(instance, options)
+def _solve_one(instance, options, started: float | None = None) -> SolveResult:
+    """One solver on one instance (all its devices), with the options' cutoff; a long model is
+    searched over blocks of identical layers."""
+    coarse = coarsen(instance)
+    if coarse is not None:
+        return solve_blocks(instance, *coarse, lambda inst, limit: _solve_one(
+            inst, dataclasses.replace(options, time_limit=limit), started), options.time_limit)
+    search = Search(instance, options, started)
     if options.solver not in ("auto", "enumerate"):
         return solve_mip(search)
+    if options.solver == "auto":
+        fits, why = enumerator_fits(instance, options.placement)
+        if not fits:
+            return _noting(_as_cpsat(search), f"CP-SAT chosen up front: {why}")
     try:
         return solve_enumerate(search)
     except SearchTooLarge as exc:
         if options.solver == "enumerate":
             raise
         spent, why = search.elapsed(), exc.problem
-    search.options = dataclasses.replace(options, solver="cpsat")
-    result = solve_mip(search)
-    # The solver block covers the whole search, the enumerator's attempt included.
-    stats = dataclasses.replace(result.solver, extra={**result.solver.extra,
-                                                      "auto": f"enumerator gave up after {spent:.1f} s: {why}"})
+    # The estimate let the enumerator start, but a candidate was larger than estimated.
+    return _noting(_as_cpsat(search), f"enumerator gave up after {spent:.1f} s: {why}")
+
+
+def _as_cpsat(search: Search) -> SolveResult:
+    search.options = dataclasses.replace(search.options, solver="cpsat")
+    return solve_mip(search)
+
+
+def _noting(result: SolveResult, note: str) -> SolveResult:
+    """The result with how ``auto`` chose its solver; the solver block covers the whole search."""
+    stats = dataclasses.replace(result.solver, extra={**result.solver.extra, "auto": note})
     return dataclasses.replace(result, solver=stats)

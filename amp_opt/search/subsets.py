@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import sys
 
-from ..errors import InfeasibleError, InputError
+from ..errors import InfeasibleError, InputError, NoPlanFound
 from ..model.classes import node_classes
 from ..model.plan import Plan, describe
 from .context import Search
@@ -63,10 +64,10 @@ def _subset(instance, classes, chosen: tuple[int, ...]) -> Subset:
     return Subset(chosen, sub, devices, rate)
 
 
-def solve_subsets(instance, options, run) -> SolveResult:
-    """Run ``run(sub_instance, options)`` (one solver, one instance) on every subset of node
-    classes, each cut off at the best plan so far, and return the best plans on the whole
-    cluster, re-scored there by the evaluator."""
+def solve_subsets(instance, options, run, started: float | None = None) -> SolveResult:
+    """Run ``run(sub_instance, options, started)`` (one solver, one instance) on every subset of
+    node classes, each cut off at the best plan so far and given the time left, and return the
+    best plans on the whole cluster, re-scored there by the evaluator."""
     parts = subsets(instance, options.model)
     cost = options.objective == "cost"
     if (cost or options.budget is not None) and any(p.rate is None for p in parts):
@@ -76,27 +77,33 @@ def solve_subsets(instance, options, run) -> SolveResult:
                                                   "has no price_per_hour")
     allowed = [p for p in parts if options.budget is None or p.rate * 3600 <= options.budget * (1 + 1e-12)]
     if not allowed:
-        _over_budget(instance, options, parts, run)
-    whole = Search(instance, options)
+        _over_budget(instance, options, parts, run, started)
+    whole = Search(instance, options, started)
     found, bounds, unknown, statuses, reasons = [], [], [], [], []
     for part in allowed:
         scale = part.rate if cost else 1.0  # objective units per second of iteration time
         best = min((value for value, _ in found), default=math.inf)
+        first = part is allowed[0]
         left = whole.remaining()
-        sub_options = dataclasses.replace(options, cutoff=best / scale if math.isfinite(best) else math.inf,
-                                          time_limit=None if left is None else max(left, 1e-3))
+        cutoff = best / scale if math.isfinite(best) else math.inf
+        # The first run counts its time limit from the start; later ones get what is left.
+        sub_options = dataclasses.replace(options, cutoff=cutoff) if first else dataclasses.replace(
+            options, cutoff=cutoff, time_limit=None if left is None else max(left, 1e-3))
+        if not first and whole.out_of_time():
+            unknown.append(part)
+            continue
         try:
-            result = run(part.instance, sub_options)
+            result = run(part.instance, sub_options, started if first else None)
         except NoPlanBelow as exc:
             bounds.append(exc.bound * scale)
             continue
-        except InfeasibleError as exc:
-            if "time limit" in str(exc):
-                unknown.append(part)
-                continue
+        except NoPlanFound:
+            unknown.append(part)
+            continue
+        except InfeasibleError:
             if len(allowed) == 1:
                 raise
-            reasons.append(str(exc))
+            reasons.append(str(sys.exc_info()[1]))
             bounds.append(math.inf)
             continue
         statuses.append(result.solver.status)
@@ -107,7 +114,7 @@ def solve_subsets(instance, options, run) -> SolveResult:
         last = result
     if not found:
         if unknown:
-            raise InfeasibleError(f"no feasible plan found within the time limit of {options.time_limit} s")
+            raise NoPlanFound(whole.stopped_why())
         whole_cluster = reasons[0] if reasons else "no plan fits"
         raise InfeasibleError(f"{whole_cluster}; leaving node classes idle does not help either")
     found.sort(key=lambda f: f[0])
@@ -129,17 +136,19 @@ def _classes_of(instance, plan: Plan) -> list[str]:
     return sorted({f"{instance.nodes[j].device_type} x{instance.nodes[j].devices}" for j in used})
 
 
-def _over_budget(instance, options, parts, run):
-    """No subset fits the budget: exit 3 with the cheapest subset's fastest plan and by how much it misses."""
-    cheapest = min(parts, key=lambda p: p.rate)
-    try:
-        result = run(cheapest.instance, options)
-    except InfeasibleError as exc:
-        raise InfeasibleError(f"no subset of node classes fits the budget of {options.budget:.2f} USD/hour; "
-                              f"the cheapest ({cheapest.rate * 3600:.2f} USD/hour) has no plan either: {exc}") from None
-    plan = cheapest.to_global(result.best.plan)
-    raise InfeasibleError(
-        f"no plan fits the budget of {options.budget:.2f} USD/hour: the cheapest devices that can train "
-        f"({', '.join(_classes_of(instance, plan))}) cost {cheapest.rate * 3600:.2f} USD/hour, "
-        f"{cheapest.rate * 3600 - options.budget:.2f} over; their fastest plan takes "
-        f"{result.best.predicted_time:.4g} s per iteration ({describe(plan)})")
+def _over_budget(instance, options, parts, run, started):
+    """No subset fits the budget: exit 3 with the fastest plan of the cheapest devices that can
+    train, and by how much they miss it."""
+    for part in sorted(parts, key=lambda p: (p.rate, p.classes)):
+        try:
+            result = run(part.instance, options, started)
+        except InfeasibleError:
+            continue
+        plan = part.to_global(result.best.plan)
+        raise InfeasibleError(
+            f"no plan fits the budget of {options.budget:.2f} USD/hour: the cheapest devices that can train "
+            f"({', '.join(_classes_of(instance, plan))}) cost {part.rate * 3600:.2f} USD/hour, "
+            f"{part.rate * 3600 - options.budget:.2f} over; their fastest plan takes "
+            f"{result.best.predicted_time:.4g} s per iteration ({describe(plan)})")
+    raise InfeasibleError(f"no subset of node classes fits the budget of {options.budget:.2f} USD/hour, "
+                          "and no subset can train at any price")

@@ -8,7 +8,6 @@ search's free grouping.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -71,7 +70,7 @@ def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
 
 class HeteroModel(CostModel):
     name = "hetero"
-    description = "per-device speeds, the slowest links a stage uses, memory limits (default)"
+    description = "per-device speeds, the slowest links a stage uses, memory limits"
     enforces_memory = True
     placements = ("free", "rank-order")
 
@@ -102,9 +101,8 @@ class HeteroModel(CostModel):
         caps = _caps(classes, cand.replicas, cand.pp)
         n, p, L = terms.n_micro, cand.pp, tables.instance.num_layers
         if labelled:
-            vectors = [x for x in itertools.product(*(range(c + 1) for c in caps))
-                       if sum(x) <= p and all(sum(x[: i + 1]) <= caps[i] for i in range(len(caps)))]
-            if len(vectors) * len(classes) * (L + 1) ** 2 <= LABELLED_BUDGET:
+            vectors = _label_vectors(caps, int(LABELLED_BUDGET // (len(classes) * (L + 1) ** 2)))
+            if vectors is not None:
                 return _labelled_bound(terms, classes, caps, vectors)
         fastest = np.min([c.times for c in classes], axis=0)
         return (n - 1) * _fractional_bottleneck(classes, caps, p) + float(fastest.sum())
@@ -121,6 +119,28 @@ def _caps(classes, dp: int, p: int) -> list[int]:
         caps.append(min(p, total // dp))
     caps[-1] = p
     return caps
+
+
+def _label_vectors(caps: list[int], limit: int) -> list[tuple[int, ...]] | None:
+    """Stages per label, v, with every prefix sum v_1 + ... + v_k <= caps[k] (caps[-1] = p), in
+    lexicographic order; None as soon as there are more than ``limit`` (listed one by one, so
+    that a large count costs no more than the limit)."""
+    out: list[tuple[int, ...]] = []
+    v: list[int] = []
+
+    def rec(i: int, total: int) -> bool:
+        if i == len(caps):
+            out.append(tuple(v))
+            return len(out) <= limit
+        for x in range(caps[i] - total + 1):
+            v.append(x)
+            going = rec(i + 1, total + x)
+            v.pop()
+            if not going:
+                return False
+        return True
+
+    return out if rec(0, 0) else None
 
 
 def _labelled_bound(terms: CandidateTerms, classes, caps, vectors) -> float:

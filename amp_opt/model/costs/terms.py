@@ -79,15 +79,16 @@ class CandidateTerms:
         layers = [inst.layers[i] for i in (range(inst.num_layers) if self.order is None else self.order)]
         m, sp, cp = cand.tp, cand.sequence_parallel, cand.cp
         ids = np.arange(inst.num_layers) if self.order is None else self.order
-        before = [inst.layers[i - 1].activation_bytes.at(m, sp) * inst.training.activation_factor / cp if i > 0 else 0.0
-                  for i in ids]
         factor = inst.training.activation_factor / cp  # calibrated activation bytes, split over cp ranks
         act = np.array([layer.activation_memory_bytes.at(m, sp) for layer in layers]) * factor
         scores = np.array([layer.attention_memory_bytes.at(m, sp) for layer in layers]) * factor
         self.recomputes = np.array([layer.recomputes for layer in layers])
-        # H7: bytes kept per sample for backward, by recomputation mode.
+        inputs = [inst.layers[i - 1].activation_bytes if i > 0 else None for i in ids]
+        # H7: bytes kept per sample for backward, by recomputation mode (full: each recomputed
+        # layer keeps its input, at most what it would keep anyway).
+        full = np.array([_kept_full(layer, before, m, sp) for layer, before in zip(layers, inputs)]) * factor
         self.kept = {"none": act, "selective": act - np.where(self.recomputes, scores, 0.0),
-                     "full": np.where(self.recomputes, np.minimum(before, act), act)}
+                     "full": np.where(self.recomputes, full, act)}
         # H8: a layer's extra compute, as a share of its forward+backward time.
         selective = [layer.attention_flops / layer.flops if layer.recomputes and layer.flops else 0.0 for layer in layers]
         self.extra = {"none": np.zeros(len(layers)), "selective": np.array(selective),
@@ -95,7 +96,11 @@ class CandidateTerms:
         self.volume = cand.micro_batch * np.array([layer.activation_bytes.at(m, sp) / cp for layer in layers])
         self.kv = cand.micro_batch * np.array([layer.kv_bytes.at(m) / cp for layer in layers])
         self.activations = act  # bytes per sample of each layer without recomputation
-        self.recomputed_activations = np.where(self.recomputes, act, 0.0)  # what full recomputation rebuilds
+        # What full recomputation rebuilds at once (one layer, the largest member of a block),
+        # and one layer's parameters (what ZeRO-3 gathers at once).
+        self.recomputed_activations = np.where(self.recomputes, [
+            max(x.activation_memory_bytes.at(m, sp) for x in layer.members or (layer,)) for layer in layers], 0.0) * factor
+        self.largest_params = np.array([max(x.params.at(m) for x in layer.members or (layer,)) for layer in layers])
         self._count = np.concatenate([[0], np.cumsum(self.recomputes)])  # recomputing layers before each position
         self._max: dict[str, np.ndarray] = {}
         tr, R, z = inst.training, cand.replicas, cand.zero_stage
@@ -149,7 +154,7 @@ class CandidateTerms:
     def _range_max(self, what: str, k, l):
         """max of a per-layer array over [k, l) for every pair of the broadcast ranges (0 when empty)."""
         if what not in self._max:
-            values = self.recomputed_activations if what == "recomputed" else self.sums.params
+            values = self.recomputed_activations if what == "recomputed" else self.largest_params
             L = len(values)
             table = np.zeros((L + 1, L + 1))
             for start in range(L):
@@ -199,6 +204,17 @@ class CandidateTerms:
         if self.cand.zero_stage >= 3 or R == 1:
             return 0.0
         return 2 * (R - 1) / R * self.instance.training.allreduce_bytes_per_param
+
+
+def _kept_full(layer, before, m: int, sp: bool) -> float:
+    """Bytes per sample a layer keeps under full recomputation (eq. H7): its input, at most its
+    own activations; a block of layers, the sum over its members."""
+    total = 0.0
+    for member in layer.members or (layer,):
+        own = member.activation_memory_bytes.at(m, sp)
+        total += 0.0 if before is None else min(before.at(m, sp), own)  # the first layer's input: the data
+        before = member.activation_bytes
+    return total
 
 
 def _prefix(values: np.ndarray) -> np.ndarray:

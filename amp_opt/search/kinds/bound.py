@@ -14,12 +14,12 @@ trust-region cutting-plane ascent (:class:`Ascent`); a bound that reaches
 from __future__ import annotations
 
 import heapq
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...model.ranges import INF
+from ..stop import past
 from .model import KindModel, KindPath, min_max
 
 LP_MS = 2000  # milliseconds one dual step's LP may take (a guard; it takes about one)
@@ -116,10 +116,11 @@ class Ascent:
         self.done = cell.settled = True  # no price in reach gains more
 
 
-def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int) -> int:
+def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int, deadline: float | None = None) -> int:
     """Raise the bounds of ``cells`` together (one batched DP sweep per round) for at most
-    ``iterations`` rounds; marks each cell settled when its dual has converged.  Returns the
-    number of DP paths computed."""
+    ``iterations`` rounds, or until the deadline (or a stop request: every round leaves valid
+    bounds); marks each cell settled when its dual has converged.  Returns the number of DP
+    paths computed."""
     w = model.w
     for cell in cells:
         # A cell's cuts stay valid for it; a new target only changes when to stop.
@@ -130,7 +131,7 @@ def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int) 
     paths_seen = 0
     for _ in range(iterations):
         live = [a for a in ascents if not a.done]
-        if not live:
+        if not live or past(deadline):
             break
         T = np.array([a.cell.T_hi for a in live])
         U = np.array([a.cell.U_hi for a in live])
@@ -157,7 +158,7 @@ class KindSearch:
     (``promising``).
     """
 
-    def __init__(self, model: KindModel, target: float):
+    def __init__(self, model: KindModel, target: float, deadline: float | None = None):
         w = model.w
         self.model, self.sweeps, self.pushed = model, 0, 0
         self.heap: list = []
@@ -169,14 +170,14 @@ class KindSearch:
         # Plans with w*max E + max AR above the first target cannot be of interest.
         T_hi = max(T0, (target - U0) / w) if w > 0 else INF
         U_hi = max(U0, target - w * T0)
-        self._work([Cell(T0, T_hi, U0, U_hi, np.zeros(model.dims))], target, 40)
+        self._work([Cell(T0, T_hi, U0, U_hi, np.zeros(model.dims))], target, 40, deadline)
 
     @property
     def bound(self) -> float:
         return float(min([self.floor] + [b for b, _, _ in self.heap]))
 
-    def _work(self, cells: list[Cell], target: float, iterations: int) -> None:
-        self.sweeps += ascend(self.model, cells, target, iterations)
+    def _work(self, cells: list[Cell], target: float, iterations: int, deadline: float | None = None) -> None:
+        self.sweeps += ascend(self.model, cells, target, iterations, deadline)
         for cell in cells:
             self.pushed += 1
             heapq.heappush(self.heap, (cell.bound, self.pushed, cell))
@@ -188,7 +189,7 @@ class KindSearch:
         only cover plans below the first target, and targets only decrease).
         """
         w, stop = self.model.w, self.sweeps + sweeps
-        while self.heap and self.sweeps < stop and not (deadline is not None and time.perf_counter() >= deadline):
+        while self.heap and self.sweeps < stop and not past(deadline):
             wave = []
             while self.heap and self.heap[0][0] < target and len(wave) < WAVE:
                 cell = heapq.heappop(self.heap)[2]
@@ -222,7 +223,7 @@ class KindSearch:
                     wave.append(child)
             if not wave:
                 break
-            self._work(wave, target, 15)
+            self._work(wave, target, 15, deadline)
         return min(self.bound, target)
 
     def promising(self, count: int) -> list[Cell]:

@@ -274,6 +274,9 @@ def repair(model: KindModel, kinds, seconds: float = 5.0) -> dict[int, int] | No
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
     solver.parameters.max_time_in_seconds = max(0.01, seconds)
+    # CP-SAT's own SIGINT handler leaves SIGINT at its default (kill) when it is done; the
+    # signals are amp_opt's to handle (amp_opt.search.stop).
+    solver.parameters.catch_sigint_signal = False
     if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     return {k: int(solver.Value(n[k])) for k in range(len(model.kinds)) if solver.Value(n[k]) > 0}

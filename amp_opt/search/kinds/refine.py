@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from .. import stop
 from .bound import KindSearch
 from .construct import POLISH_RATE, POLISH_WORK, construct, polish
 from .model import kind_model
@@ -45,11 +46,13 @@ class KindPhase:
         self.searches: dict = {}  # candidate -> KindSearch, or None (too many node classes)
         self.tried: set = set()  # (candidate, what) pairs already used to build plans
 
-    def of(self, cand, best: float) -> KindSearch | None:
-        """The candidate's kind search (eq. B4), started at target ``best`` on first use."""
+    def of(self, cand, best: float, deadline=None) -> KindSearch | None:
+        """The candidate's kind search (eq. B4), started at target ``best`` on first use (its first
+        dual steps stop at ``deadline``, by default the search's)."""
         if cand not in self.searches:
             model = kind_model(self.search.tables, cand, self.search.chunks(cand))
-            self.searches[cand] = None if model is None else KindSearch(model, min(best, model.ceiling))
+            deadline = self.search.deadline if deadline is None else deadline
+            self.searches[cand] = None if model is None else KindSearch(model, min(best, model.ceiling), deadline)
         return self.searches[cand]
 
     def raise_bound(self, cand, best: float, sweeps: int, deadline) -> float:
@@ -60,13 +63,16 @@ class KindPhase:
         value = search.raise_to(min(best, ceiling), sweeps, deadline)
         return np.inf if value >= ceiling else value
 
-    def quick_bound(self, cand, lower: float, best: float) -> float:
-        """Phase 1's quick try at ruling a candidate out before its DP incumbent is built; under a
-        time limit each try may take QUICK_SHARE of it."""
-        if self.of(cand, best) is None:
+    def quick_bound(self, cand, lower: float, best: float, deadline=None) -> float:
+        """Phase 1's quick try at ruling a candidate out before its DP incumbent is built (until
+        ``deadline``, by default the search's; under a time limit each try may take QUICK_SHARE of it)."""
+        if self.of(cand, best, deadline) is None:
             return lower
+        deadline = self.search.deadline if deadline is None else deadline
         limit = self.search.options.time_limit
-        deadline = None if limit is None else min(self.search.deadline, time.perf_counter() + QUICK_SHARE * limit)
+        if limit is not None:
+            cap = time.perf_counter() + QUICK_SHARE * limit
+            deadline = cap if deadline is None else min(deadline, cap)
         return max(lower, self.raise_bound(cand, best, QUICK_SWEEPS, deadline))
 
     def refine(self, incumbents: dict, lower: dict, best: float, gap: float) -> float:
@@ -80,7 +86,7 @@ class KindPhase:
             open_ = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if lower[c] < best * (1 - gap)]
             before = (best, min([lower[c] for c in open_], default=np.inf))
             for c in open_:
-                if _past(stop) or lower[c] >= best or self.of(c, best) is None:
+                if _past(stop) or lower[c] >= best or self.of(c, best, stop) is None:
                     continue
                 lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, stop))
             # Plans where the bounds leave the most room: the likeliest to hold better ones.
@@ -122,4 +128,4 @@ class KindPhase:
 
 
 def _past(deadline) -> bool:
-    return deadline is not None and time.perf_counter() >= deadline
+    return stop.past(deadline)

@@ -10,6 +10,14 @@ is always re-scored in floating point by the evaluator.
 CBC takes the model as written (continuous seconds).  It runs as a child
 process with a hard wall-clock limit enforced from outside (CBC does not stop
 during preprocessing), a fixed seed and one thread.
+
+Both stop early on a stop request (:mod:`amp_opt.search.stop`: SIGINT, SIGTERM).  CP-SAT
+solves in a helper thread while the caller polls the request and calls ``stop_search``
+(CP-SAT's own SIGINT handler is off: ``catch_sigint_signal``), so it returns its best
+solution.  CBC runs in its own process group (a terminal's Ctrl-C does not reach it) and
+is killed with its group on a stop, at its time limit, or on any exception; on Linux it
+also dies with its parent (``PR_SET_PDEATHSIG``).  Its temporary folder is removed in every
+case.
 """
 
 from __future__ import annotations
@@ -17,12 +25,16 @@ from __future__ import annotations
 import math
 import os
 import re
+import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
 
+from .. import stop
 from .model import BIN, INT, TIME, LinearModel
 
 CBC_WRITE_S = 1.0  # seconds (at most a tenth of its budget) CBC stops early to write its solution
@@ -35,6 +47,7 @@ class Outcome:
     objective: float | None  # seconds
     bound: float | None  # seconds, a lower bound of the program
     wall_time: float
+    rejected: str | None = None  # why the solver could not take the program (then UNKNOWN)
 
 
 def resolution_for(scale: float, model: LinearModel | None = None) -> float:
@@ -102,7 +115,10 @@ def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: i
     from ortools.sat.python import cp_model  # heavy: imported when a CP-SAT program runs
 
     start = time.perf_counter()
-    model, xs = _cpsat_model(lm, delta, cutoff)
+    try:
+        model, xs = _cpsat_model(lm, delta, cutoff)
+    except (OverflowError, TypeError) as exc:  # a coefficient beyond CP-SAT's 64-bit integers
+        return Outcome("UNKNOWN", None, None, None, time.perf_counter() - start, f"not representable: {exc}"[:200])
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.num_workers = workers
@@ -113,7 +129,8 @@ def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: i
         params.max_time_in_seconds = max(0.01, time_limit - (time.perf_counter() - start))
     if gap > 0:
         params.relative_gap_limit = gap
-    code = solver.solve(model)
+    params.catch_sigint_signal = False  # signals are amp_opt's to handle (module doc)
+    code = _solve_stoppable(solver, model)
     wall = time.perf_counter() - start
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         values = {i: float(solver.value(x)) * (delta if lm.vars[i].kind == TIME else 1.0) for i, x in enumerate(xs)}
@@ -122,9 +139,38 @@ def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: i
         return Outcome(status, values, solver.objective_value * delta / k, solver.best_objective_bound * delta / k, wall)
     if code == cp_model.INFEASIBLE:
         return Outcome("INFEASIBLE", None, None, None, wall)
-    if solver.status_name(code) == "MODEL_INVALID":
-        raise RuntimeError(f"CP-SAT rejected the model: {model.validate()}")
+    if solver.status_name(code) == "MODEL_INVALID":  # e.g. sums that could overflow 64 bits: no proof, no plan
+        return Outcome("UNKNOWN", None, None, None, wall, f"CP-SAT rejected the model: {model.validate()}"[:200])
     return Outcome("UNKNOWN", None, None, None, wall)
+
+
+def _solve_stoppable(solver, model):
+    """``solver.solve(model)`` in a helper thread; this thread polls for a stop request and
+    passes it on with ``stop_search`` (CP-SAT then returns its best solution so far)."""
+    out: dict = {}
+
+    def work():
+        try:
+            out["code"] = solver.solve(model)
+        except BaseException as exc:  # pragma: no cover - re-raised in the caller
+            out["error"] = exc
+
+    if stop.requested():
+        solver.parameters.max_time_in_seconds = 0.0
+    thread = threading.Thread(target=work, name="amp_opt-cpsat", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(stop.POLL)
+            if stop.requested():
+                solver.stop_search()
+    except BaseException:  # KeyboardInterrupt (a second signal): stop the solver before leaving
+        solver.stop_search()
+        thread.join()
+        raise
+    if "error" in out:
+        raise out["error"]
+    return out["code"]
 
 
 def _cbc_command():
@@ -206,10 +252,10 @@ def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int
         budget = None if time_limit is None else max(0.1, time_limit - (time.perf_counter() - start))
         args = _cbc_args(solver.path, mps, sol, mst if lm.hint else None, seed, workers, budget,
                          None if cutoff is None else cutoff / scale, gap)
-        try:
-            log = subprocess.run(args, capture_output=True, text=True, timeout=budget).stdout
-        except subprocess.TimeoutExpired as exc:  # stuck in preprocessing: the limit is enforced here
-            log = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        finished = _run_cbc(args, os.path.join(tmp, "cbc.log"), None if budget is None else time.perf_counter() + budget)
+        with open(os.path.join(tmp, "cbc.log"), errors="replace") as fh:
+            log = fh.read()
+        if not finished:  # stuck in preprocessing, or stopped: the limit is enforced here
             return Outcome("UNKNOWN", None, None, _lower_bound(log, scale), time.perf_counter() - start)
         wall = time.perf_counter() - start
         if not os.path.exists(sol):
@@ -230,6 +276,48 @@ def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int
     if head.startswith("optimal"):
         return Outcome("OPTIMAL", result, obj, obj, wall)
     return Outcome("FEASIBLE", result, obj, _lower_bound(log, scale), wall)
+
+
+def _run_cbc(args: list[str], log_path: str, deadline: float | None) -> bool:
+    """Run CBC in its own process group, output to ``log_path``; True if it finished by itself,
+    False if it was killed (deadline passed or a stop was requested).  Never leaves it running."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=_death_signal())
+    try:
+        while True:
+            try:
+                proc.wait(timeout=stop.POLL)
+                return True
+            except subprocess.TimeoutExpired:
+                if stop.past(deadline):
+                    return False
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
+
+
+def _death_signal():
+    """A function for the child, between fork and exec, that asks Linux to SIGKILL it when its
+    parent dies (PR_SET_PDEATHSIG), even if the parent is killed outright; None elsewhere.
+    libc is loaded here, in the parent: the child only makes the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
 
 
 def _lower_bound(log: str, scale: float = 1.0) -> float | None:

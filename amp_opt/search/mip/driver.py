@@ -6,7 +6,9 @@ smaller and tighter (w = n-1 and the memory in flight are constants), and candid
 are pruned with the best objective found so far.  In order:
 
 1. every candidate gets a fast incumbent from the exact stage DP on a few fixed node
-   orders (AMP's rank order, fastest nodes first, slowest first);
+   orders (AMP's rank order, fastest nodes first, slowest first); under a time limit this
+   phase ends at P1_SHARE of the time left once it has a plan (it goes on until it has
+   one), and the quick kind bounds before the DP stop at P1_QUICK_SHARE;
 1b. under the hetero model with free grouping on large clusters, the stage-kind search
    (:mod:`amp_opt.search.kinds.refine`) tightens every candidate's bound and improves
    the plans;
@@ -17,14 +19,16 @@ The returned plans are re-scored by the evaluator.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import InfeasibleError
+from ...errors import InfeasibleError, NoPlanFound
 from ...model.candidates import candidates, why_empty
 from ...model.costs.terms import stage_order
 from ...model.plan import Candidate, rank_order_stages
+from .. import stop
 from ..diagnose import infeasible_reason, least_overfull_rank_order
 from ..kinds.refine import KindPhase, runs_kinds
 from ..partition import fixed_placement_graph, good_path
@@ -33,6 +37,8 @@ from .backends import resolution_for, solve_cbc, solve_cpsat
 from .formulation import build
 
 SAME = 1e-6  # relative difference below which a bound counts as reaching a value
+P1_SHARE = 0.4  # of the time left: phase 1 (DP incumbents) stops there once it has a plan
+P1_QUICK_SHARE = 0.25  # of the time left: phase 1's quick kind bounds stop there
 
 
 def node_orders(search, cand: Candidate) -> list[list[int]]:
@@ -57,11 +63,14 @@ def stages_in_order(instance, cand: Candidate, order: list[int]):
 
 
 def heuristic(search, cand: Candidate) -> Incumbent | None:
-    """The best partition (stage DP) over a few fixed placements (``node_orders``)."""
+    """The best partition (stage DP) over a few fixed placements (``node_orders``); once out of
+    time, what the orders tried so far gave."""
     best = None
     chunks = search.chunks(cand)
     fixed = None if chunks is None else stage_order(chunks, cand.pp)[1]
-    for order in node_orders(search, cand):
+    for i, order in enumerate(node_orders(search, cand)):
+        if i > 0 and search.out_of_time():
+            break
         stages = stages_in_order(search.instance, cand, order)
         found = good_path(fixed_placement_graph(search.stage_costs(cand, stages), search.instance.num_layers, fixed))
         if found and (best is None or found[0] < best.value):
@@ -77,6 +86,7 @@ class Proofs:
     bound: dict = field(default_factory=dict)  # candidate -> proven lower bound
     closed: bool = True  # every candidate's bound is proven (no program was cut short without one)
     sizes: dict = field(default_factory=lambda: {"variables": 0, "constraints": 0, "programs": 0})
+    build_rate: float = 0.0  # the most seconds per stage x layer that building a program took
 
 
 def solve_mip(search) -> SolveResult:
@@ -94,7 +104,7 @@ def solve_mip(search) -> SolveResult:
     proofs.results = [r for r in proofs.results if r.value < opts.cutoff]
     if not proofs.results:
         if not proofs.closed:
-            raise InfeasibleError(f"no feasible plan found within the time limit of {opts.time_limit} s")
+            raise NoPlanFound(search.stopped_why())
         if np.isfinite(opts.cutoff):  # nothing beats the plan the caller has (or nothing fits at all)
             raise NoPlanBelow(opts.cutoff)
         example = " rank-order plan (free grouping was searched too)" if opts.placement == "free" else ""
@@ -107,17 +117,21 @@ def _incumbents(search, cands, lower: dict, phase: KindPhase | None) -> tuple[di
     grouping the kind bound (eq. B4) first gets a quick try at ruling the candidate out."""
     incumbents: dict[Candidate, Incumbent] = {}
     best = search.options.cutoff
+    until, quick_until = search.share(P1_SHARE), search.share(P1_QUICK_SHARE)
     for c in sorted(cands, key=lambda c: (lower[c], c)):
-        if lower[c] >= best or search.out_of_time():
+        if lower[c] >= best or search.out_of_time() or (np.isfinite(best) and stop.past(until)):
             break
-        if phase is not None and np.isfinite(best):  # before any plan there is no target to rule it out by
-            lower[c] = phase.quick_bound(c, lower[c], best)
+        # Before the first plan the DP goes first: a plan is what every later phase needs.
+        if phase is not None and np.isfinite(best) and not stop.past(quick_until):
+            lower[c] = phase.quick_bound(c, lower[c], best, quick_until)
             if lower[c] >= best:
                 continue
         inc = heuristic(search, c)
         if inc is not None:
             incumbents[c] = inc
             best = min(best, inc.value)
+        elif phase is not None and not np.isfinite(best) and not stop.past(quick_until):
+            lower[c] = phase.quick_bound(c, lower[c], best, quick_until)  # may prove it has no plan
     return incumbents, best
 
 
@@ -140,10 +154,10 @@ def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
             if c in incumbents:
                 proofs.results.append(incumbents[c])
             proofs.bound[c] = lower[c]
-        elif search.out_of_time():
+        elif search.out_of_time() or not _time_to_build(search, c, proofs):
             proofs.closed = False
             proofs.bound[c] = lower[c]
-            if c in incumbents:  # the DP's plan is the best this candidate has
+            if c in incumbents:  # no time for its program: its plan from phases 1 and 1b stands
                 proofs.results.append(incumbents[c])
         else:
             # Share what is left among the candidates still open; the first ones get a bit more.
@@ -156,6 +170,14 @@ def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
         if opts.progress is not None:
             opts.progress(i + 1, len(order))
     return proofs
+
+
+def _time_to_build(search, c: Candidate, proofs: Proofs) -> bool:
+    """Whether the time left covers building the candidate's program (and handing it to the
+    solver, about as long again, and decoding), estimated from the slowest build so far per
+    stage x layer: a program's size grows with p x L."""
+    left = search.remaining()
+    return left is None or left > 3.0 * proofs.build_rate * c.pp * search.instance.num_layers + 0.05
 
 
 def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: float, seconds, proofs: Proofs) -> None:
@@ -174,6 +196,8 @@ def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: flo
         out = solve_cbc(form.model, seconds, opts.seed, opts.workers, cutoff, opts.gap, scale)
     sizes = proofs.sizes
     sizes["programs"] += 1
+    if out.rejected:  # the program exists but the solver could not take it: no proof, no plan
+        sizes["programs_rejected"] = sizes.get("programs_rejected", 0) + 1
     sizes["variables"] = max(sizes["variables"], form.model.size["variables"])
     sizes["constraints"] = max(sizes["constraints"], form.model.size["constraints"])
     found = np.inf
@@ -208,15 +232,17 @@ def _result(search, cands, proofs: Proofs) -> SolveResult:
     evaluations = tuple(search.evaluate(r.plan) for r in top)
     objective = top[0].objective if top[0].objective is not None else top[0].value
     bound = min([objective] + list(proofs.bound.values()))
+    # Every candidate's bound is proven (solved, cut off, or bounded), so a bound that meets
+    # the objective proves it optimal even when some program stopped at the time limit.
+    optimal = bound >= objective * (1 - SAME)
     stats = SolverStats(
         name=opts.solver,
-        # Every candidate's bound is proven (solved, cut off, or bounded), so a bound that meets
-        # the objective proves it optimal even when some program stopped at the time limit.
-        status="OPTIMAL" if bound >= objective * (1 - SAME) else "FEASIBLE",
+        status="OPTIMAL" if optimal else "FEASIBLE",
         wall_time=search.elapsed(),
         objective=objective,
         bound=min(bound, objective),
         extra={"placement": opts.placement, "candidates": len(cands), **proofs.sizes,
-               **({"time_resolution_relative": 1e-8} if opts.solver == "cpsat" else {})},
+               **({"time_resolution_relative": 1e-8} if opts.solver == "cpsat" else {}),
+               **({"stopped": search.stopped_why()} if not optimal and search.out_of_time() else {})},
     )
     return SolveResult(evaluations[0], evaluations, stats)

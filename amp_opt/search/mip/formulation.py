@@ -88,7 +88,7 @@ class Program:
         if terms.modes[s] == "full":
             buffers.append(("recompute", terms.micro_batch * terms.recomputed_activations))
         if self.cand.zero_stage >= 3:
-            buffers.append(("gathered", terms.sums.params * (tr.weight_bytes + tr.gradient_bytes)))
+            buffers.append(("gathered", terms.largest_params * (tr.weight_bytes + tr.gradient_bytes)))
         out = {}
         for kind, per_layer in buffers:
             if not per_layer.any():

@@ -1,0 +1,92 @@
+"""Solving a long model over blocks of consecutive layers (:mod:`amp_opt.model.coarsen`).
+
+The search runs on the coarse instance; its plans are mapped back to layer boundaries
+and re-scored by the evaluator on the original instance (the same value: the cost terms
+of whole blocks are exact).  Bounds: the coarse search's bound holds only for plans
+whose boundaries lie on block boundaries (it is reported as ``block_plans_bound``), so
+the bound reported is one that holds for every plan of the original model:
+
+    time >= (n - 1/v) * max(F / p, f_max) + F / v
+
+per candidate of the original instance, F the sum over layers of the fastest compute
+class's time (hetero) or of the blended time (amp), over cp, f_max the largest such time
+of one layer, v the virtual stages: the slowest stage takes at least the average and at least one layer, fill and
+drain at least every layer once; communication and memory are left out.  Its minimum
+over the candidates is the bound (per-layer times are computed once per (tp,
+micro-batch) and reduced to F and f_max at once).  A coarse search that proves no block
+plan fits does not prove the model infeasible (a finer split might fit), so it ends as
+"no plan found" (exit 4), not as infeasible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..errors import InfeasibleError, NoPlanFound
+from ..model.candidates import candidates
+from ..model.costs.amp import blended_times
+from ..model.evaluate import evaluate
+from ..model.profiles import layer_times
+from .context import rounded
+from .result import SolveResult
+
+SAME = 1e-6
+REMAP_SECONDS_PER_LAYER = 5e-6  # re-scoring the plans and the bound on the original layers (0.3 s at 10^5)
+
+
+def solve_blocks(instance, coarse, bounds: tuple[int, ...], run, limit: float | None) -> SolveResult:
+    """``run(coarse, time_limit)``, its plans mapped to ``instance``'s layers and re-scored; the
+    coarse search's time limit leaves REMAP_SECONDS_PER_LAYER per original layer for that."""
+    inner = None if limit is None else max(0.01, limit - REMAP_SECONDS_PER_LAYER * instance.num_layers)
+    try:
+        result = run(coarse, inner)
+    except NoPlanFound as exc:  # said with the caller's time limit, not the coarse search's
+        raise (NoPlanFound(f"time limit of {rounded(limit)} s") if exc.reason.startswith("time limit") else exc) from None
+    except InfeasibleError:
+        raise NoPlanFound("coarsened", f"no plan with stage boundaries on the {len(bounds) - 1} blocks of "
+                                       f"consecutive layers fits ({instance.num_layers} layers in all); a finer split was not "
+                                       "searched, so infeasibility is not proven") from None
+    model = result.best.cost_model
+    top = tuple(evaluate(instance, dataclasses.replace(ev.plan, partition=tuple(bounds[i] for i in ev.plan.partition)),
+                         model) for ev in result.top)
+    objective = top[0].predicted_time
+    bound = min(objective, layer_bound(instance, model))
+    stats = result.solver
+    extra = {**stats.extra, "coarsened": (f"{instance.num_layers} layers searched as {len(bounds) - 1} blocks of "
+                                          "consecutive layers; stage boundaries on block boundaries only"),
+             "block_plans_bound": stats.bound, "block_plans_status": stats.status}
+    stats = dataclasses.replace(stats, objective=objective, bound=bound, extra=extra,
+                                status="OPTIMAL" if bound >= objective * (1 - SAME) else "FEASIBLE")
+    return SolveResult(top[0], top, stats)
+
+
+def layer_bound(instance, model: str) -> float:
+    """A lower bound on every plan of the original model (module doc)."""
+    sums: dict[tuple[int, int], tuple[float, float]] = {}
+    keys = sorted({(n.device_type, n.intra_bandwidth) for n in instance.nodes})
+    best = np.inf
+    for cand in candidates(instance):
+        key = (cand.tp, cand.micro_batch)
+        if key not in sums:
+            if model == "amp":
+                per_layer = blended_times(_Uncached(instance), cand.tp, cand.micro_batch)[0]
+            else:
+                per_layer = np.min([layer_times(instance, t, bw, cand.tp, cand.micro_batch).seconds
+                                    for t, bw in keys], axis=0)
+            sums[key] = float(per_layer.sum()), float(per_layer.max())
+        F, f_max = (x / cand.cp for x in sums[key])  # context parallelism splits every layer's work
+        n, v = cand.n_micro(instance), cand.virtual_stages
+        best = min(best, (n - 1 / v) * max(F / cand.pp, f_max) + F / v)
+    return best
+
+
+class _Uncached:
+    """The part of Tables that blended_times uses, without keeping per-layer arrays."""
+
+    def __init__(self, instance):
+        self.instance = instance
+
+    def layer_times(self, device_type, intra_bw, tp, micro_batch):
+        return layer_times(self.instance, device_type, intra_bw, tp, micro_batch)
