@@ -183,7 +183,7 @@ def test_interleaved_schedule_formula_memory_and_p2p():
 # -- engine rules ----------------------------------------------------------------------------
 @pytest.mark.parametrize("fields, engine, field, words", [
     ({"sequence_parallel": True}, "megatron", "sequence_parallel", "needs tp > 1"),
-    ({"pp": 2, "partition": [0, 1, 2, 3, 4, 5, 6], "virtual_stages": 3}, "megatron", "virtual_stages", "must divide"),
+    ({"pp": 2, "partition": [0, 2, 4, 5, 7], "virtual_stages": 2}, "megatron", "virtual_stages", "must divide"),
     ({"pp": 2, "partition": [0, 2, 3, 4, 6], "virtual_stages": 2}, "megatron", "virtual_stages", "divisible by pp"),
     ({"dp": 2, "pp": 2, "partition": [0, 3, 6], "zero_stage": 3}, "megatron", "zero_stage", "pp = 1"),
     ({"cp": 2}, "deepspeed", "cp", "no context parallelism"),
@@ -191,8 +191,10 @@ def test_interleaved_schedule_formula_memory_and_p2p():
     ({"recompute": "selective"}, "deepspeed", "recompute", "whole layers"),
 ])
 def test_engine_rules_reject_a_given_plan_in_one_line(tmp_path, fields, engine, field, words):
-    doc = preset_doc(search={"engine": engine}, global_batch=5 if words == "divisible by pp" else 8)
-    base = {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 6]}
+    # five transformer layers (seven with the embedding and the loss) split into no four equal chunks
+    layers = 5 if words == "must divide" else 4
+    doc = preset_doc(search={"engine": engine}, layers=layers, global_batch=5 if words == "divisible by pp" else 8)
+    base = {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, layers + 2]}
     (tmp_path / "i.json").write_text(json.dumps(doc))
     (tmp_path / "p.json").write_text(json.dumps(base | fields))
     run = subprocess.run([sys.executable, "-m", "amp_opt", "evaluate", str(tmp_path / "i.json"), str(tmp_path / "p.json")],
@@ -201,6 +203,18 @@ def test_engine_rules_reject_a_given_plan_in_one_line(tmp_path, fields, engine, 
     line = run.stderr.strip()
     assert "\n" not in line and "Traceback" not in line
     assert f"plan.{field}" in line and words in line and engine in line
+
+
+def test_megatron_split_counts_the_embedding_and_the_loss_when_that_makes_chunks_equal():
+    from amp_opt.model.engines import megatron_split
+
+    inst = parse_instance(preset_doc(layers=6))  # embedding, 6 transformer layers, head
+    assert megatron_split(inst, 3) == megatron_split(inst, 3).__class__((0, 3, 5, 8), False, False)
+    both = megatron_split(inst, 4)  # 6 + 2 = 8 units: the embedding and the head count as layers
+    assert (both.bounds, both.embedding_counted, both.loss_counted) == ((0, 2, 4, 6, 8), True, True)
+    one = megatron_split(inst, 7)  # 6 + 1
+    assert one.embedding_counted != one.loss_counted and len(one.bounds) == 8
+    assert megatron_split(inst, 5) is None
 
 
 def test_the_search_never_proposes_what_the_engine_cannot_run():

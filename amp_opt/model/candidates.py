@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 
-from .engines import engine_of
+from .engines import engine_of, megatron_split
 from .plan import Candidate
 
 
@@ -32,23 +32,23 @@ def even_partition(instance, parts: int, *, exact: bool = False) -> tuple[int, .
 
     The layers before the first transformer layer (embedding, ...) join the first range,
     those after the last one (head, ...) the last.  When the counts do not divide, the
-    first ranges get one layer more (numpy's ``array_split`` convention); with ``exact``
-    they must divide (Megatron's rule for virtual stages), else None.  Without transformer
-    layers, or (without ``exact``) with more ranges than transformer layers, every layer counts.  None if
-    ``parts`` exceeds the layer count.
+    first ranges get one layer more (numpy's ``array_split`` convention).  With ``exact``
+    the ranges must be equal (Megatron's rule for virtual stages, :func:`.engines.megatron_split`,
+    which may count the embedding and the loss as a layer each), else None.  Without
+    transformer layers, or (without ``exact``) with more ranges than transformer layers,
+    every layer counts.  None if ``parts`` exceeds the layer count.
     """
     n = instance.num_layers
     if parts > n:
         return None
+    if exact:
+        split = megatron_split(instance, parts)
+        return None if split is None else split.bounds
     body = [i for i, layer in enumerate(instance.layers) if layer.kind == "transformer"]
     first, last = (body[0], body[-1] + 1) if body else (0, n)
     if last - first < parts:
-        if exact and body:
-            return None  # Megatron's interleaved split counts transformer layers only
         first, last = 0, n
     size, extra = divmod(last - first, parts)
-    if exact and extra:
-        return None
     bounds = [first]
     for s in range(parts):
         bounds.append(bounds[-1] + size + (1 if s < extra else 0))

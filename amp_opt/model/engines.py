@@ -46,10 +46,11 @@ class Engine:
             if cand.pp < 2:
                 return "virtual_stages", "the interleaved schedule needs pp >= 2"
             parts = cand.pp * cand.virtual_stages
-            body = sum(layer.kind == "transformer" for layer in instance.layers) or instance.num_layers
-            if body % parts:
-                return "virtual_stages", (f"the interleaved schedule splits the {body} transformer layers evenly over "
-                                          f"pp*virtual_stages = {parts} chunks: they must divide")
+            if megatron_split(instance, parts) is None:
+                body = _body(instance)
+                return "virtual_stages", (f"the interleaved schedule splits the {body[1] - body[0]} transformer layers "
+                                          f"evenly over pp*virtual_stages = {parts} chunks (counting the embedding and "
+                                          "the loss as one layer each, or not): they must divide")
             if n_micro % cand.pp:
                 return "virtual_stages", (f"the interleaved schedule needs micro-batches per iteration ({n_micro}) "
                                           f"divisible by pp ({cand.pp})")
@@ -68,6 +69,48 @@ class Engine:
         broken = self.rule(instance, plan.candidate)
         if broken is not None:
             raise InputError(f"{where}.{broken[0]}", f"{broken[1]} (engine {self.name})")
+
+
+@dataclass(frozen=True)
+class Split:
+    """Megatron's even split of the layers into chunks (``megatron_split``)."""
+
+    bounds: tuple[int, ...]  # chunk boundaries in the instance's layers
+    embedding_counted: bool  # --account-for-embedding-in-pipeline-split
+    loss_counted: bool  # --account-for-loss-in-pipeline-split
+
+
+def _body(instance) -> tuple[int, int]:
+    """[first, last) of the transformer layers (every layer when there are none)."""
+    body = [i for i, layer in enumerate(instance.layers) if layer.kind == "transformer"]
+    return (body[0], body[-1] + 1) if body else (0, instance.num_layers)
+
+
+def megatron_split(instance, parts: int) -> Split | None:
+    """Megatron-LM's split of the model into ``parts`` equal chunks (``get_num_layers_to_build``
+    in ``megatron/core/transformer/transformer_block.py``): the transformer layers divide evenly,
+    or do so once the embedding (the layers before the first transformer layer) and the loss
+    (those after the last) each count as one layer (``--account-for-embedding-in-pipeline-split``,
+    ``--account-for-loss-in-pipeline-split``, Megatron-Core 0.11 on); None when neither works.
+    Without a counted embedding it joins the first chunk, without a counted loss the last."""
+    first, last = _body(instance)
+    n = instance.num_layers
+    pre, post = first > 0, last < n
+    options = [(False, False), (True, True), (True, False), (False, True)]
+    for emb, loss in options:
+        if (emb and not pre) or (loss and not post):
+            continue
+        units = (last - first) + emb + loss
+        if units < parts or units % parts:
+            continue
+        size = units // parts
+        bounds = [0]
+        for j in range(1, parts):
+            bounds.append(first - emb + j * size)
+        bounds.append(n)
+        if all(a < b for a, b in zip(bounds, bounds[1:])):
+            return Split(tuple(bounds), emb, loss)
+    return None
 
 
 ENGINES = {
