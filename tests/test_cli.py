@@ -115,6 +115,8 @@ def test_infeasible_exits_3_naming_the_stage(tmp_path):
     out = run("solve", str(tmp_path / "small.json"))
     assert out.returncode == 3, out.stdout + out.stderr
     assert "stage" in out.stderr and "GiB" in out.stderr and "capacity" in out.stderr
+    out = run("solve", str(tmp_path / "small.json"), "--json")  # --json readers get the verdict too
+    assert out.returncode == 3 and json.loads(out.stdout)["status"] == "INFEASIBLE"
 
 
 def test_divisibility_infeasible_exits_3(tmp_path):

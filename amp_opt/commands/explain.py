@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InfeasibleError
+from ..errors import InfeasibleError, NoPlanFound
 from ..model.candidates import allowed_tp
 from ..model.costs import cost_model as get_cost_model
 from ..model.engines import engine_of
@@ -240,6 +240,9 @@ def explain_instance(instance, cost_model: str = "hetero", time_limit: float = 3
         except InfeasibleError as exc:
             tried.append({"change": change, "fits": False, "detail": str(exc),
                           "seconds": time.perf_counter() - start})
+        except NoPlanFound as exc:  # no verdict within the time limit: neither fits nor not
+            tried.append({"change": change, "fits": None, "detail": str(exc),
+                          "seconds": time.perf_counter() - start})
         else:
             tried.append({"change": change, "fits": True, "predicted_time": r.best.predicted_time,
                           "plan": r.best.plan.to_json(), "seconds": time.perf_counter() - start})
@@ -300,9 +303,11 @@ def instance_text(instance, doc: dict[str, Any]) -> str:
             p = r["plan"]
             lines.append(f"  {r['change']}: FITS, best tp={p['tp']} dp={p['dp']} pp={p['pp']} "
                          f"micro_batch={p['micro_batch']} at {r['predicted_time']:.4f} s")
+        elif r["fits"] is None:
+            lines.append(f"  {r['change']}: no verdict within the time limit")
         else:
             lines.append(f"  {r['change']}: still infeasible")
-    if not any(r["fits"] for r in doc["relaxations"]):
+    if all(r["fits"] is False for r in doc["relaxations"]):
         lines.append("nothing tried fits: the model needs more (or larger) devices")
     return "\n".join(lines)
 
