@@ -6,6 +6,12 @@ node classes (the whole cluster first), every later subset cut off at the best p
 far, so the result is as exact as the solver (``formulations/hetero.md``, "Decisions").
 With ``objective="cost"`` the plans compare by USD per iteration (the used devices'
 $/hour); with a ``budget`` (USD per hour) subsets that cost more are left out.
+
+A subset is solved only if its throughput bound (:func:`throughput_bound`, every device
+busy all the time) beats the best plan so far; the subsets are tried in the order of
+that bound.  Under a time limit the whole cluster gets FIRST_SHARE of the time and the
+other subsets share what is left; a subset not solved in time contributes its
+throughput bound to the reported one.
 """
 
 from __future__ import annotations
@@ -15,11 +21,16 @@ import itertools
 import math
 import sys
 
+import numpy as np
+
 from ..errors import InfeasibleError, InputError, NoPlanFound
 from ..model.classes import node_classes
 from ..model.plan import Plan, describe
 from .context import Search
 from .result import NoPlanBelow, SolverStats, SolveResult
+
+FIRST_SHARE = 0.6  # of the time limit: the whole cluster's search, when other subsets remain
+REVISIT_SECONDS = 1.0  # time left worth a second run on a subset not proven yet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,10 +75,56 @@ def _subset(instance, classes, chosen: tuple[int, ...]) -> Subset:
     return Subset(chosen, sub, devices, rate)
 
 
+def throughput_bound(instance, tables) -> dict[int, float]:
+    """Per node class: its devices' share of a bound on the iteration time when every device is
+    busy all the time.  With d_t(l) = min over tp and micro-batch b of tp * t(l, t, tp, b) / b
+    (device-seconds per sample of layer l on type t; recomputation and context parallelism
+    only add), a reference r(l) = min_t d_t(l) and rho_t = min_l d_t(l) / r(l), a subset S of
+    classes needs ``global_batch * sum_l r(l) / sum_{c in S} (devices_c / rho_c)`` seconds at
+    least: type t does at most devices_t * T / rho_t reference-seconds of work in time T.
+    Returned as devices_c / rho_c per class and the work, so that a subset's bound is
+    ``work / sum``; ``{}`` when no class can be priced."""
+    B = instance.training.global_batch
+    per_class: dict[int, np.ndarray] = {}
+    for c in node_classes(instance):
+        best = None
+        for tp in instance.search.tp:
+            if c.devices % tp:
+                continue
+            for b in instance.search.micro_batches:
+                try:
+                    seconds = tables.layer_times(c.device_type, c.intra, tp, b).seconds
+                except InputError:
+                    continue
+                d = seconds * tp / b
+                best = d if best is None else np.minimum(best, d)
+        if best is not None:
+            per_class[c.index] = best
+    if not per_class:
+        return {}
+    ref = np.min(list(per_class.values()), axis=0)
+    safe = np.where(ref > 0, ref, 1.0)
+    out = {"work": B * float(ref.sum())}
+    for c in node_classes(instance):
+        if c.index in per_class:
+            ratio = np.where(ref > 0, per_class[c.index] / safe, np.inf)
+            rho = float(ratio.min()) if np.isfinite(ratio).any() else 1.0
+            out[c.index] = len(c.nodes) * c.devices / rho if rho > 0 else math.inf
+    return out
+
+
+def _subset_bound(part: Subset, shares: dict) -> float:
+    """Seconds per iteration no plan on ``part``'s devices beats (:func:`throughput_bound`)."""
+    if not shares:
+        return 0.0
+    speed = sum(shares.get(c, 0.0) for c in part.classes)
+    return shares["work"] / speed if speed > 0 else math.inf
+
+
 def solve_subsets(instance, options, run, started: float | None = None) -> SolveResult:
     """Run ``run(sub_instance, options, started)`` (one solver, one instance) on every subset of
-    node classes, each cut off at the best plan so far and given the time left, and return the
-    best plans on the whole cluster, re-scored there by the evaluator."""
+    node classes that may beat the best plan so far, cut off at it and given a share of the
+    time left, and return the best plans on the whole cluster, re-scored there by the evaluator."""
     parts = subsets(instance, options.model)
     cost = options.objective == "cost"
     if (cost or options.budget is not None) and any(p.rate is None for p in parts):
@@ -79,55 +136,81 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
     if not allowed:
         _over_budget(instance, options, parts, run, started)
     whole = Search(instance, options, started)
-    found, bounds, unknown, statuses, reasons = [], [], [], [], []
-    for part in allowed:
-        scale = part.rate if cost else 1.0  # objective units per second of iteration time
-        best = min((value for value, _ in found), default=math.inf)
-        first = part is allowed[0]
-        left = whole.remaining()
-        cutoff = best / scale if math.isfinite(best) else math.inf
-        # The first run counts its time limit from the start; later ones get what is left.
-        sub_options = dataclasses.replace(options, cutoff=cutoff) if first else dataclasses.replace(
-            options, cutoff=cutoff, time_limit=None if left is None else max(left, 1e-3))
-        if not first and whole.out_of_time():
-            unknown.append(part)
-            continue
+    shares = throughput_bound(instance, whole.tables) if len(allowed) > 1 else {}
+
+    def scale_of(part):  # objective units per second of iteration time
+        return part.rate if cost else 1.0
+
+    floor = {part.classes: _subset_bound(part, shares) * scale_of(part) for part in allowed}
+    allowed = allowed[:1] + sorted(allowed[1:], key=lambda p: (floor[p.classes], p.classes))
+    bound = dict(floor)  # per subset: what no plan on it beats (objective units)
+    found, reasons, ran, cut, results, stopped = [], [], set(), 0, [], []
+
+    def best():
+        return min((value for value, _ in found), default=math.inf)
+
+    def attempt(part, limit, since):
+        """Solve one subset below the best so far; record its plans and what it proved."""
+        scale = scale_of(part)
+        cutoff = best() / scale if math.isfinite(best()) else math.inf
+        ran.add(part.classes)
         try:
-            result = run(part.instance, sub_options, started if first else None)
+            result = run(part.instance, dataclasses.replace(options, cutoff=cutoff, time_limit=limit), since)
         except NoPlanBelow as exc:
-            bounds.append(exc.bound * scale)
-            continue
-        except NoPlanFound:
-            unknown.append(part)
-            continue
+            bound[part.classes] = max(bound[part.classes], exc.bound * scale)
+            return
+        except NoPlanFound as exc:
+            stopped.append(exc)
+            return
         except InfeasibleError:
             if len(allowed) == 1:
                 raise
             reasons.append(str(sys.exc_info()[1]))
-            bounds.append(math.inf)
-            continue
-        statuses.append(result.solver.status)
-        bounds.append(result.solver.bound * scale)
+            bound[part.classes] = math.inf
+            return
+        bound[part.classes] = max(bound[part.classes], result.solver.bound * scale)
+        results.append(result)
         for ev in result.top:
             plan = whole.evaluate(part.to_global(ev.plan))
             found.append((plan.predicted_time * scale, plan))
-        last = result
+
+    for i, part in enumerate(allowed):
+        if bound[part.classes] >= best():  # no plan on these devices can beat the best so far
+            cut += 1
+            continue
+        if i == 0:  # counts its time limit from the start; leaves some for the other subsets
+            limit = options.time_limit
+            if limit is not None and len(allowed) > 1:
+                limit = max(1e-3, FIRST_SHARE * limit)
+            attempt(part, limit, started)
+        elif not whole.out_of_time():
+            left = whole.remaining()
+            attempt(part, None if left is None else max(left / (len(allowed) - i), 1e-3), None)
+    # Time left: the subsets not proven yet get it, the most promising first (their second run
+    # starts from the best plan as its cutoff, so it proves or improves).
+    for part in sorted(allowed, key=lambda p: (bound[p.classes], p.classes)):
+        if options.time_limit is None or whole.out_of_time() or whole.remaining() < REVISIT_SECONDS:
+            break
+        if bound[part.classes] < best() * (1 - 1e-6):
+            attempt(part, whole.remaining(), None)
     if not found:
-        if unknown:
+        if stopped:
+            raise stopped[0]
+        if any(p.classes not in ran for p in allowed) and whole.out_of_time():
             raise NoPlanFound(whole.stopped_why())
         whole_cluster = reasons[0] if reasons else "no plan fits"
         raise InfeasibleError(f"{whole_cluster}; leaving node classes idle does not help either")
     found.sort(key=lambda f: f[0])
     top = tuple(ev for _, ev in found[:options.top_k])
     objective = found[0][0]
-    bound = min([objective] + bounds) if not unknown else -math.inf
-    proven = not unknown and all(s == "OPTIMAL" for s in statuses)
+    lower = min([objective] + list(bound.values()))
+    last = results[-1]
     extra = dict(last.solver.extra)
-    extra.update(subsets_searched=len(allowed) - len(unknown), node_classes_used=_classes_of(instance, top[0].plan))
+    extra.update(subsets_searched=len(ran), subsets_cut_off=cut, node_classes_used=_classes_of(instance, top[0].plan))
     if cost:
         extra.update(objective="cost", objective_unit="USD per iteration")
-    stats = SolverStats(name=last.solver.name, status="OPTIMAL" if proven and bound >= objective * (1 - 1e-6) else "FEASIBLE",
-                        wall_time=whole.elapsed(), objective=objective, bound=max(0.0, min(bound, objective)), extra=extra)
+    stats = SolverStats(name=last.solver.name, status="OPTIMAL" if lower >= objective * (1 - 1e-6) else "FEASIBLE",
+                        wall_time=whole.elapsed(), objective=objective, bound=max(0.0, min(lower, objective)), extra=extra)
     return SolveResult(top[0], top, stats)
 
 

@@ -54,8 +54,9 @@ class ComputeClass:
 
 def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
     """Per compute class, fastest first: per-layer effective times (eq. H8, the candidate's
-    recomputation), groups, memory capacity and the fastest ring link a stage holding such a
-    group can have (its node's, if a node can hold the stage)."""
+    recomputation, with the ring traffic of H10 over the class's fastest ring), groups, memory
+    capacity and the fastest ring link a stage holding such a group can have (its node's, if a
+    node can hold the stage)."""
     inst, cand = terms.instance, terms.cand
     info: dict[tuple[str, float], list] = {}
     for c in node_classes(inst):
@@ -63,9 +64,20 @@ def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
         entry = info.setdefault(c.compute_key, [0, 0.0])
         entry[0] += c.groups(cand.tp)
         entry[1] = max(entry[1], link)
-    out = [ComputeClass(terms.layer_seconds(t, bw, cand.recompute), g, inst.device_types[t].capacity, link,
-                        inst.device_types[t].step_overhead) for (t, bw), (g, link) in info.items()]
+    ring = _ring_bytes_per_layer(terms)
+    out = [ComputeClass(terms.layer_seconds(t, bw, cand.recompute) + ring / link, g, inst.device_types[t].capacity,
+                        link, inst.device_types[t].step_overhead) for (t, bw), (g, link) in info.items()]
     return sorted(out, key=lambda c: float(c.times.sum()))
+
+
+def _ring_bytes_per_layer(terms: CandidateTerms) -> np.ndarray:
+    """Per layer, at least the bytes a stage holding it moves on its ring per micro-batch (eq.
+    H10): the context-parallel K/V passes and ZeRO-3's traffic on the layer's own parameters
+    (a tied tensor not counted, since a stage holding both ends moves it once)."""
+    params = terms.sums.params.copy()
+    for members, shared in terms.sums.ties:
+        params[members] -= shared
+    return terms.comm_layer_bytes(0) + terms.comm_param_bytes() * np.maximum(params, 0.0)
 
 
 class HeteroModel(CostModel):
@@ -98,6 +110,8 @@ class HeteroModel(CostModel):
             return _fixed_partition_bound(tables, cand)
         terms = CandidateTerms(tables, cand)
         classes = compute_classes(terms)
+        if not fits_somewhere(terms, max(c.capacity for c in classes)):
+            return INF
         caps = _caps(classes, cand.replicas, cand.pp)
         n, p, L = terms.n_micro, cand.pp, tables.instance.num_layers
         if labelled:
@@ -109,6 +123,25 @@ class HeteroModel(CostModel):
 
 
 HETERO = HeteroModel()
+
+
+def fits_somewhere(terms: CandidateTerms, capacity: float) -> bool:
+    """Whether some partition puts every stage within ``capacity`` bytes per device (the largest
+    any device has): stage by stage, each takes the longest range that fits and leaves a layer
+    for every later stage.  A stage's memory only grows as its range grows, so if any partition
+    fits, this greedy one does (each greedy boundary is at least the fitting partition's)."""
+    p, L = terms.pp, terms.instance.num_layers
+    k = 0
+    for s in range(p):
+        last = L - (p - 1 - s)
+        if s == p - 1:
+            return bool(terms.memory(s, k, L) <= capacity)
+        ends = np.arange(k + 1, last + 1)
+        fit = np.flatnonzero(terms.memory(s, np.full(len(ends), k), ends) <= capacity)
+        if len(fit) == 0:
+            return False
+        k = int(ends[fit[-1]])
+    return True
 
 
 def _caps(classes, dp: int, p: int) -> list[int]:
@@ -194,23 +227,39 @@ def _labelled_bound(terms: CandidateTerms, classes, caps, vectors) -> float:
 
 
 def _fixed_partition_bound(tables, cand) -> float:
-    """B5, with interleaving (Megatron's even chunks fix every stage's layers, eq. H11): each stage
-    runs no faster than on the fastest compute class and reduces its gradients no faster than
-    over the fastest ring, so (n - 1/v) max_s E_s + (1/v) sum_s E_s + max_s AR_s with those
-    times; inf when the layers do not split evenly."""
+    """B5, with interleaving (Megatron's even chunks fix every stage's layers, eq. H11):
+
+        (n - 1/v) max_s E_s + (1/v) sum_s E_s + max_s AR_s
+
+    with each stage's E_s no less than on the fastest compute class and its AR_s no less than
+    over the fastest ring; and since at most caps[k] stages hold only groups of the k+1
+    fastest classes (B2's nesting), when caps[k] < p some stage runs on a class slower than
+    k, so max_s E_s is at least the least time any stage takes on such a class.  inf when
+    the layers do not split evenly or a stage fits no device's memory."""
     chunks = even_partition(tables.instance, cand.pp * cand.virtual_stages, exact=True)
     if chunks is None:
         return INF
     terms = CandidateTerms(tables, cand, chunks=chunks)
     classes = compute_classes(terms)
-    fastest = np.min([c.times for c in classes], axis=0)
     bounds = stage_order(chunks, cand.pp)[1]
-    stages = [float(fastest[bounds[s]:bounds[s + 1]].sum()) for s in range(cand.pp)]
+    p = cand.pp
+    capacity = max(c.capacity for c in classes)
+    if any(terms.memory(s, bounds[s], bounds[s + 1]) > capacity for s in range(p)):
+        return INF
+    # work[c, s]: stage s's time on class c (classes fastest first)
+    work = np.array([[float(c.times[bounds[s]:bounds[s + 1]].sum()) for s in range(p)] for c in classes])
+    fastest = work.min(axis=0)
+    slowest = float(fastest.max())
+    caps = _caps(classes, cand.replicas, p)
+    for k in range(len(classes) - 1):
+        if caps[k] < p:
+            slowest = max(slowest, float(work[k + 1:].min()))
     # Each stage's gradients over the fastest ring any stage can have.
     link = max(c.link for c in classes)
-    sync = max(float(terms.sums.params_in(bounds[s], bounds[s + 1])) for s in range(cand.pp))
+    sync = max(float(terms.sums.params_in(bounds[s], bounds[s + 1])) for s in range(p))
     v = cand.virtual_stages
-    return (terms.n_micro - 1 / v) * max(stages) + sum(stages) / v + sync * terms.allreduce_bytes_per_param() / link
+    return ((terms.n_micro - 1 / v) * slowest + float(fastest.sum()) / v
+            + sync * terms.allreduce_bytes_per_param() / link)
 
 
 def _fractional_bottleneck(classes, caps, p: int) -> float:

@@ -195,33 +195,33 @@ class KindModel:
                 left -= take
         return counts @ lam, counts
 
-    def _arcs(self, y: np.ndarray, T: np.ndarray, U: np.ndarray):
+    def _arcs(self, y: np.ndarray, T: np.ndarray, U: np.ndarray, paths: bool = True):
         """The arcs of the sweep: per (micro-batches in flight f, link level b), the cheapest kind's
         compute plus price for every (batch, end l, length - 1) whose range is usable under the
         thresholds; ranges are stored by (end, length - 1) up to the longest usable one per level.
-        Returns the layout per level, the arc costs (None where no arc exists) and the kinds."""
+        Returns the layout per level, the arc costs (None where no arc exists) and, with ``paths``,
+        the kinds."""
         batch, B, L = len(T), len(self.links), self.L
         y = np.broadcast_to(y, (batch, self.dims))
         prices = np.array([self.prices(row) for row in y])  # (batch, K)
-        usable = {f: fits[None] & (self.compute[None] <= T[:, None, None, None])
-                  & (self.allreduce[None] <= U[:, None, None, None]) for f, fits in self.fits.items()}  # (batch, K, k, l)
+        # Ranges within the thresholds (batch, K, k, l); memory per micro-batches in flight apart.
+        timely = (self.compute[None] <= T[:, None, None, None]) & (self.allreduce[None] <= U[:, None, None, None])
         pos = np.arange(L + 1)
-        layout = [band_layout(np.any([u[:, self.link_of == b].any(axis=(0, 1)) for u in usable.values()], axis=0))
+        layout = [band_layout((timely[:, self.link_of == b] & self.fitting[self.link_of == b][None]).any(axis=(0, 1)))
                   for b in range(B)]
         arcs, which = {}, {}
-        for f in self.fits:
-            for b, (starts, valid) in enumerate(layout):
-                best = np.full((batch, L + 1, starts.shape[1]), INF)
-                arg = np.zeros(best.shape, dtype=np.int16)
-                for i in np.flatnonzero(self.link_of == b):
-                    ok = usable[f][:, i][:, starts, pos[:, None]] & valid
-                    cost = np.where(ok, self.compute[i][starts, pos[:, None]][None] * self.fill
-                                    + prices[:, i, None, None], INF)
-                    better = cost < best
-                    best = np.where(better, cost, best)
-                    arg = np.where(better, i, arg)
+        for b, (starts, valid) in enumerate(layout):
+            kinds = np.flatnonzero(self.link_of == b)
+            window = (slice(None), starts, pos[:, None])  # kinds, then the band layout
+            # Per kind in the band layout (batch, kinds, L+1, width): usable within the thresholds, and its cost.
+            ok = timely[:, kinds][(slice(None),) + window] & valid
+            cost = self.compute[kinds][window][None] * self.fill + prices[:, kinds, None, None]
+            for f, fits in self.fits.items():
+                options = np.where(ok & fits[kinds][window][None], cost, INF)
+                best = options.min(axis=1)
                 arcs[f, b] = best if np.isfinite(best).any() else None
-                which[f, b] = arg
+                if paths:  # the first cheapest kind, as a loop over kinds would pick
+                    which[f, b] = kinds[options.argmin(axis=1)].astype(np.int16)
         return layout, arcs, which
 
     def sweep(self, y: np.ndarray, T: np.ndarray, U: np.ndarray, paths: bool = False):
@@ -235,7 +235,7 @@ class KindModel:
         """
         p, L = self.cand.pp, self.L
         batch, B = len(T), len(self.links)
-        layout, arcs, which = self._arcs(y, T, U)
+        layout, arcs, which = self._arcs(y, T, U, paths)
         hop = self.volume[None, None, None, :] * self.p2p_factor[None, :, :, None]  # [batch, prev, next, k]
         values = np.full((batch, B, L + 1), INF)
         values[:, 0, 0] = 0.0
