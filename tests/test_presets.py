@@ -135,7 +135,12 @@ def test_flash_attention_keeps_no_scores(s, h, a):
     assert per_rank(flash["activation_memory_bytes"], 1) == pytest.approx(34 * s * h + 4 * a * s, rel=1e-12)
     assert per_rank(flash["attention_memory_bytes"], 1) == 0
     assert per_rank(eager["attention_memory_bytes"], 1) == 5 * a * s * s
-    assert flash["flops"] == eager["flops"] and flash["kv_bytes"] == eager["kv_bytes"] == {"replicated": 0.0,
+    # A causal flash kernel skips the masked half of the attention core; an eager one computes it all.
+    assert eager["flops"] - flash["flops"] == 3 * 2 * s * s * h
+    assert flash["attention_flops"] == eager["attention_flops"] / 2 == 2 * s * s * h
+    full = layer_of(expand_preset(dict(model, causal=False)), "transformer")
+    assert full["flops"] == eager["flops"]
+    assert flash["kv_bytes"] == eager["kv_bytes"] == {"replicated": 0.0,
                                                                                          "sharded": 2 * 2 * s * h}
 
 
@@ -184,7 +189,7 @@ def test_head_activation_memory_counts_fp16_and_fp32_logits():
 
 @pytest.mark.parametrize("s, h", [(1024, 1024), (2048, 12288)])
 def test_gpt_layer_flops_is_narayanan(s, h):
-    model = {"preset": "gpt", "hidden": h, "layers": 1, "heads": 16, "seq_len": s, "vocab": 50000}
+    model = {"preset": "gpt", "hidden": h, "layers": 1, "heads": 16, "seq_len": s, "vocab": 50000, "attention": "eager"}
     layer = layer_of(expand_preset(model), "transformer")
     assert layer["flops"] == 3 * (24 * s * h * h + 4 * s * s * h)
 
@@ -193,7 +198,7 @@ def test_gpt_model_flops_match_narayanan_closed_form():
     # Narayanan et al. 2021 eq.: 96*B*s*l*h^2*(1 + s/6h + V/16lh) with recomputation
     # (4 passes); without recomputation it is 3/4 of that.
     s, h, l, v = 2048, 12288, 96, 51200
-    model = {"preset": "gpt", "hidden": h, "layers": l, "heads": 96, "seq_len": s, "vocab": v}
+    model = {"preset": "gpt", "hidden": h, "layers": l, "heads": 96, "seq_len": s, "vocab": v, "attention": "eager"}
     expected = 72 * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
     assert preset_summary(model)["flops_per_sample"] == pytest.approx(expected, rel=1e-12)
 
@@ -201,7 +206,7 @@ def test_gpt_model_flops_match_narayanan_closed_form():
 def test_llama_layer_flops_with_gqa_and_swiglu():
     s, h, f, g = 4096, 8192, 28672, 1024
     layer = layer_of(expand_preset(LLAMA3_70B), "transformer")
-    forward = 2 * s * (2 * h * h + 2 * h * g + 3 * h * f) + 4 * s * s * h
+    forward = 2 * s * (2 * h * h + 2 * h * g + 3 * h * f) + 2 * s * s * h  # causal flash: half the core
     assert layer["flops"] == 3 * forward
     assert layer_of(expand_preset(LLAMA3_70B), "head")["flops"] == 3 * 2 * s * h * 128256
 

@@ -17,7 +17,7 @@ from typing import Any
 from .costs import CandidateTerms, CostModel, StageCosts, cost_model as get_cost_model, iteration_time
 from .costs.terms import stage_order
 from .plan import Plan, check_plan
-from .tables import Tables
+from .tables import LayerSums, Tables
 
 GIB = 2**30
 
@@ -198,14 +198,26 @@ def _price(instance, devices, seconds: float) -> float | None:
     return None if any(p is None for p in prices) else sum(prices) * seconds / 3600.0
 
 
-def _mfu(instance, devices, seconds: float) -> float | None:
-    """Model-FLOPs utilisation: training FLOPs of the global batch over seconds x peak FLOP/s."""
+def model_flops(instance) -> float | None:
+    """Training FLOPs of one iteration as MFU counts them: 6 x parameters x tokens (Chowdhery
+    et al. 2022 without the attention term; the convention of the Llama 3 and Megatron MFU
+    figures), when the model gives its sequence length; else the layers' own FLOPs (forward
+    and backward, as executed) over the global batch; None when neither is known."""
+    tr = instance.training
+    if tr.tokens_per_sample is not None:
+        params = float(LayerSums(instance, 1).params_in(0, instance.num_layers))
+        return 6.0 * params * tr.tokens_per_sample * tr.global_batch
     if any(layer.flops is None for layer in instance.layers):
         return None
+    return sum(layer.flops for layer in instance.layers) * tr.global_batch
+
+
+def _mfu(instance, devices, seconds: float) -> float | None:
+    """Model-FLOPs utilisation: :func:`model_flops` over seconds x the used devices' peak FLOP/s."""
+    flops = model_flops(instance)
     peaks = [instance.device_types[instance.nodes[instance.device_node[d]].device_type].peak_flops for d in devices]
-    if any(p is None for p in peaks) or seconds <= 0:
+    if flops is None or any(p is None for p in peaks) or seconds <= 0:
         return None
-    flops = sum(layer.flops for layer in instance.layers) * instance.training.global_batch
     return flops / (seconds * sum(peaks))
 
 

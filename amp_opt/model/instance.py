@@ -111,6 +111,7 @@ class Training:
     memory_reserve: float  # bytes per device
     analytic_efficiency: float
     activation_factor: float = 1.0  # measured / modelled activation bytes (calibration)
+    tokens_per_sample: int | None = None  # the sequence length, when the model says (presets)
 
 
 @dataclass(frozen=True)

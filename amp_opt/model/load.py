@@ -167,11 +167,11 @@ def parse_instance(data: Any, *, base_dir: Path | None = None, default_name: str
     check_schema(data, SCHEMA_PATH, "instance")
 
     notes: list[str] = []
-    layers = _parse_model(data["model"], base_dir or Path.cwd(), notes)
+    layers, tokens = _parse_model(data["model"], base_dir or Path.cwd(), notes)
     device_types = _parse_device_types(data.get("device_types", []))
     nodes = _parse_nodes(data["nodes"], device_types)
     profiles = _parse_profiles(data.get("profiles", []), device_types, len(layers))
-    training = _parse_training(data["training"])
+    training = replace(_parse_training(data["training"]), tokens_per_sample=tokens)
     search = _parse_search(data.get("search", {}), training, len(layers))
     if "calibration" in data:
         device_types, nodes, training = _calibrate(data["calibration"], device_types, nodes, training)
@@ -213,10 +213,13 @@ def _split(value, default_sharded: bool) -> Split:
     return Split(0.0, float(value)) if default_sharded else Split(float(value), 0.0)
 
 
-def _parse_model(model: Mapping, base_dir: Path, notes: list[str]) -> tuple[Layer, ...]:
+def _parse_model(model: Mapping, base_dir: Path, notes: list[str]) -> tuple[tuple[Layer, ...], int | None]:
+    """The layers, and the tokens of one sample when the model says (presets, Hugging Face configs)."""
+    tokens = None
     if "preset" in model:
         _check_length(model, "instance.model.layers")
         raw_layers = expand_preset(dict(model), field="instance.model")
+        tokens = int(model["seq_len"])
     elif "hf_config" in model:
         config = model["hf_config"]
         if isinstance(config, str):
@@ -224,6 +227,7 @@ def _parse_model(model: Mapping, base_dir: Path, notes: list[str]) -> tuple[Laye
         preset = preset_from_hf_config(config, field="instance.model.hf_config", seq_len=model.get("seq_len"))
         _check_length(preset, "instance.model.hf_config")
         raw_layers = expand_preset(preset, field="instance.model.hf_config")
+        tokens = int(preset["seq_len"])
         notes.append(f"model expanded from a Hugging Face config into the {preset['preset']} preset")
     else:
         raw_layers = model["layers"]
@@ -248,7 +252,7 @@ def _parse_model(model: Mapping, base_dir: Path, notes: list[str]) -> tuple[Laye
                 kv_bytes=_split(raw.get("kv_bytes", 0.0), default_sharded=True),
             )
         )
-    return tuple(layers)
+    return tuple(layers), tokens
 
 
 def _check_length(preset: Mapping, field: str) -> None:

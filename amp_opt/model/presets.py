@@ -48,7 +48,7 @@ That is ``"attention": "eager"``.  The default, ``"flash"`` (FlashAttention, Dao
 but an fp32 log-sum-exp per head and query, 4*a*s bytes.  Each transformer layer also
 carries what recomputation needs (``formulations/hetero.md`` H7): ``attention_memory_bytes``
 (the s^2 terms, which selective recomputation frees), ``attention_flops`` (forward FLOPs
-of the attention core, 4*s^2*h, which it recomputes) and ``kv_bytes`` (K and V, 2*b*s*g,
+the attention core executes, which it recomputes; see FLOPs below) and ``kv_bytes`` (K and V, 2*b*s*g,
 which context parallelism passes around its ring).
 GQA only shrinks K and V (g = k*d < h), assuming the attention kernel reads the
 shared K/V heads without materialising repeated copies.  SwiGLU is counted as
@@ -66,6 +66,12 @@ Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
 Clusters Using Megatron-LM", 2 FLOPs per multiply-add: forward of a layer is
 2*s*(weights in matmuls) + 4*s^2*h (Q K^T and scores x V), i.e. 24*s*h^2 +
 4*s^2*h for a gpt layer with f = 4h; head 2*s*h*v; training = 3 x forward.
+These are the FLOPs executed, which the time estimate (formulations/hetero.md, H2)
+divides by the device's rate: with ``"causal": true`` (the default; decoder language
+models) and FlashAttention, the kernel skips the blocks the causal mask hides, so the
+attention core executes 2*s^2*h; an eager kernel computes all 4*s^2*h.  Model FLOPs
+utilisation is reported with the 6 x parameters x tokens convention instead
+(``amp_opt.model.evaluate``), which does not depend on the kernel.
 
 Communication
 -------------
@@ -89,7 +95,7 @@ from .fields import number_field
 TIE_WORD_EMBEDDINGS = "word_embeddings"
 
 _COMMON_KEYS = {"preset", "name", "hidden", "layers", "heads", "seq_len", "vocab", "ffn",
-                "tied_embeddings", "dtype_bytes", "dropout", "attention"}
+                "tied_embeddings", "dtype_bytes", "dropout", "attention", "causal"}
 ATTENTION = ("flash", "eager")  # flash (the default): the attention kernel keeps no s x s scores
 _PRESET_KEYS = {
     "gpt": _COMMON_KEYS | {"position_embeddings", "max_positions"},
@@ -117,6 +123,7 @@ class ModelShape:
     max_positions: int
     qkv_bias: bool
     attention: str = "flash"
+    causal: bool = True  # a decoder's causal mask: flash kernels skip the masked half
 
     @property
     def head_dim(self) -> int:
@@ -195,8 +202,9 @@ def parse_model(spec: dict, field: str = "model") -> ModelShape:
     attention = spec.get("attention", "flash")
     if attention not in ATTENTION:
         raise InputError(f"{field}.attention", f"must be one of {', '.join(ATTENTION)}, got {attention!r}")
+    causal = _flag(spec, "causal", field, True)
     return ModelShape(preset, name, hidden, layers, heads, kv_heads, seq_len, vocab, ffn,
-                      tied, dtype_bytes, dropout, position_embeddings, max_positions, qkv_bias, attention)
+                      tied, dtype_bytes, dropout, position_embeddings, max_positions, qkv_bias, attention, causal)
 
 
 # ---------------------------------------------------------------- parameters
@@ -261,14 +269,18 @@ def head_activation_memory(s: int, h: int, v: int, b: int) -> tuple[float, float
 
 # ---------------------------------------------------------------- flops and communication
 
-def transformer_forward_flops(s: int, h: int, matmul_weights: int) -> float:
-    """Forward FLOPs of a layer (Narayanan et al. 2021): 2*s*weights + 4*s^2*h."""
-    return float(2 * s * matmul_weights + 4 * s * s * h)
+def transformer_forward_flops(s: int, h: int, matmul_weights: int, attention_core: float | None = None) -> float:
+    """Forward FLOPs of a layer (Narayanan et al. 2021): 2*s*weights + 4*s^2*h, the attention
+    core's part as executed when given (:func:`attention_core_forward_flops`)."""
+    core = 4 * s * s * h if attention_core is None else attention_core
+    return float(2 * s * matmul_weights + core)
 
 
-def attention_core_forward_flops(s: int, h: int) -> float:
-    """Forward FLOPs of the attention core (Q K^T and scores x V): 4*s^2*h (Narayanan et al. 2021)."""
-    return float(4 * s * s * h)
+def attention_core_forward_flops(s: int, h: int, skips_masked: bool = False) -> float:
+    """Forward FLOPs the attention core (Q K^T and scores x V) executes: 4*s^2*h (Narayanan et
+    al. 2021); half of it when the kernel skips the blocks a causal mask hides (FlashAttention
+    with a causal mask; an eager kernel computes the whole s x s matrix and masks it)."""
+    return float(4 * s * s * h) / (2.0 if skips_masked else 1.0)
 
 
 def head_forward_flops(s: int, h: int, v: int) -> float:
@@ -345,11 +357,12 @@ def build_layers(m: ModelShape) -> list[dict]:
         norm = h
     flash = m.attention == "flash"
     memory = transformer_activation_memory(s, h, a, m.kv_dim, m.ffn, b, m.gated_mlp, m.dropout, flash)
-    flops = training_flops(transformer_forward_flops(s, h, _matmul_weights(m)))
+    core = attention_core_forward_flops(s, h, skips_masked=flash and m.causal)
+    flops = training_flops(transformer_forward_flops(s, h, _matmul_weights(m), core))
     comm = transformer_tp_comm_bytes(s, h, b)
     recompute = dict(attention_memory_bytes={"replicated": 0.0,
                                              "sharded": attention_score_memory(s, a, b, m.dropout, flash)},
-                     attention_flops=attention_core_forward_flops(s, h),
+                     attention_flops=core,
                      kv_bytes={"replicated": 0.0, "sharded": float(2 * b * s * m.kv_dim)})
     layers += [_layer(f"layer_{i}", "transformer", params, hidden_out, memory, flops, comm, **recompute)
                for i in range(m.layers)]
