@@ -32,26 +32,29 @@ def small_free():
 def check_mapping(instance, plan, launch):
     plan = check_plan(instance, plan)
     ranks = launch["ranks"]
-    assert [r["rank"] for r in ranks] == list(range(instance.num_devices))
-    assert sorted(r["device"] for r in ranks) == list(range(instance.num_devices))  # every device exactly once
+    world = plan.tp * plan.cp * plan.dp * plan.pp
+    used = sorted(d for stage in plan.stages for group in stage for d in group)
+    assert [r["rank"] for r in ranks] == list(range(world)) == list(range(len(used)))
+    assert sorted(r["device"] for r in ranks) == used  # every used device exactly once
     for r in ranks:
-        assert r["rank"] == r["tp_rank"] + plan.tp * r["dp_rank"] + plan.tp * plan.dp * r["stage"]
-        assert plan.stages[r["stage"]][r["dp_rank"]][r["tp_rank"]] == r["device"]
+        group = r["cp_rank"] + plan.cp * r["dp_rank"]
+        assert r["rank"] == r["tp_rank"] + plan.tp * (group + plan.cp * plan.dp * r["stage"])
+        assert plan.stages[r["stage"]][group][r["tp_rank"]] == r["device"]
         node = int(instance.device_node[r["device"]])
         assert r["hostname"] == instance.nodes[node].name
         assert r["local_device"] == r["device"] - instance.node_first_device[node]
     # per node: its devices, and each local device's rank agrees with the rank table
     by_device = {r["device"]: r["rank"] for r in ranks}
-    seen = []
+    nodes_used = sorted({int(instance.device_node[d]) for d in used})
     for entry in launch["nodes"]:
         j = next(i for i, n in enumerate(instance.nodes) if n.name == entry["hostname"])
         first = instance.node_first_device[j]
         assert entry["devices"] == list(range(first, first + instance.nodes[j].devices))
         for local, rank in entry["local_device_rank"].items():
             assert by_device[first + int(local)] == rank
-        seen += entry["devices"]
-    assert sorted(seen) == list(range(instance.num_devices))
-    assert launch["hostfile"].count("slots=") == len(instance.nodes)
+    assert sorted(next(i for i, n in enumerate(instance.nodes) if n.name == e["hostname"])
+                  for e in launch["nodes"]) == nodes_used
+    assert launch["hostfile"].count("slots=") == len(nodes_used)
 
 
 def check_torchrun(instance, launch):
@@ -261,3 +264,91 @@ def test_exact_pipeline_module_sets_the_boundaries(tmp_path, monkeypatch, paper_
         exact_pipeline_module(list(range(30)), str(path), topology=_FakeTopology(5, 0))
     with pytest.raises(ValueError, match="increase"):
         stage_boundaries([0, 4, 4])
+
+
+def _values(args):
+    return {args[i]: args[i + 1] for i in range(len(args) - 1)
+            if args[i].startswith("--") and not args[i + 1].startswith("--")}
+
+
+def llama_instance(**search):
+    """A Llama-shaped model (8 transformer layers) on 2 nodes of 8 H100s."""
+    return amp_opt.parse_instance({
+        "version": 1,
+        "model": {"preset": "llama", "hidden": 512, "layers": 8, "heads": 8, "kv_heads": 4, "ffn": 1536,
+                  "vocab": 1024, "seq_len": 1024},
+        "nodes": [{"name": "h", "count": 2, "device_type": "H100-80GB", "devices": 8,
+                   "intra_bandwidth": "450 GB/s", "inter_bandwidth": "400 GB/s"}],
+        "training": {"global_batch": 64},
+        "search": search,
+    })
+
+
+@pytest.mark.parametrize("fields, expected, absent", [
+    ({"tp": 2, "cp": 2, "dp": 2, "pp": 2, "sequence_parallel": True, "recompute": "selective", "zero_stage": 1},
+     {"--context-parallel-size": "2", "--recompute-granularity": "selective"},
+     ["--recompute-method"]),
+    ({"tp": 1, "dp": 4, "pp": 4, "recompute": "full", "zero_stage": 0},
+     {"--recompute-granularity": "full", "--recompute-method": "uniform", "--recompute-num-layers": "1"},
+     ["--use-distributed-optimizer", "--sequence-parallel", "--context-parallel-size"]),
+    ({"tp": 1, "dp": 4, "pp": 4, "recompute": "full", "recompute_layers": 1, "zero_stage": 1},
+     {"--recompute-method": "block", "--recompute-num-layers": "1"}, []),
+    ({"tp": 2, "dp": 8, "pp": 1, "zero_stage": 3, "sequence_parallel": True},
+     {"--data-parallel-sharding-strategy": "optim_grads_params"}, ["--use-distributed-optimizer"]),
+])
+def test_megatron_flags_for_each_decision(fields, expected, absent):
+    inst = llama_instance()
+    pp = fields["pp"]
+    plan = check_plan(inst, parse_plan({"micro_batch": 1, "partition": [0] + [10 * (s + 1) // pp for s in range(pp)][:-1]
+                                        + [10], **fields}))
+    mg = export_megatron(inst, plan)
+    args, value = mg["args"], _values(mg["args"])
+    for flag, v in expected.items():
+        assert value[flag] == v, flag
+    for flag in absent:
+        assert flag not in args
+    assert ("--sequence-parallel" in args) == plan.sequence_parallel
+    assert ("--use-distributed-optimizer" in args) == (plan.zero_stage == 1)
+    assert ("--use-megatron-fsdp" in args) == (plan.zero_stage >= 2)
+    assert value["--attention-backend"] == "flash"  # presets default to FlashAttention
+    assert mg["degrees"]["cp"] == plan.cp
+    check_mapping(inst, plan, mg["launch"])
+
+
+def test_megatron_interleaving_counts_the_embedding_and_the_loss_when_that_splits_evenly():
+    inst = llama_instance()  # 8 transformer layers + embedding + head
+    even = check_plan(inst, parse_plan({"tp": 8, "dp": 1, "pp": 2, "micro_batch": 1, "virtual_stages": 2,
+                                        "partition": [0, 3, 5, 7, 10]}))
+    value = _values(export_megatron(inst, even)["args"])
+    assert value["--num-virtual-stages-per-pipeline-rank"] == "2"
+    assert "--account-for-embedding-in-pipeline-split" not in export_megatron(inst, even)["args"]
+    # ten chunks of 8 transformer layers: only with the embedding and the loss counted as layers
+    five = llama_instance()
+    plan = check_plan(five, parse_plan({"tp": 8, "dp": 1, "pp": 2, "micro_batch": 1, "virtual_stages": 5,
+                                        "partition": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}))
+    mg = export_megatron(five, plan)
+    assert "--account-for-embedding-in-pipeline-split" in mg["args"]
+    assert "--account-for-loss-in-pipeline-split" in mg["args"]
+    assert mg["layer_split"]["transformer_layers_per_chunk"] == [0, 1, 1, 1, 1, 1, 1, 1, 1, 0]
+    uneven = check_plan(inst, parse_plan({"tp": 8, "dp": 1, "pp": 2, "micro_batch": 1, "virtual_stages": 2,
+                                          "partition": [0, 4, 5, 7, 10]}))
+    layout = _values(export_megatron(inst, uneven)["args"])["--pipeline-model-parallel-layout"]
+    assert layout == "Et*3|t|t*2|t*2L"  # chunks in layer order: chunk c runs on stage c mod pp
+
+
+def test_idle_devices_get_no_rank():
+    inst = llama_instance()
+    plan = check_plan(inst, parse_plan({"tp": 8, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 10]}))
+    launch = export_megatron(inst, plan)["launch"]
+    check_mapping(inst, plan, launch)
+    assert launch["world_size"] == 8 and len(launch["nodes"]) == 1
+    assert any("8 of the 16 devices stay idle" in note for note in launch["notes"])
+
+
+def test_deepspeed_exports_zero_stage_and_per_stage_recomputation():
+    inst = llama_instance(engine="deepspeed")
+    plan = check_plan(inst, parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 3, 5, 8, 10],
+                                        "recompute": ["full", "full", "none", "none"], "zero_stage": 1}))
+    config = export_deepspeed(inst, plan)
+    assert config["zero_optimization"] == {"stage": 1}
+    assert config["amp_opt"]["pipeline"]["recompute"] == ["full", "full", "none", "none"]

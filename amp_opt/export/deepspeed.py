@@ -28,9 +28,10 @@ def export_deepspeed(instance, plan: Plan) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": gas,
     }
-    if instance.training.zero_stage:
-        config["zero_optimization"] = {"stage": instance.training.zero_stage}
+    if plan.zero_stage:
+        config["zero_optimization"] = {"stage": plan.zero_stage}
     parts = list(plan.partition)
+    modes = [plan.recompute_of(s) for s in range(plan.pp)]
     config[SECTION] = {
         "format": "amp_opt.export.deepspeed",
         "note": "DeepSpeed ignores this key; the keys above are the DeepSpeed config",
@@ -42,11 +43,14 @@ def export_deepspeed(instance, plan: Plan) -> dict[str, Any]:
             "stages": stage_layers(instance, plan),
             "topology": (f"PipeModelDataParallelTopology(num_pp={plan.pp}, num_mp={plan.tp}, num_dp={plan.dp})"
                          if plan.tp > 1 else f"PipeDataParallelTopology(num_pp={plan.pp}, num_dp={plan.dp})"),
+            # Per stage: "full" recomputes every layer from its input (activation_checkpoint_interval=1).
+            "recompute": modes,
             "how": (
                 "PipelineModule's partition_method ('parameters', 'uniform', 'type:REGEX') takes no explicit "
                 "boundaries; amp_opt.export.pipeline.exact_pipeline_module(layers, 'THIS_FILE.json', ...) builds a "
                 "PipelineModule whose stage i runs layers parts[i]..parts[i+1]-1. The layer list must match the "
-                "instance's layer list one to one."
+                "instance's layer list one to one. It also sets each stage's activation_checkpoint_interval from "
+                "'recompute' (1 where the stage recomputes, 0 where it does not)."
             ),
         },
         "launch": launch_layout(instance, plan),

@@ -12,7 +12,10 @@ This helper is that subclass, so that users need not write it::
 layer of the instance; ``ds_config.json`` is the file written by ``amp_opt export
 --format deepspeed`` (its ``amp_opt.pipeline.parts``); keyword arguments go to
 ``PipelineModule`` (``num_stages`` is taken from the boundaries unless ``topology`` is
-given).  DeepSpeed is imported only when this is called.  The override follows
+given).  Each stage's ``activation_checkpoint_interval`` follows the export's
+``amp_opt.pipeline.recompute`` (1 on a stage that recomputes: every layer keeps only its
+input, eq. H7; 0 elsewhere), unless the caller passes one.  DeepSpeed is imported only
+when this is called.  The override follows
 DeepSpeed's own ``_partition_layers`` (``deepspeed/runtime/pipe/module.py``): it reads
 the stage of this rank from ``self._topo.get_coord(self.global_rank).pipe``, sets
 ``self.parts`` and calls ``self._set_bounds``.
@@ -40,12 +43,26 @@ def stage_boundaries(source: str | Path | dict[str, Any] | Sequence[int]) -> lis
     return parts
 
 
+def stage_recompute(source) -> list[str] | None:
+    """Per stage, the recomputation mode of an exported DeepSpeed file (path or dict); None if
+    it does not say."""
+    if isinstance(source, (str, Path)):
+        source = json.loads(Path(source).read_text())
+    if not isinstance(source, dict):
+        return None
+    modes = source.get("amp_opt", {}).get("pipeline", {}).get("recompute")
+    return None if modes is None else [str(m) for m in modes]
+
+
 def exact_pipeline_module(layers, source, **kwargs):
     """A ``deepspeed.pipe.PipelineModule`` over ``layers`` whose stage i runs layers
-    ``parts[i] .. parts[i+1]-1``, ``parts`` from :func:`stage_boundaries` of ``source``."""
+    ``parts[i] .. parts[i+1]-1``, ``parts`` from :func:`stage_boundaries` of ``source``, and
+    recomputes as the export says (``stage_recompute``) unless ``activation_checkpoint_interval``
+    is given."""
     from deepspeed.pipe import PipelineModule  # needs DeepSpeed (and PyTorch)
 
     parts = stage_boundaries(source)
+    modes = None if "activation_checkpoint_interval" in kwargs else stage_recompute(source)
     if parts[-1] != len(layers):
         raise ValueError(f"the boundaries cover {parts[-1]} layers, the layer list has {len(layers)}")
 
@@ -59,6 +76,8 @@ def exact_pipeline_module(layers, source, **kwargs):
             stage_id = self._topo.get_coord(self.global_rank).pipe
             self.parts = list(parts)
             self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
+            if modes is not None:  # read at every forward (PipelineModule.forward)
+                self.activation_checkpoint_interval = 1 if modes[stage_id] != "none" else 0
 
     if "topology" not in kwargs:
         kwargs.setdefault("num_stages", len(parts) - 1)

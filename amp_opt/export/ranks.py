@@ -1,8 +1,10 @@
 """Ranks and devices: which process runs on which device, and how to launch them.
 
 Megatron-LM and DeepSpeed number the processes of a run as rank = tp_rank +
-tp*dp_rank + tp*dp*stage.  A plan's ``stages[stage][dp_rank][tp_rank]`` names the
-device each rank must own; :func:`launch_layout` turns that into per-node torchrun
+tp*(cp_rank + cp*(dp_rank + dp*stage)) (Megatron's default order tp-cp-dp-pp; without
+context parallelism, tp_rank + tp*dp_rank + tp*dp*stage).  A plan's
+``stages[stage][group][tp_rank]``, group = cp_rank + cp*dp_rank, names the device each
+rank must own; devices a plan leaves idle get no process; :func:`launch_layout` turns that into per-node torchrun
 commands (or explicit per-process environments when torchrun's node ranks cannot
 realise the grouping).  Shared by both exports.
 """
@@ -24,29 +26,33 @@ class Process:
     stage: int
     dp_rank: int
     tp_rank: int
+    cp_rank: int
     device: int  # global device id (node-major)
     node: int  # node index in instance.nodes
     local_device: int  # device index inside its node (the physical CUDA ordinal)
 
 
-def rank_of(plan: Plan, stage: int, dp_rank: int, tp_rank: int) -> int:
-    """Megatron/DeepSpeed rank order: tp fastest, then dp, then pipeline stage."""
-    return tp_rank + plan.tp * dp_rank + plan.tp * plan.dp * stage
+def rank_of(plan: Plan, stage: int, group: int, tp_rank: int) -> int:
+    """Megatron/DeepSpeed rank order: tp fastest, then cp, then dp, then pipeline stage
+    (``group`` = cp_rank + cp*dp_rank, the index of the tp group in its stage)."""
+    return tp_rank + plan.tp * (group + plan.cp * plan.dp * stage)
 
 
 def processes(instance, plan: Plan) -> tuple[Process, ...]:
-    """Every process of a checked plan, by global rank; each device appears exactly once."""
+    """Every process of a checked plan, by global rank; each used device appears exactly once."""
     plan = check_plan(instance, plan)
     out = []
     for s, stage in enumerate(plan.stages):
         for r, group in enumerate(stage):
+            dp_rank, cp_rank = divmod(r, plan.cp)
             for t, device in enumerate(group):
                 node = int(instance.device_node[device])
-                out.append(Process(rank_of(plan, s, r, t), s, r, t, device, node,
+                out.append(Process(rank_of(plan, s, r, t), s, dp_rank, t, cp_rank, device, node,
                                    device - instance.node_first_device[node]))
     out.sort(key=lambda p: p.rank)
-    if [p.rank for p in out] != list(range(instance.num_devices)) or len({p.device for p in out}) != instance.num_devices:
-        raise InputError("plan.stages", "does not map every device to exactly one rank")  # check_plan prevents this
+    world = plan.tp * plan.cp * plan.dp * plan.pp
+    if [p.rank for p in out] != list(range(world)) or len({p.device for p in out}) != world:
+        raise InputError("plan.stages", "does not map every rank to its own device")  # check_plan prevents this
     return tuple(out)
 
 
@@ -55,6 +61,8 @@ def node_rank_blocks(instance, procs) -> list[tuple[int, int]] | None:
     blocks = []
     for j, node in enumerate(instance.nodes):
         ranks = sorted(p.rank for p in procs if p.node == j)
+        if not ranks:  # an idle node runs nothing
+            continue
         if ranks != list(range(ranks[0], ranks[0] + len(ranks))):
             return None
         blocks.append((j, ranks[0]))
@@ -66,7 +74,8 @@ def launch_layout(instance, plan: Plan, master_port: int = 29500) -> dict[str, A
     procs = processes(instance, plan)
     world = len(procs)
     blocks = node_rank_blocks(instance, procs)
-    order = [j for j, _ in blocks] if blocks else list(range(len(instance.nodes)))
+    used = sorted({p.node for p in procs})
+    order = [j for j, _ in blocks] if blocks else used
     master = instance.nodes[order[0]].name
     nodes = []
     for j in order:
@@ -89,14 +98,15 @@ def launch_layout(instance, plan: Plan, master_port: int = 29500) -> dict[str, A
         else:
             entry["processes"] = [
                 {"RANK": p.rank, "LOCAL_RANK": i, "WORLD_SIZE": world, "CUDA_VISIBLE_DEVICES": visible,
-                 "device": p.device, "stage": p.stage, "dp_rank": p.dp_rank, "tp_rank": p.tp_rank}
+                 "device": p.device, "stage": p.stage, "dp_rank": p.dp_rank, "cp_rank": p.cp_rank, "tp_rank": p.tp_rank}
                 for i, p in enumerate(mine)
             ]
             entry["launch"] = _explicit_launch(mine, world, visible, master, master_port)
         nodes.append(entry)
     return {
         "world_size": world,
-        "rank_formula": "rank = tp_rank + tp*dp_rank + tp*dp*stage; rank runs on device stages[stage][dp_rank][tp_rank]",
+        "rank_formula": ("rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*stage)); rank runs on device "
+                         "stages[stage][cp_rank + cp*dp_rank][tp_rank]"),
         "torchrun_compatible": blocks is not None,
         "how": (
             "every node's ranks form one contiguous block: start torchrun on each node with the node_rank and "
@@ -108,11 +118,15 @@ def launch_layout(instance, plan: Plan, master_port: int = 29500) -> dict[str, A
         ),
         "master_addr": master,
         "master_port": master_port,
-        "hostfile": "".join(f"{instance.nodes[j].name} slots={instance.nodes[j].devices}\n" for j in order),
+        "hostfile": "".join(f"{instance.nodes[j].name} slots={sum(1 for p in procs if p.node == j)}\n" for j in order),
         "nodes": nodes,
-        "ranks": [{"rank": p.rank, "stage": p.stage, "dp_rank": p.dp_rank, "tp_rank": p.tp_rank, "device": p.device,
+        "ranks": [{"rank": p.rank, "stage": p.stage, "dp_rank": p.dp_rank, "cp_rank": p.cp_rank, "tp_rank": p.tp_rank,
+                   "device": p.device,
                    "hostname": instance.nodes[p.node].name, "local_device": p.local_device} for p in procs],
-        "notes": ["hostnames are the instance's node names: replace them with the real host names"],
+        "notes": ["hostnames are the instance's node names: replace them with the real host names"]
+                 + ([f"{instance.num_devices - world} of the {instance.num_devices} devices stay idle: no rank runs on "
+                      "them (the hostfile and the launch lines list the devices used)"] if world < instance.num_devices
+                    else []),
     }
 
 
@@ -133,7 +147,12 @@ def batch_sizes(instance, plan: Plan) -> tuple[int, int, int]:
 
 
 def stage_layers(instance, plan: Plan) -> list[dict[str, Any]]:
-    return [
-        {"stage": s, "layers": [a, b], "layer_names": [instance.layers[a].name, instance.layers[b - 1].name]}
-        for s, (a, b) in enumerate(zip(plan.partition, plan.partition[1:]))
-    ]
+    """Each stage's layer range; with interleaving, each chunk's (chunk c runs on stage c mod pp)."""
+    out = []
+    for c, (a, b) in enumerate(zip(plan.partition, plan.partition[1:])):
+        entry: dict[str, Any] = {"stage": c % plan.pp}
+        if plan.virtual_stages > 1:
+            entry["chunk"] = c
+        entry.update(layers=[a, b], layer_names=[instance.layers[a].name, instance.layers[b - 1].name])
+        out.append(entry)
+    return out
