@@ -4,8 +4,9 @@ The search never proposes a candidate an engine cannot run, and a given plan tha
 a rule is rejected with one line naming the field and the rule (``check``).  Sources:
 Megatron-LM (``megatron/training/arguments.py``, ``megatron/core/pipeline_parallel/
 schedules.py``: the interleaved schedule needs micro-batches divisible by pp; sequence
-parallelism is dropped when tp is 1; ZeRO-2/3 through Megatron-FSDP, which runs without
-pipeline parallelism) and DeepSpeed (``PipelineModule``: no interleaved schedule, ZeRO
+parallelism is dropped when tp is 1; context parallelism needs seq_len divisible by 2*cp;
+ZeRO-2/3 through Megatron-FSDP, which amp_opt plans without pipeline parallelism, as
+Torch-FSDP2 requires and Megatron-FSDP's documentation does not promise otherwise) and DeepSpeed (``PipelineModule``: no interleaved schedule, ZeRO
 stages 2 and 3 only without pipeline parallelism, activation checkpointing of whole
 layers, which each stage's own layer code may apply or not).
 """
@@ -38,6 +39,10 @@ class Engine:
             return "sequence_parallel", "sequence parallelism splits the tensor-parallel group's activations: needs tp > 1"
         if cand.cp > 1 and not self.context_parallel:
             return "cp", f"{self.name} has no context parallelism"
+        tokens = instance.training.tokens_per_sample
+        if cand.cp > 1 and tokens is not None and tokens % (2 * cand.cp):
+            return "cp", (f"context parallelism splits each sequence into 2*cp load-balanced chunks: seq_len {tokens} "
+                          f"is not divisible by {2 * cand.cp}")
         if cand.cp > 1 and not any(layer.kv_bytes.replicated + layer.kv_bytes.sharded > 0 for layer in instance.layers):
             return "cp", "context parallelism needs the model's keys and values (kv_bytes; a preset model has them)"
         if cand.virtual_stages > 1:
