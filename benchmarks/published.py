@@ -503,7 +503,8 @@ def tp_comm_share(instance, plan: dict) -> float:
 
 
 def attention_share(instance) -> float:
-    """Share of the model's training FLOPs in the attention core (4 s^2 h forward per layer, x3)."""
+    """Share of the model's training FLOPs in the attention core as executed (4 s^2 h forward per layer,
+    half of it for a causal FlashAttention kernel; x3 for forward and backward)."""
     total = sum(layer.flops for layer in instance.layers)
     return sum(3 * layer.attention_flops for layer in instance.layers) / total
 
@@ -557,13 +558,6 @@ def run_row(row) -> Result:
         # And with every link (almost) infinitely fast: the time if all communication were hidden.
         "time_no_comm": evaluate_on(row, choice.plan, inter_divisor=1e-9, intra_divisor=1e-9),
     }
-    if choice.plan.get("zero_stage") == 3:
-        # H9 adds R x (largest layer's parameters per tp rank) x (w + g) for the gathered layer; the
-        # parameters per tp rank are already the whole (unsharded) layer, so R - 1 of those R copies are
-        # the bug described under "Where the model is off"; this is the memory without them.
-        tr, R = instance.training, choice.plan["dp"] * choice.plan.get("cp", 1)
-        largest = max(layer.params.at(choice.plan["tp"]) for layer in instance.layers)
-        extra["memory_h9_once"] = extra["memory"] - (R - 1) * largest * (tr.weight_bytes + tr.gradient_bytes)
     if row["gpus"] > row["gpus_per_node"]:
         # Sensitivity to the inter-node link: divided by tp (the tp ranks of a node run their rings and
         # p2p at once, each through its share of the adapters) and by the GPUs per node (every GPU held to
@@ -719,9 +713,7 @@ def report(results, incomplete, solves, eval_wall, args) -> None:
       "the model's one efficiency constant; see \"Where the model is off\", item 1.")
     infeasible = [r for r in counted if not r.extra["feasible"]]
     p(f"- Published plans amp_opt's memory model says do not fit: {len(infeasible)} of {len(counted)}"
-      + (": the ZeRO-3 rows, by a memory bug (item 5)" if infeasible and all(
-          r.choice.plan.get("zero_stage") == 3 for r in infeasible) else
-         (": " + ", ".join(f"`{r.row['id']}`" for r in infeasible) if infeasible else "")) + ".")
+      + (": " + ", ".join(f"`{r.row['id']}`" for r in infeasible) if infeasible else "") + ".")
     llama = [r for r in results if r.source.key == "llama3"]
     if llama:
         p("- Llama 3 405B, Meta's Table 4 configurations: predicted MFU (6 x parameters x tokens) "
@@ -1045,7 +1037,7 @@ def analysis(results, p) -> None:
     # 5. ZeRO-3.
     z3 = [r for r in counted if r.choice.plan.get("zero_stage") == 3]
     if z3:
-        p("**5. ZeRO-3 at scale, and a memory bug (H9).** Narayanan's ZeRO-3 rows keep the global batch and "
+        p("**5. ZeRO-3 at scale (H9, H10).** Narayanan's ZeRO-3 rows keep the global batch and "
           "double the GPUs, so each GPU's micro-batch shrinks while the parameter gathers per micro-batch "
           "stay the same. Published and predicted:")
         for r in z3:
@@ -1059,31 +1051,27 @@ def analysis(results, p) -> None:
           f"GPU to its own {SYSTEMS['selene'].inter / 8 / GB_S:g} GB/s adapter reproduces the slope better (last number above), which suggests "
           "the gathers did not use the node's adapters together; the rows cannot separate that from "
           "latency or from DeepSpeed's 2021 implementation.")
-        p("  Memory: every ZeRO-3 plan is reported as not fitting, by thousands of GiB ("
+        p("  Memory: the published ZeRO-3 plans need "
           + ", ".join(f"{r.extra['memory'] / 2**30:.0f} GiB" for r in z3)
-          + "). `CandidateTerms.memory` (terms.py) adds `replicas x max layer params x (w + g)` for the "
-          "gathered layer (also `formulations/hetero.md` H9 and `search/mip/formulation.py` `_peak`), but "
-          "the layer's parameters per tp rank are already the whole, unsharded layer (the R-way sharding "
-          "is in `state_bytes_per_param`), so the gathered layer is counted R times. Counted once, the "
-          "same plans need "
-          + ", ".join(f"{r.extra['memory_h9_once'] / 2**30:.0f} GiB" for r in z3)
-          + " per GPU (80 GiB A100s). The bug makes ZeRO-3 look impossible to the search on any cluster "
-          "with more than a handful of replicas. (The selection above therefore kept the least overfull "
-          "setting, full recomputation.)\n")
+          + " per GPU (80 GiB A100s) in the model: the sharded model state (H9) plus one gathered layer. "
+          "(Until this check found it, H9 counted the gathered layer once per replica, which made ZeRO-3 "
+          "look impossible on any cluster with more than a handful of replicas; fixed in `CandidateTerms.memory` "
+          "and the MIP's buffer rows, with a test by hand in `tests/test_strategies.py`.)\n")
 
     # 6. Attention FLOPs.
     att = sorted(results, key=lambda r: r.extra["attention"], reverse=True)[:4]
-    p("**6. Attention FLOPs are counted without the causal mask.** The presets charge 4 s^2 h forward "
-      "FLOPs per layer for Q K^T and scores x V (Narayanan et al.), the full square. Causal language "
-      "models need only the lower triangle, and FlashAttention-2 and cuDNN/TE kernels skip the masked "
-      "blocks, so the real attention-core work is about half (less with Llama 3's document mask). The "
-      "FLOP conventions differ on purpose (Megatron-Bridge halves, Megatron-Core and NeMo 24.07 do not), "
-      "but the predicted TIME should use the work the kernel does. Largest attention shares:")
+    p("**6. Attention FLOPs: what the kernel executes.** The presets charge the attention core (Q K^T "
+      "and scores x V) as the kernel executes it: 4 s^2 h forward per layer for an eager kernel, which "
+      "computes the whole square and masks it, and half of that for FlashAttention with a causal mask "
+      "(the presets' default, `causal`), whose kernels skip the masked blocks (less still with Llama 3's "
+      "document mask, not modelled). The sources' FLOP conventions differ on purpose (Megatron-Bridge "
+      "halves, Megatron-Core and NeMo 24.07 do not), which is why every ratio above uses the source's own "
+      "count for both sides. Largest attention shares of the executed FLOPs:")
     for r in att:
-        p(f"  - `{r.row['id']}` (s = {r.row['model']['seq_len']}): attention core {100 * r.extra['attention']:.1f}% of "
-          f"the modelled FLOPs; halving it would shorten the compute by about {50 * r.extra['attention']:.1f}%")
-    p("  At 2K-8K tokens this is a few percent; at Llama 3's 131,072 tokens it dominates the prediction "
-      "(and, with the context-parallel ring, decides which cp the search picks).\n")
+        p(f"  - `{r.row['id']}` (s = {r.row['model']['seq_len']}): attention core {100 * r.extra['attention']:.1f}% "
+          "of the modelled FLOPs")
+    p("  At 2K-8K tokens this is a few percent; at Llama 3's 131,072 tokens it is a large part of the "
+      "prediction (and, with the context-parallel ring, of which cp the search picks).\n")
 
     # 7. Recomputation: a check that passes.
     pairs = {}

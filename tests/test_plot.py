@@ -1,4 +1,4 @@
-"""plot: the 1F1B simulation obeys its dependencies; the image is written (png and svg)."""
+"""plot: the pipeline simulation (1F1B and interleaved) obeys its dependencies; the image is written."""
 
 import json
 import subprocess
@@ -10,7 +10,16 @@ from conftest import INSTANCES
 
 import amp_opt
 from amp_opt.model.plan import parse_plan
-from amp_opt.commands.plot import FORWARD_SHARE, one_f_one_b_order, simulate_1f1b
+from amp_opt.model.schedule import FORWARD_SHARE, pipeline_order, simulate
+
+
+def simulate_1f1b(compute, p2p, allreduce, n):
+    """The non-interleaved simulation (one chunk per stage; the wrap-around link unused)."""
+    return simulate([[c] for c in compute], list(p2p[:-1]) + [0.0], allreduce, n)
+
+
+def one_f_one_b_order(stage, pp, n):
+    return [(k, i) for k, i, _ in pipeline_order(stage, pp, n)]
 
 PLAN = {"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}
 CASES = [
@@ -26,7 +35,7 @@ CASES = [
 def test_schedule_dependencies(compute, p2p, allreduce, n):
     sched = simulate_1f1b(compute, p2p, allreduce, n)
     pp = len(compute)
-    op = {(o.kind, o.stage, o.micro): o for o in sched.ops}
+    op = {(o.kind, o.stage, o.micro): o for o in sched.ops}  # one chunk: the chunk index is 0
     eps = 1e-12
     for s in range(pp):
         for i in range(n):
@@ -51,7 +60,7 @@ def test_schedule_dependencies(compute, p2p, allreduce, n):
         assert sched.makespan >= (n - 1) * max(compute) + sum(compute) - eps
     assert sched.makespan == pytest.approx(max(o.end for o in sched.ops))
     # the critical path is a chain of ops ending at the makespan and starting at time 0
-    path = [op[k] for k in sched.critical]
+    path = [op[k[:3]] for k in sched.critical]
     assert max(o.end for o in path) == pytest.approx(sched.makespan)
     assert min(o.start for o in path) == 0.0
 
@@ -64,6 +73,29 @@ def test_model_compute_terms_are_not_a_bound_in_general():
     assert sched.makespan < (2 - 1) * max(compute) + sum(compute)
     uniform = simulate_1f1b([0.5] * 4, [0.0] * 4, [0.0] * 4, 8)
     assert uniform.makespan == pytest.approx(7 * 0.5 + 4 * 0.5)  # equal stages: exactly the formula
+
+
+@pytest.mark.parametrize("pp, v, n", [(2, 2, 2), (2, 2, 4), (4, 2, 8), (3, 3, 6), (4, 4, 4)])
+def test_interleaved_schedule(pp, v, n):
+    """Megatron's interleaved order runs every (micro-batch, chunk) forward and backward once, obeys
+    the chunk dependencies (wrapping from the last stage to the first), and with equal chunks and free
+    links takes (n - 1/v) max E + (1/v) sum E, the cost model's formula (eq. H11)."""
+    E = 1.0
+    sched = simulate([[E / v] * v for _ in range(pp)], [0.0] * pp, [0.0] * pp, n)
+    op = {(o.kind, o.stage, o.micro, o.chunk): o for o in sched.ops}
+    for s in range(pp):
+        order = pipeline_order(s, pp, n, v)
+        assert sorted(order) == sorted((k, i, c) for k in "FB" for i in range(n) for c in range(v))
+    eps = 1e-12
+    for (kind, s, i, c), o in op.items():
+        if kind == "F" and (s, c) != (0, 0):
+            prev = op[("F", s - 1, i, c)] if s > 0 else op[("F", pp - 1, i, c - 1)]
+            assert o.start >= prev.end - eps
+        if kind == "B":
+            nxt = (op[("B", s + 1, i, c)] if s < pp - 1 else
+                   op[("B", 0, i, c + 1)] if c < v - 1 else op[("F", s, i, c)])
+            assert o.start >= nxt.end - eps
+    assert sched.makespan == pytest.approx((n - 1 / v) * E + pp * E / v)
 
 
 def test_one_f_one_b_order():

@@ -1,116 +1,50 @@
-"""``plot``: a timeline of one 1F1B iteration and the per-stage memory of a plan.
+"""``plot``: a timeline of one iteration's pipeline schedule and the per-stage memory of a plan.
 
-The timeline is a small event simulation driven only by the evaluator's
-numbers (stage compute E_s, p2p P_s, allreduce AR_s): forward takes E_s/3 and
-backward 2E_s/3, activations and gradients cross a boundary in P_s, and each
-stage all-reduces its gradients once its last backward is done.  Its makespan
-differs from the cost model's closed formula, so the title shows both.
+The timeline is an event simulation (:func:`amp_opt.model.schedule.simulate`) driven only by
+the evaluator's numbers (stage compute E_s, p2p P_s, allreduce AR_s): forward takes E_s/3 and
+backward 2E_s/3, activations and gradients cross a boundary in P_s, and each stage
+all-reduces its gradients once its last backward is done; with virtual stages, Megatron's
+interleaved order over the stage's chunks.  Its makespan differs from the cost model's
+closed formula, so the title shows both.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import numpy as np
 
 from ..errors import InputError
-from ..model.evaluate import evaluate, memory_parts
+from ..model.evaluate import evaluate, memory_parts, stage_costs
 from ..model.load import load_instance
 from ..model.plan import describe
+from ..model.schedule import Schedule, simulate
 from .common import add_cost_model, load_single_plan
 
-FORWARD_SHARE = 1.0 / 3.0  # forward : backward = 1 : 2 of each stage's E_s
 COLORS = {"F": "#4C8BF5", "B": "#F28C28", "p2pF": "#8E8E8E", "p2pB": "#8E8E8E", "allreduce": "#3BAA5C"}
 
 
-@dataclass(frozen=True)
-class Op:
-    """One interval of the simulated schedule."""
-
-    kind: str  # "F", "B", "p2pF"/"p2pB" (activation/gradient arriving at `stage`), "allreduce"
-    stage: int
-    micro: int  # micro-batch index (-1 for allreduce)
-    start: float
-    end: float
-    after: tuple[str, int, int] | None  # the op whose end fixed this start (kind, stage, micro)
-
-
-@dataclass(frozen=True)
-class Schedule:
-    ops: tuple[Op, ...]
-    makespan: float
-    critical: frozenset  # keys (kind, stage, micro) on the critical path
-
-
-def one_f_one_b_order(stage: int, pp: int, n: int) -> list[tuple[str, int]]:
-    """Non-interleaved 1F1B: min(pp-s-1, n) warm-up forwards, then alternate F/B, then drain backwards."""
-    warm = min(pp - stage - 1, n)
-    order = [("F", i) for i in range(warm)]
-    for i in range(n - warm):
-        order += [("F", warm + i), ("B", i)]
-    order += [("B", i) for i in range(n - warm, n)]
-    return order
-
-
-def simulate_1f1b(compute, p2p, allreduce, n: int) -> Schedule:
-    """Simulate one iteration: per-stage sequential ops, cross-stage dependencies through p2p.
-
-    F(s, i) needs F(s-1, i) plus the transfer P_{s-1}; B(s, i) needs B(s+1, i) plus P_s
-    (B of the last stage needs its own F).  Each stage runs its 1F1B order one op at a time,
-    then its gradient allreduce.
-    """
-    pp = len(compute)
-    orders = [one_f_one_b_order(s, pp, n) for s in range(pp)]
-    pos, free, last = [0] * pp, [0.0] * pp, [None] * pp  # next op, when the stage is free, its last op
-    done: dict[tuple[str, int, int], Op] = {}
-
-    def add(op: Op) -> Op:
-        done[(op.kind, op.stage, op.micro)] = op
-        return op
-
-    def inputs(kind: str, s: int, i: int):
-        """(arrival time, key of the op that delivers the input), or None if that op has not run yet."""
-        if kind == "F" and s == 0:
-            return 0.0, None
-        if kind == "B" and s == pp - 1:
-            src = done.get(("F", s, i))
-            return None if src is None else (src.end, ("F", s, i))
-        src_key, link, p2p_kind = (("F", s - 1, i), p2p[s - 1], "p2pF") if kind == "F" else (("B", s + 1, i), p2p[s], "p2pB")
-        src = done.get(src_key)
-        if src is None:
-            return None
-        arrival = add(Op(p2p_kind, s, i, src.end, src.end + link, src_key))
-        return arrival.end, (p2p_kind, s, i)
-
-    progress = True
-    while progress:
-        progress = False
-        for s in range(pp):
-            while pos[s] < len(orders[s]):
-                kind, i = orders[s][pos[s]]
-                got = inputs(kind, s, i)
-                if got is None:
-                    break
-                t_in, via = got
-                start = max(free[s], t_in)
-                dur = compute[s] * (FORWARD_SHARE if kind == "F" else 1 - FORWARD_SHARE)
-                add(Op(kind, s, i, start, start + dur, via if t_in >= free[s] else last[s]))
-                free[s], last[s] = start + dur, (kind, s, i)
-                pos[s] += 1
-                progress = True
-    if any(pos[s] < len(orders[s]) for s in range(pp)):
-        raise RuntimeError("1F1B simulation deadlocked")  # cannot happen for the 1F1B order
-    for s in range(pp):
-        add(Op("allreduce", s, -1, free[s], free[s] + allreduce[s], last[s]))
-    ops = tuple(done.values())
-    end = max(ops, key=lambda o: o.end)
-    critical, key = set(), ("allreduce", end.stage, -1)
-    while key is not None:
-        critical.add(key)
-        key = done[key].after
-    return Schedule(ops, end.end, frozenset(critical))
-
-
-def op_key(op: Op) -> tuple[str, int, int]:
-    return (op.kind, op.stage, op.micro)
+def schedule_of(instance, evaluation) -> Schedule:
+    """The simulated schedule of an evaluation: each stage's E_s split over its chunks in
+    proportion to their layers' times (the stage's first compute class), each boundary's
+    P_s over the v times it is crossed; the transfer from the last stage back to the first
+    (between chunks) takes the slowest of those."""
+    stages, v = evaluation.stages, evaluation.plan.virtual_stages
+    p2p = [r.p2p / v for r in stages[:-1]]
+    p2p.append(max(p2p, default=0.0))
+    if v == 1:
+        compute = [[r.compute] for r in stages]
+    else:
+        costs = stage_costs(instance, evaluation.plan, evaluation.cost_model)
+        compute, at = [], 0
+        for s, r in enumerate(stages):
+            times = costs.layer_times(s)[0]
+            sizes = [l - k for k, l in r.chunks]
+            edges = np.concatenate([[0], np.cumsum(sizes)])
+            start = at
+            weights = [float(times[start + a:start + b].sum()) for a, b in zip(edges, edges[1:])]
+            at += int(edges[-1])
+            total = sum(weights) or 1.0
+            compute.append([r.compute * w / total for w in weights])
+    return simulate(compute, p2p, [r.allreduce for r in stages], evaluation.n_micro)
 
 
 # ---------------------------------------------------------------------------
@@ -129,8 +63,9 @@ def _import_pyplot():
 
 
 def stage_label(instance, report) -> str:
-    a, b = report.layers
-    return f"stage {report.index}: {'+'.join(report.device_types)}\nlayers {a}-{b - 1}"
+    chunks = report.chunks if len(report.chunks) > 1 else (report.layers,)
+    ranges = ", ".join(f"{a}-{b - 1}" for a, b in chunks)
+    return f"stage {report.index}: {'+'.join(report.device_types)}\nlayers {ranges}"
 
 
 def render(instance, evaluation, path: str) -> Schedule:
@@ -142,14 +77,13 @@ def render(instance, evaluation, path: str) -> Schedule:
 
     stages = evaluation.stages
     pp = len(stages)
-    sched = simulate_1f1b([r.compute for r in stages], [r.p2p for r in stages], [r.allreduce for r in stages],
-                          evaluation.n_micro)
+    sched = schedule_of(instance, evaluation)
     height = 2.2 + 0.55 * pp
     fig, (ax, mem) = plt.subplots(2, 1, figsize=(14, height + 3.2), gridspec_kw={"height_ratios": [height, 3.2]})
     dense = evaluation.n_micro * pp > 400  # many small boxes: drop the edges, keep the critical outline
     for op in sched.ops:
         y = pp - 1 - op.stage
-        on_path = op_key(op) in sched.critical
+        on_path = op.key in sched.critical
         if op.kind.startswith("p2p"):
             box = (y - 0.42, 0.16)  # a thin lane under the compute lane
         else:
@@ -166,7 +100,8 @@ def render(instance, evaluation, path: str) -> Schedule:
     plan = evaluation.plan
     ax.set_title(
         f"{instance.name}: {describe(plan)}, "
-        f"{evaluation.n_micro} micro-batches, 1F1B, cost model {evaluation.cost_model}\n"
+        f"{evaluation.n_micro} micro-batches, {'interleaved ' if plan.virtual_stages > 1 else ''}1F1B, "
+        f"cost model {evaluation.cost_model}\n"
         f"iteration time - model: {evaluation.predicted_time:.4f} s, simulated schedule: {sched.makespan:.4f} s",
         fontsize=10, pad=24)
     legend = [Patch(color=COLORS["F"], label="forward (1/3 of E_s)"),

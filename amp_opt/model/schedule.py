@@ -1,0 +1,148 @@
+"""Pipeline schedules: the order each stage runs its forward and backward passes, and an event
+simulation of one iteration from the cost model's stage terms.
+
+``pipeline_order`` is Megatron-LM's: non-interleaved 1F1B (``forward_backward_pipelining_
+without_interleaving``: min(p-s-1, n) warm-up forwards, then one forward and one backward in
+turn, then the remaining backwards) and, with v virtual stages, the interleaved 1F1B
+(``forward_backward_pipelining_with_interleaving`` in ``megatron/core/pipeline_parallel/
+schedules.py``: 2(p-s-1) + (v-1)p warm-up forwards, then in turn; the k-th pass runs chunk
+(k mod pv) div p, counted from the last chunk for backwards, of micro-batch
+(k div pv) p + k mod p).  The engine (:mod:`amp_opt.engine.pipeline`) runs it, ``plot`` draws it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FORWARD_SHARE = 1.0 / 3.0  # forward : backward = 1 : 2 of a stage's compute (formulations/hetero.md H8)
+
+
+def pipeline_order(stage: int, pp: int, n: int, v: int = 1) -> list[tuple[str, int, int]]:
+    """The passes of ``stage`` in the order it runs them: (kind "F" or "B", micro-batch, chunk).
+
+    Examples
+    --------
+    >>> pipeline_order(0, 2, 3)
+    [('F', 0, 0), ('F', 1, 0), ('B', 0, 0), ('F', 2, 0), ('B', 1, 0), ('B', 2, 0)]
+    >>> [k + str(m) + str(c) for k, m, c in pipeline_order(1, 2, 2, 2)]
+    ['F00', 'F10', 'F01', 'B01', 'F11', 'B11', 'B00', 'B10']
+    """
+    if v == 1:
+        warm = min(pp - stage - 1, n)
+        order = [("F", i, 0) for i in range(warm)]
+        for i in range(n - warm):
+            order += [("F", warm + i, 0), ("B", i, 0)]
+        return order + [("B", i, 0) for i in range(n - warm, n)]
+    total = n * v
+    warm = min(2 * (pp - stage - 1) + (v - 1) * pp, total)
+
+    def step(kind: str, k: int) -> tuple[str, int, int]:
+        chunk = (k % (pp * v)) // pp
+        return kind, (k // (pp * v)) * pp + k % pp, chunk if kind == "F" else v - 1 - chunk
+
+    order = [step("F", k) for k in range(warm)]
+    for i in range(total - warm):
+        order += [step("F", warm + i), step("B", i)]
+    return order + [step("B", i) for i in range(total - warm, total)]
+
+
+@dataclass(frozen=True)
+class Op:
+    """One interval of the simulated schedule."""
+
+    kind: str  # "F", "B", "p2pF"/"p2pB" (activation/gradient arriving at `stage`), "allreduce"
+    stage: int
+    micro: int  # micro-batch index (-1 for allreduce)
+    start: float
+    end: float
+    after: tuple | None  # the key of the op whose end fixed this start
+    chunk: int = 0
+
+    @property
+    def key(self) -> tuple[str, int, int, int]:
+        return (self.kind, self.stage, self.micro, self.chunk)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    ops: tuple[Op, ...]
+    makespan: float
+    critical: frozenset  # keys of the ops on the critical path
+
+
+def simulate(chunk_compute, p2p, allreduce, n: int) -> Schedule:
+    """Simulate one iteration from per-stage terms: ``chunk_compute[s][c]`` seconds of one
+    micro-batch through chunk c of stage s (one chunk without interleaving), ``p2p[s]`` seconds of
+    one transfer from stage s to the next (the last entry: from the last stage back to the first,
+    between chunks), ``allreduce[s]`` seconds of stage s's gradient synchronisation.
+
+    F of chunk c on stage s needs F of the virtual stage before it plus one transfer; B needs B of
+    the virtual stage after it (the last one's own F); each stage runs :func:`pipeline_order` one
+    pass at a time, then its allreduce.
+
+    Examples
+    --------
+    >>> round(simulate([[3.0], [3.0]], [0.0, 0.0], [0.0, 0.0], 4).makespan, 6)  # (n-1) max E + sum E
+    15.0
+    """
+    pp, v = len(chunk_compute), len(chunk_compute[0])
+    orders = [pipeline_order(s, pp, n, v) for s in range(pp)]
+    pos, free, last = [0] * pp, [0.0] * pp, [None] * pp  # next pass, when the stage is free, its last op
+    done: dict[tuple, Op] = {}
+
+    def add(op: Op) -> Op:
+        done[op.key] = op
+        return op
+
+    def source(kind: str, s: int, c: int):
+        """(stage, chunk) whose pass feeds this one and the link it crosses, or None for the start."""
+        if kind == "F":
+            if s > 0:
+                return s - 1, c, p2p[s - 1]
+            return (pp - 1, c - 1, p2p[pp - 1]) if c > 0 else None
+        if s < pp - 1:
+            return s + 1, c, p2p[s]
+        return (0, c + 1, p2p[pp - 1]) if c < v - 1 else None
+
+    def inputs(kind: str, s: int, i: int, c: int):
+        """(arrival time, key of the op that delivers the input), or None if that op has not run yet."""
+        src = source(kind, s, c)
+        if src is None:
+            if kind == "F":
+                return 0.0, None
+            own = done.get(("F", s, i, c))
+            return None if own is None else (own.end, own.key)
+        t, tc, link = src
+        got = done.get((kind, t, i, tc))
+        if got is None:
+            return None
+        arrival = add(Op("p2p" + kind, s, i, got.end, got.end + link, got.key, c))
+        return arrival.end, arrival.key
+
+    progress = True
+    while progress:
+        progress = False
+        for s in range(pp):
+            while pos[s] < len(orders[s]):
+                kind, i, c = orders[s][pos[s]]
+                got = inputs(kind, s, i, c)
+                if got is None:
+                    break
+                t_in, via = got
+                start = max(free[s], t_in)
+                dur = chunk_compute[s][c] * (FORWARD_SHARE if kind == "F" else 1 - FORWARD_SHARE)
+                op = add(Op(kind, s, i, start, start + dur, via if t_in >= free[s] else last[s], c))
+                free[s], last[s] = op.end, op.key
+                pos[s] += 1
+                progress = True
+    if any(pos[s] < len(orders[s]) for s in range(pp)):
+        raise RuntimeError("pipeline simulation deadlocked")  # cannot happen for Megatron's orders
+    for s in range(pp):
+        add(Op("allreduce", s, -1, free[s], free[s] + allreduce[s], last[s]))
+    ops = tuple(done.values())
+    end = max(ops, key=lambda o: o.end)
+    critical, key = set(), ("allreduce", end.stage, -1, 0)
+    while key is not None:
+        critical.add(key)
+        key = done[key].after
+    return Schedule(ops, end.end, frozenset(critical))
