@@ -1,0 +1,118 @@
+"""Today's strategy space at scale: `solve --time-limit 60` with every decision open.
+
+Usage (from the project root):
+
+    python benchmarks/strategy_space.py > benchmarks/results/strategy_space.md
+    python benchmarks/strategy_space.py --time-limit 20 --only llama3_405b_h100_16k
+
+Runs ``python -m amp_opt solve INSTANCE --time-limit S --json`` as a whole process on the
+bundled Llama 3 405B instances and the scale ladder (`instances/suite/scale`), each instance
+once with its search space as it is (every decision open, idle GPUs allowed) and once with
+the decisions of 2022 only (no cp, sequence parallelism, recomputation or interleaving, ZeRO
+as the instance says, no idle GPUs), and records wall time, peak memory, the plan, its
+predicted time and MFU, and the proven gap.  Timings depend on the machine's load, which is
+recorded next to each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTANCES = [ROOT / "instances" / "llama3_405b_h100_16k.json", ROOT / "instances" / "llama3_405b_mixed_16k.json"]
+INSTANCES += sorted((ROOT / "instances" / "suite" / "scale").glob("*.json"), key=lambda p: p.name)
+OLD_SPACE = {"cp": [1], "sequence_parallel": [False], "recompute": ["none"], "virtual_stages": [1], "idle": False}
+
+
+def describe(plan: dict) -> str:
+    parts = [f"tp{plan['tp']}"] + ([f"cp{plan['cp']}"] if plan.get("cp", 1) > 1 else [])
+    parts += [f"dp{plan['dp']}", f"pp{plan['pp']}", f"mb{plan['micro_batch']}"]
+    if plan.get("virtual_stages", 1) > 1:
+        parts.append(f"v{plan['virtual_stages']}")
+    if plan.get("sequence_parallel"):
+        parts.append("SP")
+    if plan.get("recompute", "none") != "none":
+        parts.append(f"rc-{plan['recompute']}")
+    parts.append(f"Z{plan.get('zero_stage', 0)}")
+    return " ".join(parts)
+
+
+def run(path: Path, limit: float, old: bool) -> dict:
+    """One whole-process solve; the result record."""
+    doc = json.loads(path.read_text())
+    if old:
+        doc.setdefault("search", {}).update(OLD_SPACE, zero_stages=[doc.get("training", {}).get("zero_stage", 0)])
+    with tempfile.TemporaryDirectory() as tmp:
+        inst = Path(tmp) / path.name
+        inst.write_text(json.dumps(doc))
+        load = os.getloadavg()[0]
+        out_path, err_path = Path(tmp) / "out.json", Path(tmp) / "err.txt"
+        t0 = time.perf_counter()
+        with open(out_path, "w") as out, open(err_path, "w") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "amp_opt", "solve", str(inst), "--time-limit", str(limit),
+                                     "--json"], stdout=out, stderr=err, cwd=ROOT)
+            _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak memory
+        wall = time.perf_counter() - t0
+        stdout, stderr = out_path.read_text(), err_path.read_text()
+    code = os.waitstatus_to_exitcode(status)
+    record = {"instance": path.stem, "space": "2022" if old else "today", "exit": code, "wall": wall,
+              "peak_mib": usage.ru_maxrss / 1024, "load": load}
+    try:
+        result = json.loads(stdout)
+    except json.JSONDecodeError:
+        record["error"] = (stderr.strip().splitlines() or ["no output"])[-1]
+        return record
+    if "plan" not in result:
+        record["error"] = f"{result.get('status')}: {result.get('reason')}"
+        return record
+    solver = result["solver"]
+    record.update(plan=describe(result["plan"]), time=result["predicted_time"], status=solver["status"],
+                  gap=solver["gap"], mfu=result.get("model_flops_utilization"),
+                  used=result.get("devices_used"), solver=solver["name"])
+    return record
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (default 60)")
+    ap.add_argument("--only", default=None, help="instance names (comma-separated stems) to run")
+    args = ap.parse_args()
+    paths = [p for p in INSTANCES if args.only is None or p.stem in args.only.split(",")]
+    rows = []
+    for path in paths:
+        for old in (False, True):
+            rows.append(run(path, args.time_limit, old))
+            print(f"{path.stem} ({rows[-1]['space']}): {rows[-1].get('plan', rows[-1].get('error'))}", file=sys.stderr)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    print("# Today's strategy space at scale\n")
+    print(f"Command: `python benchmarks/strategy_space.py --time-limit {args.time_limit:g}`  ")
+    print(f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}; commit {commit}; {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ")
+    print("Each row is one whole process (`solve --time-limit S --json`); wall time and peak memory are the "
+          "process's, load is the 1-minute load average when it started (2 cores: above 2 the runs shared "
+          "the machine). \"today\": the instance's search space (every decision open, idle GPUs allowed); "
+          "\"2022\": cp 1, no sequence parallelism, no recomputation, no interleaving, no idle GPUs.\n")
+    print("| instance | space | plan | time s | MFU | GPUs used | status | gap | wall s | peak MiB | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['instance']} | {r['space']} | exit {r['exit']}: {r['error']} | | | | | | "
+                  f"{r['wall']:.1f} | {r['peak_mib']:.0f} | {r['load']:.1f} |")
+            continue
+        mfu = "" if r["mfu"] is None else f"{r['mfu']:.1%}"
+        print(f"| {r['instance']} | {r['space']} | {r['plan']} | {r['time']:.4g} | {mfu} | {r['used']} | "
+              f"{r['status']} | {r['gap']:.2%} | {r['wall']:.1f} | {r['peak_mib']:.0f} | {r['load']:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
