@@ -30,5 +30,18 @@ class InfeasibleError(AmpOptError):
     exit_code = 3
 
 
+class SolverFailed(AmpOptError):
+    """A solver (typically a plug-in) raised or returned something the evaluator rejects.
+
+    The benchmark records such a run as FAILED with this message and goes on.
+    """
+
+    exit_code = 1
+
+
+class NoPlanInTime(InfeasibleError):
+    """The time limit passed before any plan was found: nothing is proven infeasible."""
+
+
 class SearchTooLarge(InputError):
     """The exhaustive search would be too large; a MIP solver should be used instead."""

@@ -13,6 +13,7 @@ from ..model.evaluate import Evaluation, evaluate
 from ..model.plan import Candidate, Plan
 from ..model.tables import Tables
 from .options import SolveOptions
+from .trace import Trace
 
 
 class Search:
@@ -25,6 +26,7 @@ class Search:
         self.start = time.perf_counter()
         self.deadline = None if options.time_limit is None else self.start + options.time_limit
         self._bounds: dict[tuple, float] = {}
+        self.trace = Trace(self.start)  # best plan and proven bound over time (for the benchmark)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InfeasibleError
+from ..errors import InfeasibleError, NoPlanInTime
 from ..model.candidates import candidates, why_empty
 from .diagnose import infeasible_reason, least_overfull, least_overfull_rank_order
 from .grouping import candidate_graph
@@ -49,15 +49,20 @@ def solve_enumerate(search) -> SolveResult:
             found.append(Incumbent(best[0], cand, best[1].bounds, to_stages(best[1])))
             found.sort(key=Incumbent.key)
             del found[opts.top_k:]
+        # Explored candidates are solved exactly; the others are bounded by the next one's bound.
+        best_value = found[0].value if found else np.inf
+        dual = min(best_value, lower[order[i + 1]] if i + 1 < len(order) else np.inf)
+        search.trace.update(best_value if found else None, dual if np.isfinite(dual) else None)
         if opts.progress is not None:
             opts.progress(i + 1, len(order))
     if not found:
         if timed_out:
-            raise InfeasibleError(f"no feasible plan found within the time limit of {opts.time_limit} s")
+            raise NoPlanInTime(f"no feasible plan found within the time limit of {opts.time_limit} s")
         raise InfeasibleError(infeasible_reason(search, tightest or least_overfull_rank_order(search)))
 
     evaluations = tuple(search.evaluate(f.plan) for f in found)
     objective = found[0].value
+    search.trace.update(objective, min(objective, remaining_lb))
     stats = SolverStats(
         name="enumerate",
         status="FEASIBLE" if timed_out else "OPTIMAL",
@@ -66,5 +71,6 @@ def solve_enumerate(search) -> SolveResult:
         bound=min(objective, remaining_lb),
         extra={"placement": opts.placement, "candidates": len(cands), "candidates_explored": explored,
                "candidates_pruned": pruned},
+        trace=search.trace.as_tuple(),
     )
     return SolveResult(evaluations[0], evaluations, stats)

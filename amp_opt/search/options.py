@@ -14,8 +14,11 @@ from ..errors import InputError
 from ..model.costs import CostModel, cost_model as get_cost_model
 from ..model.fields import whole_number
 from ..model.placement import check_placement
+from .registry import BUILTIN, lookup
 
-SOLVERS = ("auto", "enumerate", "cpsat", "cbc")
+SOLVERS = tuple(BUILTIN)  # the built-in names; plug-ins add theirs (amp_opt.register_solver)
+BACKENDS = ("auto", "enumerate", "cpsat", "cbc", "highs", "plugin")
+LAYER_FORMULATIONS = ("prefix", "assignment")
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,8 @@ class SolveOptions:
     Attributes
     ----------
     solver : str
-        "auto", "enumerate", "cpsat" or "cbc".
+        A registered solver name (``amp_opt.search.registry``): a built-in variant such as
+        "auto", "enumerate", "cpsat", "cbc", "highs", "cpsat-nokinds", or a plug-in's.
     cost_model : str
         The cost model's name ("hetero" or "amp"); :attr:`model` is the model itself.
     placement : str
@@ -40,6 +44,14 @@ class SolveOptions:
         Relative gap at which the MIP search may stop (0: prove optimality).
     progress : callable or None
         ``progress(done, total)`` after each candidate.
+    backend : str
+        The engine the variant runs: "auto", "enumerate", "cpsat", "cbc", "highs" (or "plugin").
+    kinds, incumbents, warm_start, cutoffs, symmetry : bool
+        The MIP pipeline's ingredients (all on by default; an ablation variant switches one
+        off): phase 1b's stage-kind search, phase 1's DP incumbents, the programs' warm
+        starts, their cutoffs at the k-th best value, the symmetry rows M12.
+    layers : str
+        "prefix" (Y[s,l], eq. M1-M4) or "assignment" (x[l,s] with contiguity rows, eq. A1-A4).
     """
 
     solver: str = "auto"
@@ -51,6 +63,23 @@ class SolveOptions:
     workers: int = 1
     gap: float = 0.0
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)
+    backend: str = "auto"
+    kinds: bool = True
+    incumbents: bool = True
+    warm_start: bool = True
+    cutoffs: bool = True
+    symmetry: bool = True
+    layers: str = "prefix"
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise InputError("backend", f"unknown backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
+        if self.layers not in LAYER_FORMULATIONS:
+            raise InputError("layers", f"unknown layer formulation {self.layers!r} "
+                                       f"(choose from {', '.join(LAYER_FORMULATIONS)})")
+        for name in ("kinds", "incumbents", "warm_start", "cutoffs", "symmetry"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(name, f"must be true or false, got {getattr(self, name)!r}")
 
     @property
     def model(self) -> CostModel:
@@ -68,8 +97,7 @@ def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero
     'rank-order'
     """
     model = get_cost_model(cost_model)
-    if solver not in SOLVERS:
-        raise InputError("--solver", f"unknown solver {solver!r} (choose from {', '.join(SOLVERS)})")
+    entry = lookup(solver)  # InputError listing the known names
     whole_number(top_k, "--top-k")
     whole_number(workers, "--workers")
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -79,5 +107,7 @@ def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero
         raise InputError("--time-limit", f"must be positive seconds, got {time_limit!r}")
     if not 0 <= gap < 1:
         raise InputError("gap", f"must be a fraction in [0, 1), got {gap!r}")
+    settings = dict(entry.settings) if entry.builtin else {"backend": "plugin"}
     return SolveOptions(solver, model.name, check_placement(placement, model), top_k,
-                        None if time_limit is None else float(time_limit), seed, workers, float(gap), progress)
+                        None if time_limit is None else float(time_limit), seed, workers, float(gap), progress,
+                        **settings)

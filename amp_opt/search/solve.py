@@ -8,7 +8,8 @@ from ..errors import SearchTooLarge
 from .context import Search
 from .enumerate import solve_enumerate
 from .mip.driver import solve_mip
-from .options import solve_options
+from .options import SolveOptions, solve_options
+from .registry import lookup, run_plugin
 from .result import SolveResult
 
 
@@ -19,9 +20,11 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     Parameters
     ----------
     instance : Instance
-    solver : {"auto", "enumerate", "cpsat", "cbc"}
-        auto (default): the exact enumerator, or CP-SAT when free grouping is too large
-        to enumerate.
+    solver : str
+        A registered solver name: auto (default: the exact enumerator, or CP-SAT when free
+        grouping is too large to enumerate), enumerate, cpsat, cbc, highs, their ablation and
+        formulation variants (``formulations/variants.md``), or a plug-in's name
+        (:func:`amp_opt.register_solver`).
     cost_model : {"hetero", "amp"} or CostModel
         hetero (default): per-device speeds, slowest links, memory limits; amp: the
         AMP paper's model.
@@ -39,7 +42,7 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     Returns
     -------
     SolveResult
-        Its plans were re-scored by :func:`amp_opt.evaluate`.
+        Its plans were re-scored by :func:`amp_opt.evaluate` (a plug-in's too).
 
     Raises
     ------
@@ -47,6 +50,8 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
         For bad options (the message names the option).
     InfeasibleError
         When no plan fits (the message says why).
+    SolverFailed
+        When a plug-in raises or returns a plan the evaluator rejects.
 
     Examples
     --------
@@ -58,16 +63,24 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     """
     options = solve_options(solver=solver, cost_model=cost_model, placement=placement, top_k=top_k,
                             time_limit=time_limit, seed=seed, workers=workers, progress=progress)
+    entry = lookup(options.solver)
+    if not entry.builtin:
+        return run_plugin(entry, instance, options)
+    return run_builtin(instance, options)
+
+
+def run_builtin(instance, options: SolveOptions) -> SolveResult:
+    """The built-in search an options record describes (``options.backend`` and its switches)."""
     search = Search(instance, options)
-    if options.solver not in ("auto", "enumerate"):
+    if options.backend not in ("auto", "enumerate"):
         return solve_mip(search)
     try:
         return solve_enumerate(search)
     except SearchTooLarge as exc:
-        if options.solver == "enumerate":
+        if options.backend == "enumerate":
             raise
         spent, why = search.elapsed(), exc.problem
-    search.options = dataclasses.replace(options, solver="cpsat")
+    search.options = dataclasses.replace(options, solver="cpsat", backend="cpsat")
     result = solve_mip(search)
     # The solver block covers the whole search, the enumerator's attempt included.
     stats = dataclasses.replace(result.solver, extra={**result.solver.extra,
