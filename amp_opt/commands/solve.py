@@ -6,16 +6,18 @@ import json
 
 from ..model.load import load_instance
 from ..model.placement import PLACEMENTS
-from ..search.options import SOLVERS
 from ..search.solve import solve
-from .common import add_cost_model, positive_float, positive_int, progress_printer
+from .common import add_cost_model, add_plugins, load_plugins, positive_float, positive_int, progress_printer
 
 
 def add_arguments(p) -> None:
     """The options of the command."""
     p.add_argument("instance", help="instance JSON file")
-    p.add_argument("--solver", choices=SOLVERS, default="auto",
-                   help="auto (default): the exact enumerator, or CP-SAT when free grouping is too large to enumerate")
+    p.add_argument("--solver", default="auto", metavar="NAME",
+                   help="auto (default): the exact enumerator, or CP-SAT when free grouping is too large to "
+                        "enumerate; enumerate, cpsat, cbc, highs, their variants, or a plug-in's name "
+                        "(bench --list-solvers lists them)")
+    add_plugins(p)
     add_cost_model(p)
     p.add_argument("--placement", choices=PLACEMENTS, default=None,
                    help="free: the solver groups devices into stages (default under hetero); "
@@ -29,6 +31,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    load_plugins(args.plugin)
     instance = load_instance(args.instance)
     result = solve(instance, solver=args.solver, cost_model=args.cost_model, placement=args.placement,
                    top_k=args.top_k, time_limit=args.time_limit, seed=args.seed, workers=args.workers,
