@@ -146,6 +146,8 @@ def main() -> int:
     except BaseException as exc:  # noqa: BLE001 - reported to the parent as a row, never a traceback
         answer = dict(status=error_status(exc) if isinstance(exc, Exception) else "FAILED", wall_time=0.0,
                       peak_rss_mib=peak_rss_mib(), error=describe_error(exc))
+    if hasattr(os, "getloadavg"):  # how busy the machine was: timings are only as fair as this
+        answer["load"] = os.getloadavg()[0]
     with os.fdopen(answer_fd, "w") as fh:
         fh.write(json.dumps(answer, default=str, allow_nan=True))
     return 0

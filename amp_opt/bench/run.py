@@ -25,7 +25,7 @@ from ..search.registry import lookup
 from . import stats
 from .executors import make_executor, stderr_warn
 from .rows import BaselineRun, SolveRun, fields_of, make_row
-from .runner import baselines_job_spec, instance_spec, plugin_specs, solve_job_spec
+from .runner import baselines_job_spec, instance_spec, kill_running, plugin_specs, solve_job_spec
 from .suites import describe, expand_paths, order_entries, suite_paths
 from .writers import (machine_info, write_csv, write_json, write_markdown, write_plot, write_primal_plot,
                       write_profile, write_programs)
@@ -100,6 +100,7 @@ def run_bench(suite: str | None = "paper", solvers=("enumerate",), time_limit: f
         f"{len(entries) * len(solvers) * repeats} runs, {time_limit:g} s each; {executor.describe()}")
     answers: dict[int, dict] = {}
     started = time.perf_counter()
+    previous = _raise_on_sigterm()
     try:
         for done, (i, answer) in enumerate(executor.map(job_list), start=1):
             answers[i] = answer
@@ -115,15 +116,23 @@ def run_bench(suite: str | None = "paper", solvers=("enumerate",), time_limit: f
                     f"{run.wall_time:.1f} s, plan {_fmt(run.plan_time)} s" + (f"  ({run.error[:200]})" if run.error else ""))
             rows, traces, programs = _rows(what, answers, baselines, time_limit, threads)
             write_csv(rows, out_dir / "results.csv")  # so that an interrupted bench leaves its rows
+    except BaseException:
+        killed = kill_running()  # an interrupted sweep leaves no job process behind
+        if killed:
+            print(f"amp-opt: stopped {killed} running job(s); finished rows are in {out_dir}/results.csv",
+                  file=sys.stderr)
+        raise
     finally:
         executor.close()
+        _restore_sigterm(previous)
     rows, traces, programs = _rows(what, answers, baselines, time_limit, threads)
+    plans = {stats.row_key(r): answers[i].get("plan") for i, r in _row_jobs(what, answers, rows)}
     summary = stats.solver_summary(rows)
     variability = stats.variability(rows)
     machine = machine_info()
     write_csv(rows, out_dir / "results.csv")
     write_programs(rows, programs, out_dir / "programs.csv")
-    write_json(rows, command, machine, out_dir / "results.json", traces, programs, summary)
+    write_json(rows, command, machine, out_dir / "results.json", traces, programs, summary, plans)
     write_markdown(rows, command, machine, time.perf_counter() - started, out_dir / "results.md", summary,
                    variability, executor.describe(), baselines)
     plots = [write_profile(rows, out_dir / "profile.png"), write_primal_plot(rows, traces, out_dir / "primal.png")]
@@ -161,6 +170,36 @@ def _rows(what, answers: dict, baselines: bool, time_limit: float, threads: int)
     stats.mark_wrong(rows)
     stats.fill_primal_integrals(rows, traces)
     return rows, traces, programs
+
+
+def _row_jobs(what, answers, rows):
+    """(job index, row) pairs of the finished solve jobs that made rows."""
+    made = {stats.row_key(r): r for r in rows}
+    for i, (inst, solver, r, _) in enumerate(what):
+        key = (inst.name, solver, r)
+        if solver is not None and i in answers and key in made:
+            yield i, made[key]
+
+
+def _raise_on_sigterm():
+    """SIGTERM stops a sweep as Ctrl-C does (its job processes are killed); main thread only."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
+def _restore_sigterm(previous) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _stderr_printer(enabled: bool):

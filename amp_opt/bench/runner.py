@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ from typing import Any
 MARGIN_SECONDS = 30.0
 MARGIN_FRACTION = 0.25
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+_LIVE: set = set()  # the job processes running now (killed by kill_running on an interrupted sweep)
+_LIVE_LOCK = threading.Lock()
 
 
 def child_deadline(time_limit: float, budgets: int = 1) -> float:
@@ -97,6 +101,8 @@ def run_job(job: dict, deadline_s: float | None = None, cores: list[int] | None 
     child = subprocess.Popen([sys.executable, "-m", "amp_opt.bench.child"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_child_env(job.get("threads", 1)),
                              start_new_session=True, text=True)
+    with _LIVE_LOCK:
+        _LIVE.add(child)
     try:
         out, err = child.communicate(payload, timeout=deadline_s)
     except subprocess.TimeoutExpired:
@@ -107,6 +113,8 @@ def run_job(job: dict, deadline_s: float | None = None, cores: list[int] | None 
                     error=f"killed after {waited:.0f} s (time limit plus margin {deadline_s:.0f} s)")
     finally:
         _kill_group(child)  # nothing the job started outlives it (CBC's process, a plug-in's children)
+        with _LIVE_LOCK:
+            _LIVE.discard(child)
     waited = time.perf_counter() - start
     try:
         answer = json.loads(out) if out.strip() else None
@@ -118,6 +126,15 @@ def run_job(job: dict, deadline_s: float | None = None, cores: list[int] | None 
     return dict(status="CRASHED", wall_time=waited, peak_rss_mib=None,
                 error=f"child process died without a result (exit code {child.returncode})"
                       + (f": {tail}" if tail else ""))
+
+
+def kill_running() -> int:
+    """Kill every job process this process started that is still running (an interrupted sweep)."""
+    with _LIVE_LOCK:
+        children = list(_LIVE)
+    for child in children:
+        _kill_group(child)
+    return len(children)
 
 
 def _kill_group(child: subprocess.Popen) -> None:

@@ -42,6 +42,7 @@ def machine_info() -> dict[str, str]:
         "platform": platform.platform(),
         "amp_opt": __version__,
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "",
     }
 
 
@@ -73,10 +74,12 @@ def write_programs(rows: list[dict], programs: dict, path: Path) -> None:
 
 
 def write_json(rows: list[dict], command: str, machine: dict, path: Path, traces: dict | None = None,
-               programs: dict | None = None, summary: list | None = None) -> None:
-    traces, programs = traces or {}, programs or {}
-    out_rows = [dict(row, trace=traces.get(stats.row_key(row), []), program_stats=programs.get(stats.row_key(row), []))
-                for row in rows]
+               programs: dict | None = None, summary: list | None = None, plans: dict | None = None) -> None:
+    """The rows with each run's trace, program statistics and plan (JSON), plus the command, the
+    machine and the per-solver summary."""
+    traces, programs, plans = traces or {}, programs or {}, plans or {}
+    out_rows = [dict(row, trace=traces.get(stats.row_key(row), []), program_stats=programs.get(stats.row_key(row), []),
+                     plan_json=plans.get(stats.row_key(row))) for row in rows]
     path.write_text(json.dumps({"command": command, "machine": machine, "columns": list(COLUMNS),
                                 "summary": summary or [], "rows": out_rows}, indent=1, default=str) + "\n")
 
@@ -154,6 +157,7 @@ def write_markdown(rows: list[dict], command: str, machine: dict, elapsed: float
         "",
         f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['python']}, {machine['platform']}; "
         f"amp_opt {machine['amp_opt']}; {machine['date']}; whole run {elapsed:.0f} s"
+        + (f"; load average at the end {machine['load']}" if machine.get("load") else "")
         + (f"; jobs: {executor}" if executor else "") + ".",
         "",
     ]
