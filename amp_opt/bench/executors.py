@@ -27,6 +27,8 @@ from typing import Iterator
 from ..errors import InputError
 from .runner import run_job
 
+CONNECT_TIMEOUT = "10s"  # how long to wait for a Dask scheduler before calling its address bad input
+
 
 def usable_cores() -> list[int]:
     try:
@@ -95,7 +97,7 @@ class DaskExecutor:
             raise InputError("--scheduler", "running on a Dask cluster needs dask.distributed: "
                                             "pip install 'amp_opt[dist]'") from None
         try:
-            self.client = Client(address, timeout="10s", set_as_default=False)
+            self.client = Client(address, timeout=CONNECT_TIMEOUT, set_as_default=False)
         except (OSError, TimeoutError, ValueError) as exc:
             raise InputError("--scheduler", f"cannot connect to the Dask scheduler at {address!r}: "
                                             f"{' '.join(str(exc).split())[:200]}") from None
