@@ -23,7 +23,7 @@ COMMANDS = {
     "export": "write a DeepSpeed config or Megatron-LM arguments for a plan",
     "plot": "draw a plan's 1F1B timeline and per-stage memory (needs amp_opt[plot])",
     "explain": "say why a plan or an instance does not fit, and what would",
-    "bench": "run solvers on an instance suite and compare with baselines",
+    "bench": "benchmark solvers (variants, plug-ins) on instance suites, files or folders",
 }
 
 

@@ -186,9 +186,11 @@ def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: flo
     tol = form.terms * delta + 1e-9 * scale
     cutoff = kth * (1 + 1e-9) + tol if np.isfinite(kth) and opts.cutoffs else None
     out = run_backend(opts, form.model, delta, seconds, cutoff, scale)
-    # The program's incumbents and bounds, on the search's clock (plans at the program's value).
+    # The program's incumbents and bounds, on the search's clock (plans at the program's value).  Under a
+    # cutoff the program bounds only the plans at most that good, so the candidate's bound is capped by it.
+    cap = cutoff if cutoff is not None else np.inf
     for t, objective, bound in out.progress:
-        dual = min(others, max(lower, bound)) if bound is not None else None
+        dual = min(others, max(lower, min(bound, cap))) if bound is not None else None
         search.trace.update(objective, dual if dual is not None and np.isfinite(dual) else None, at=t)
     sizes = proofs.sizes
     sizes["programs"] += 1

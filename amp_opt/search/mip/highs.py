@@ -75,7 +75,7 @@ def _highs(lm: LinearModel, scale: float, relax: bool, seed: int, workers: int, 
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", int(workers))
-    h.setOptionValue("random_seed", int(seed))
+    h.setOptionValue("random_seed", int(seed) % 2**31)  # HiGHS takes 0 .. 2^31-1
     h.setOptionValue("mip_feasibility_tolerance", FEASIBILITY)
     h.setOptionValue("primal_feasibility_tolerance", FEASIBILITY)
     if time_limit is not None:

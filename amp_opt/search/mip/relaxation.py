@@ -27,12 +27,18 @@ class RootLP:
 
 
 def lp_bound(instance, cand: Candidate, *, layers: str = "prefix", cost_model: str = "hetero",
-             placement: str | None = None, symmetry: bool = True, time_limit: float | None = 60.0) -> RootLP:
-    """The optimum of the linear relaxation of ``cand``'s program (seconds), with its size."""
+             placement: str | None = None, stages=None, symmetry: bool = True,
+             time_limit: float | None = 60.0) -> RootLP:
+    """The optimum of the linear relaxation of ``cand``'s program (seconds), with its size.
+
+    ``stages`` fixes the device groups (the program then has the layer part and the time rows
+    only); otherwise the placement decides: free grouping, or rank order.
+    """
     options = dataclasses.replace(solve_options(solver="highs", cost_model=cost_model, placement=placement),
                                   layers=layers, symmetry=symmetry)
     search = Search(instance, options)
-    fixed = None if options.placement == "free" else rank_order_stages(cand.tp, cand.dp, cand.pp)
+    fixed = stages if stages is not None else (
+        None if options.placement == "free" else rank_order_stages(cand.tp, cand.dp, cand.pp))
     form = build(search, cand, fixed)
     scale = search.lower_bound(cand)
     scale = scale if 0 < scale < float("inf") else 1.0
