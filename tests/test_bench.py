@@ -373,3 +373,19 @@ def test_make_row_without_baselines_leaves_them_empty():
     base = BaselineRun(wall_s=0.1, peak_rss_mib=40.0, amp_fit_s=1.0, expert_s=2.0, ideal_s=0.5)
     ok = make_row(inst, "x", SolveRun(status="OPTIMAL", wall_time=1, peak_rss_mib=1, plan_time=0.8), base)
     assert ok["speedup_vs_amp"] == pytest.approx(1.25) and ok["ratio_to_ideal"] == pytest.approx(1.6)
+
+
+def test_a_worker_without_the_plugin_module_imports_the_source_the_job_carries(tmp_path, monkeypatch):
+    """On a remote worker the plug-in's folder may not exist: the job carries a single-file module's source."""
+    from amp_opt.bench.child import load_job_plugins
+    from amp_opt.search import registry
+
+    monkeypatch.chdir(tmp_path)  # the module is nowhere on the path
+    source = "import amp_opt\namp_opt.register_solver('shipped-demo', lambda instance, options: None)\n"
+    try:
+        load_job_plugins({"plugins": [{"spec": "amp_opt_shipped_demo", "module": "amp_opt_shipped_demo",
+                                       "source": source}]})
+        assert "shipped-demo" in registry.solvers()
+    finally:
+        registry._PLUGINS.pop("shipped-demo", None)
+        sys.modules.pop("amp_opt_shipped_demo", None)
