@@ -29,6 +29,12 @@ def peak_rss_mib() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its reaped children (CBC's process) so far."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def error_status(exc: BaseException) -> str:
     """The row status of a run that raised: proven infeasible, no plan in time, bad input, or failed."""
     if isinstance(exc, NoPlanInTime):
@@ -78,16 +84,16 @@ def solve_job(job: dict) -> dict[str, Any]:
 
     instance = load_job_instance(job)
     load_job_plugins(job)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     try:
         result = solve(instance, solver=job["solver"], cost_model=job.get("cost_model", "hetero"),
                        time_limit=job["time_limit"], seed=job.get("seed", 0), workers=job.get("threads", 1))
     except Exception as exc:  # every failure is a row (SolverFailed included)
-        return dict(status=error_status(exc), wall_time=time.perf_counter() - start, peak_rss_mib=peak_rss_mib(),
-                    error=describe_error(exc))
+        return dict(status=error_status(exc), wall_time=time.perf_counter() - start, cpu_time=cpu_seconds() - cpu,
+                    peak_rss_mib=peak_rss_mib(), error=describe_error(exc))
     wall = time.perf_counter() - start
     stats = result.solver
-    return dict(status=stats.status, wall_time=wall, peak_rss_mib=peak_rss_mib(),
+    return dict(status=stats.status, wall_time=wall, cpu_time=cpu_seconds() - cpu, peak_rss_mib=peak_rss_mib(),
                 objective=stats.objective, bound=stats.bound, gap=stats.gap,
                 plan_time=result.best.predicted_time, plan=result.best.plan.to_json(),
                 extra=json.loads(json.dumps(stats.extra, default=str)),

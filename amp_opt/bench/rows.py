@@ -13,14 +13,15 @@ COLUMNS = (
     "instance", "solver", "repeat", "seed", "status", "objective", "bound", "gap", "wall_time",
     "time_to_first", "time_to_1pct_gap", "primal_integral", "solved", "wrong",
     "suite", "devices", "nodes", "gpu_types", "layers", "global_batch", "time_limit", "threads", "load",
-    "peak_rss_mib", "programs", "bb_nodes", "model_size", "plan",
+    "cpu_time", "peak_rss_mib", "programs", "bb_nodes", "model_size", "plan",
     "amp_opt_s", "amp_pick_s", "amp_pick_fits", "amp_status", "amp_fit_s", "amp_fit_rank", "expert_s", "expert_plan",
     "ideal_s", "speedup_vs_amp", "speedup_vs_expert", "ratio_to_ideal",
     "baseline_wall_s", "baseline_peak_rss_mib", "error", "baseline_error",
 )
 # Columns that depend on how fast the machine ran (everything else repeats exactly, whichever
 # executor ran the jobs, as long as no run stops at its time limit).
-TIMING_COLUMNS = ("wall_time", "time_to_first", "time_to_1pct_gap", "primal_integral", "load", "peak_rss_mib",
+TIMING_COLUMNS = ("wall_time", "time_to_first", "time_to_1pct_gap", "primal_integral", "load", "cpu_time",
+                  "peak_rss_mib",
                   "baseline_wall_s", "baseline_peak_rss_mib", "model_size")
 
 
@@ -40,6 +41,7 @@ class SolveRun:
     trace: list = field(default_factory=list)  # [seconds, best plan value, proven bound]
     programs: list = field(default_factory=list)  # per program statistics (MIP drivers)
     load: float | None = None  # the machine's 1-minute load average when the run ended
+    cpu_time: float | None = None  # user + system CPU seconds of the solve (CBC's process included)
     error: str = ""
 
 
@@ -98,7 +100,8 @@ def make_row(inst: BenchInstance, solver: str, run: SolveRun, base: BaselineRun 
         "time_to_first": None, "time_to_1pct_gap": None, "primal_integral": None, "solved": None, "wrong": "",
         "suite": inst.suite, "devices": inst.devices, "nodes": inst.nodes,
         "gpu_types": inst.gpu_types, "layers": inst.layers, "global_batch": inst.global_batch,
-        "time_limit": time_limit, "threads": threads, "load": run.load, "peak_rss_mib": run.peak_rss_mib,
+        "time_limit": time_limit, "threads": threads, "load": run.load,
+        "cpu_time": run.cpu_time, "peak_rss_mib": run.peak_rss_mib,
         "programs": len(run.programs) if run.programs else (0 if run.status in ("OPTIMAL", "FEASIBLE") else None),
         "bb_nodes": sum(p.get("nodes") or 0 for p in run.programs) if run.programs else None,
         "model_size": " ".join(f"{k}={v}" for k, v in sorted(extra.items())),
