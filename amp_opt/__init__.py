@@ -8,6 +8,10 @@ Library use::
     print(result.best.predicted_time, result.best.plan.to_json())
     amp_opt.evaluate(instance, result.best.plan, cost_model="hetero")
 
+A plug-in solver is a function ``solve_fn(instance, options) -> SolveResult`` registered
+with ``amp_opt.register_solver(name, solve_fn)``; ``solve(..., solver=name)`` and
+``bench --plugin MODULE`` then run it, and its plans are re-scored by the evaluator.
+
 The package has four wings: :mod:`amp_opt.model` (instances, plans and the cost
 models), :mod:`amp_opt.search` (the solvers), :mod:`amp_opt.export` (plans to
 launchers) and :mod:`amp_opt.commands` (the CLI), with :mod:`amp_opt.bench` beside
@@ -36,6 +40,9 @@ _EXPORTS = {
     "solve": "search.solve",
     "SolveResult": "search.result",
     "SolverStats": "search.result",
+    "SolveOptions": "search.options",
+    "register_solver": "search.registry",
+    "result_from_plans": "search.registry",
     "InputError": "errors",
     "InfeasibleError": "errors",
     "NoPlanFound": "errors",
@@ -50,6 +57,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .model.instance import DeviceType, Instance, Layer, Node
     from .model.load import load_instance, parse_instance
     from .model.plan import Plan, parse_plan
+    from .search.options import SolveOptions
+    from .search.registry import register_solver, result_from_plans
     from .search.result import SolveResult, SolverStats
     from .search.solve import solve
 

@@ -44,5 +44,14 @@ class NoPlanFound(AmpOptError):
         super().__init__(message)
 
 
+class SolverFailed(AmpOptError):
+    """A solver (typically a plug-in) raised or returned something the evaluator rejects.
+
+    The benchmark records such a run as FAILED with this message and goes on.
+    """
+
+    exit_code = 5
+
+
 class SearchTooLarge(InputError):
     """The exhaustive search would be too large; a MIP solver should be used instead."""

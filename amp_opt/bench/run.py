@@ -1,11 +1,15 @@
-"""``run_bench``: every solver on every instance of a suite, with plan-quality baselines.
+"""``run_bench``: every solver on every instance, repeated with different seeds, with baselines.
 
-Per (instance, solver) row: the solver's status, objective, bound, gap, wall
-time, peak RSS and model size (``result.solver.extra``), and the hetero time of
-its plan next to AMP's pick, the expert default and the ideal bound
-(:mod:`amp_opt.bench.baselines`).  Every run is a child process
-(:mod:`amp_opt.bench.runner`); the writers put a CSV, a markdown table, a JSON file and a
-PNG plot into the output directory.  ``python -m amp_opt bench`` is the command.
+Instances come from the bundled suites (``paper``, ``scale``, ``all``) and/or any files,
+folders and globs.  Solvers are registry names (built-in variants and plug-ins).  Every
+(instance, solver, repeat) run and every instance's baselines is one job
+(:mod:`amp_opt.bench.runner`), run here one or several at a time, or on a Dask cluster
+(:mod:`amp_opt.bench.executors`); the rows come back in a fixed order whichever way the jobs
+ran.  Per run: status, objective, bound, gap, wall time, time to the first plan and to a 1%
+gap, primal integral, programs solved, and the plan against AMP's pick, the expert default
+and the ideal bound (:mod:`amp_opt.bench.baselines`).  Per solver: solved counts, shifted
+geometric mean time, performance profile, primal gap over time and performance
+variability (:mod:`amp_opt.bench.stats`).  ``python -m amp_opt bench`` is the command.
 """
 
 from __future__ import annotations
@@ -16,69 +20,186 @@ import time
 from pathlib import Path
 
 from ..errors import InputError
-from ..search.options import SOLVERS
-from .rows import BaselineRun, SolveRun, make_row
-from .runner import baselines_child, child_deadline, run_in_child, solve_child
-from .suites import describe, order_entries, suite_paths
-from .writers import machine_info, write_csv, write_json, write_markdown, write_plot
+from ..model.fields import whole_number
+from ..search.registry import lookup
+from . import stats
+from .executors import make_executor, stderr_warn
+from .rows import BaselineRun, SolveRun, fields_of, make_row
+from .runner import baselines_job_spec, instance_spec, kill_running, plugin_specs, solve_job_spec
+from .suites import describe, expand_paths, order_entries, suite_paths
+from .writers import (machine_info, write_csv, write_json, write_markdown, write_plot, write_primal_plot,
+                      write_profile, write_programs)
 
 DEFAULT_TIME_LIMIT = 300.0
 
-def _fields(cls, data: dict) -> dict:
-    names = cls.__dataclass_fields__
-    return {k: v for k, v in data.items() if k in names}
+
+def collect(suite: str | None, paths=()) -> list:
+    """The sweep's instances: the suite's (default paper when no path is given), then the paths'; each
+    loaded once (a file that is not an instance is an InputError naming it); names made unique."""
+    pairs = []
+    if suite is not None or not paths:
+        pairs += suite_paths(suite or "paper")
+    if paths:
+        pairs += expand_paths(paths)
+    entries = order_entries([describe(group, path) for group, path in pairs])
+    seen: dict[str, int] = {}
+    out = []
+    for e in entries:
+        if e.name in seen:  # two files with the same instance name: tell them apart by file
+            e = type(e)(**{**e.__dict__, "name": f"{e.name}@{e.path.stem}"})
+        seen[e.name] = 1
+        out.append(e)
+    return out
 
 
-def run_bench(suite: str, solvers: list[str], time_limit: float, out_dir: Path, progress: bool = True,
-              command: str | None = None) -> list[dict]:
-    """Benchmark ``solvers`` on ``suite``; write results.{csv,md,json,png} into out_dir; return the rows.
+def run_bench(suite: str | None = "paper", solvers=("enumerate",), time_limit: float = DEFAULT_TIME_LIMIT,
+              out_dir: Path | str = "benchmarks/results", progress: bool = True, command: str | None = None, *,
+              paths=(), repeats: int = 1, seed: int = 0, jobs: int = 1, threads: int = 1,
+              scheduler: str | None = None, baselines: bool = True, plugins=()) -> list[dict]:
+    """Benchmark ``solvers`` on the instances; write the result files into ``out_dir``; return the rows.
 
-    Every solve and every instance's baselines run in their own spawned child
-    with ``time_limit`` seconds (the baselines' AMP search gets the same
-    limit).  ``command`` is written at the top of the markdown (default: this
-    call in Python syntax).
+    ``repeats`` runs each (instance, solver) pair with seeds ``seed``, ``seed + 1``, ...; ``jobs``
+    runs that many at once here, or ``scheduler`` (a Dask scheduler address) runs them on a
+    cluster; each solver uses ``threads`` threads.  ``plugins`` are modules imported first (they
+    register solvers).  ``command`` is written at the top of the report (default: this call).
     """
-    unknown = [s for s in solvers if s not in SOLVERS]
-    if not solvers or unknown:
-        raise InputError("--solvers", f"unknown solver {unknown[0]!r} (choose from {', '.join(SOLVERS)})"
-                         if unknown else "give at least one solver")
-    if not time_limit > 0:
+    solvers = list(solvers)
+    specs = plugin_specs(plugins)  # imports (and so validates) every plug-in before anything runs
+    if not solvers:
+        raise InputError("--solvers", "give at least one solver")
+    for name in solvers:
+        lookup(name, "--solvers")
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0 \
+            or not math.isfinite(time_limit):
         raise InputError("--time-limit", f"must be positive seconds, got {time_limit!r}")
+    whole_number(repeats, "--repeats")
+    whole_number(jobs, "--jobs")
+    whole_number(threads, "--threads")
     out_dir = Path(out_dir)
     if command is None:
-        command = f"run_bench(suite={suite!r}, solvers={solvers!r}, time_limit={time_limit!r}, out_dir={str(out_dir)!r})"
-    entries = order_entries([describe(name, path) for name, path in suite_paths(suite)])
+        command = (f"run_bench(suite={suite!r}, solvers={solvers!r}, time_limit={time_limit!r}, "
+                   f"out_dir={str(out_dir)!r}" + (f", paths={list(paths)!r}" if paths else "")
+                   + (f", repeats={repeats}" if repeats != 1 else "") + ")")
+    entries = collect(suite, paths)
     say = _stderr_printer(progress)
+    executor = make_executor(jobs, threads, scheduler, warn=stderr_warn)
     out_dir.mkdir(parents=True, exist_ok=True)
-    total = len(entries) * (len(solvers) + 1)
-    done = 0
-    rows: list[dict] = []
-    started = time.perf_counter()
+
+    # The sweep: per instance its baselines, then every solver and repeat.  Jobs carry the instance text.
+    job_list, what = [], []
     for inst in entries:
-        done += 1
-        say(f"[{done}/{total}] {inst.name} ({inst.devices} GPUs): baselines ...")
-        raw = run_in_child(baselines_child, (str(inst.path), time_limit), child_deadline(time_limit, 2))
-        base = BaselineRun(**_fields(BaselineRun, raw))
-        say(f"[{done}/{total}] {inst.name}: baselines in {base.wall_s:.1f} s: AMP {_fmt(base.amp_pick_s)} s, "
-            f"expert {_fmt(base.expert_s)} s, ideal {_fmt(base.ideal_s)} s" + (f"  ({base.error})" if base.error else ""))
+        spec = instance_spec(inst.path)
+        if baselines:
+            job_list.append(baselines_job_spec(spec, time_limit))
+            what.append((inst, None, None, None))
         for solver in solvers:
-            done += 1
-            say(f"[{done}/{total}] {inst.name} ({inst.devices} GPUs): {solver} ...")
-            raw = run_in_child(solve_child, (str(inst.path), solver, time_limit), child_deadline(time_limit))
-            run = SolveRun(**_fields(SolveRun, raw))
-            say(f"[{done}/{total}] {inst.name}: {solver} {run.status} in {run.wall_s:.1f} s, "
-                f"{_fmt(run.peak_rss_mib, '.0f')} MiB, plan {_fmt(run.time_s)} s"
-                + (f"  ({run.error[:200]})" if run.error else ""))
-            rows.append(make_row(inst, solver, run, base))
+            for r in range(repeats):
+                job_list.append(solve_job_spec(spec, solver, time_limit, seed + r, threads, specs))
+                what.append((inst, solver, r, seed + r))
+    say(f"{len(entries)} instances x {len(solvers)} solvers x {repeats} repeats = "
+        f"{len(entries) * len(solvers) * repeats} runs, {time_limit:g} s each; {executor.describe()}")
+    answers: dict[int, dict] = {}
+    started = time.perf_counter()
+    previous = _raise_on_sigterm()
+    try:
+        for done, (i, answer) in enumerate(executor.map(job_list), start=1):
+            answers[i] = answer
+            inst, solver, r, _ = what[i]
+            if solver is None:
+                base = BaselineRun(**fields_of(BaselineRun, answer))
+                say(f"[{done}/{len(job_list)}] {inst.name} ({inst.devices} GPUs): baselines in {_fmt(base.wall_s, '.1f')} s: "
+                    f"AMP {_fmt(base.amp_pick_s)} s, expert {_fmt(base.expert_s)} s, ideal {_fmt(base.ideal_s)} s"
+                    + (f"  ({base.error})" if base.error else ""))
+            else:
+                run = SolveRun(**fields_of(SolveRun, answer))
+                say(f"[{done}/{len(job_list)}] {inst.name} ({inst.devices} GPUs): {solver} #{r} {run.status} in "
+                    f"{run.wall_time:.1f} s, plan {_fmt(run.plan_time)} s" + (f"  ({run.error[:200]})" if run.error else ""))
+            rows, traces, programs = _rows(what, answers, baselines, time_limit, threads)
             write_csv(rows, out_dir / "results.csv")  # so that an interrupted bench leaves its rows
+    except BaseException:
+        killed = kill_running()  # an interrupted sweep leaves no job process behind
+        if killed:
+            print(f"amp-opt: stopped {killed} running job(s); finished rows are in {out_dir}/results.csv",
+                  file=sys.stderr)
+        raise
+    finally:
+        executor.close()
+        _restore_sigterm(previous)
+    rows, traces, programs = _rows(what, answers, baselines, time_limit, threads)
+    plans = {stats.row_key(r): answers[i].get("plan") for i, r in _row_jobs(what, answers, rows)}
+    summary = stats.solver_summary(rows)
+    variability = stats.variability(rows)
     machine = machine_info()
-    write_json(rows, command, machine, out_dir / "results.json")
-    write_markdown(rows, command, machine, time.perf_counter() - started, out_dir / "results.md")
-    if not write_plot(rows, out_dir / "results.png"):
-        print("amp-opt: warning: matplotlib is not installed; skipped the plot (pip install 'amp_opt[plot]')",
-              file=sys.stderr)
-    say(f"wrote {out_dir}/results.csv, results.md, results.json" + (", results.png" if (out_dir / "results.png").exists() else ""))
+    write_csv(rows, out_dir / "results.csv")
+    write_programs(rows, programs, out_dir / "programs.csv")
+    write_json(rows, command, machine, out_dir / "results.json", traces, programs, summary, plans)
+    write_markdown(rows, command, machine, time.perf_counter() - started, out_dir / "results.md", summary,
+                   variability, executor.describe(), baselines)
+    plots = [write_profile(rows, out_dir / "profile.png"), write_primal_plot(rows, traces, out_dir / "primal.png")]
+    if baselines:
+        plots.append(write_plot(rows, out_dir / "results.png"))
+    if not all(plots):
+        print("amp-opt: warning: matplotlib is not installed (or nothing to plot); skipped plots "
+              "(pip install 'amp_opt[plot]')", file=sys.stderr)
+    written = [p.name for p in sorted(out_dir.glob("*")) if p.name.split(".")[0] in
+               ("results", "programs", "profile", "primal")]
+    say(f"wrote {out_dir}/: {', '.join(written)}")
     return rows
+
+
+def _rows(what, answers: dict, baselines: bool, time_limit: float, threads: int):
+    """The rows of every finished run (in the sweep's order), their traces and program statistics,
+    with the cross-run columns filled."""
+    base_of = {}
+    for i, (inst, solver, _, _) in enumerate(what):
+        if solver is None and i in answers:
+            base_of[inst.name] = BaselineRun(**fields_of(BaselineRun, answers[i]))
+    rows, traces, programs = [], {}, {}
+    for i, (inst, solver, r, seed) in enumerate(what):
+        if solver is None or i not in answers:
+            continue
+        if baselines and inst.name not in base_of:
+            continue  # its baselines are still running
+        run = SolveRun(**fields_of(SolveRun, answers[i]))
+        row = make_row(inst, solver, run, base_of.get(inst.name), repeat=r, seed=seed, time_limit=time_limit,
+                       threads=threads)
+        stats.fill_times(row, run.trace)
+        traces[stats.row_key(row)] = run.trace
+        programs[stats.row_key(row)] = run.programs
+        rows.append(row)
+    stats.mark_wrong(rows)
+    stats.fill_primal_integrals(rows, traces)
+    return rows, traces, programs
+
+
+def _row_jobs(what, answers, rows):
+    """(job index, row) pairs of the finished solve jobs that made rows."""
+    made = {stats.row_key(r): r for r in rows}
+    for i, (inst, solver, r, _) in enumerate(what):
+        key = (inst.name, solver, r)
+        if solver is not None and i in answers and key in made:
+            yield i, made[key]
+
+
+def _raise_on_sigterm():
+    """SIGTERM stops a sweep as Ctrl-C does (its job processes are killed); main thread only."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
+def _restore_sigterm(previous) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _stderr_printer(enabled: bool):

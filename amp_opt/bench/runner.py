@@ -1,147 +1,144 @@
-"""Runs in child processes: one solve or one instance's baselines per fresh process.
+"""Benchmark jobs: what one job is, and running it as its own process with a hard deadline.
 
-Each runs in a fresh spawned child, so that wall time and peak memory (the child's
-own ``ru_maxrss``) belong to that run alone and a crash, a hang or an exception
-becomes a row instead of ending the benchmark.  A child that outlives its time limit
-plus a margin is killed and recorded as TIMEOUT.
+A job is plain JSON (:func:`solve_job_spec`, :func:`baselines_job_spec`): the instance's
+text, the solver's name, the time limit, the seed, the thread count and the plug-ins to
+import.  :func:`run_job` runs it in a fresh process (``python -m amp_opt.bench.child``) in
+its own session, so that
+
+* wall time and peak memory (the child's own ``ru_maxrss``) belong to that run alone,
+* the child's thread pools are pinned to the job's thread count (``OMP_NUM_THREADS`` and
+  friends; the solvers get ``workers``) and, when given, to its own cores (CPU affinity),
+* a crash, a hang or an exception becomes a row instead of ending the benchmark: a child
+  still running ``(1 + MARGIN_FRACTION) x limit + MARGIN_SECONDS`` after it started is
+  killed with its whole process group (CBC's own process included) and recorded as TIMEOUT.
+
+The same function runs a job on this machine (:mod:`amp_opt.bench.executors`, ``--jobs``)
+or on a Dask worker (``--scheduler``), so a sweep's results do not depend on where it ran.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
-import resource
+import os
+import signal
+import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 from typing import Any
-
-from ..errors import InfeasibleError, InputError
-from ..model.load import load_instance
-from ..search.solve import solve
-from .baselines import amp_pick, expert_default, ideal_bound
 
 # A child may run this much longer than its solver's time limit before it is killed:
 # process start-up and imports, loading the instance, and a search step in progress.
 MARGIN_SECONDS = 30.0
 MARGIN_FRACTION = 0.25
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
-
-def _peak_rss_mib() -> float:
-    """This process's peak resident set size in MiB (ru_maxrss: KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
-
-
-def _error_status(exc: BaseException) -> str:
-    if isinstance(exc, InfeasibleError):
-        return "INFEASIBLE"
-    if isinstance(exc, InputError):
-        return "INPUT_ERROR"
-    return "ERROR"
-
-
-def _describe_error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".replace("\n", " ")
-
-
-def solve_child(path: str, solver: str, time_limit: float) -> dict:
-    """Body of a solve child: load, solve under hetero, return plain data for :class:`SolveRun`."""
-    instance = load_instance(path)
-    start = time.perf_counter()
-    try:
-        result = solve(instance, solver=solver, cost_model="hetero", time_limit=time_limit)
-    except Exception as exc:  # every failure is a row
-        return dict(status=_error_status(exc), wall_s=time.perf_counter() - start, peak_rss_mib=_peak_rss_mib(),
-                    error=_describe_error(exc))
-    stats = result.solver
-    return dict(status=stats.status, wall_s=time.perf_counter() - start, peak_rss_mib=_peak_rss_mib(),
-                objective_s=stats.objective, bound_s=stats.bound, gap=stats.gap,
-                time_s=result.best.predicted_time, plan=result.best.plan.to_json(),
-                extra=json.loads(json.dumps(stats.extra, default=str)))
-
-
-def baselines_child(path: str, time_limit: float) -> dict:
-    """Body of a baseline child: AMP's pick (within time_limit), the expert default, the ideal bound."""
-    instance = load_instance(path)
-    start = time.perf_counter()
-    out: dict[str, Any] = {}
-    errors = []
-    try:
-        amp = amp_pick(instance, time_limit=time_limit)
-        out.update(amp_pick_s=amp.pick.predicted_time, amp_pick_fits=amp.pick.feasible, amp_model_s=amp.amp_time,
-                   amp_status=amp.status, amp_pick_plan=amp.pick.plan.to_json())
-        if amp.fitting is not None:
-            out.update(amp_fit_s=amp.fitting.predicted_time, amp_fit_rank=amp.fitting_rank,
-                       amp_fit_plan=amp.fitting.plan.to_json())
-        elif amp.reason:
-            errors.append(f"AMP: {amp.reason}")
-    except Exception as exc:
-        errors.append(f"AMP: {_describe_error(exc)}")
-    try:
-        expert = expert_default(instance)
-        out["expert_reason"] = expert.reason
-        if expert.evaluation is not None:
-            out.update(expert_s=expert.evaluation.predicted_time, expert_plan=expert.evaluation.plan.to_json())
-        else:
-            errors.append(f"expert: {expert.reason}")
-    except Exception as exc:
-        errors.append(f"expert: {_describe_error(exc)}")
-    try:
-        out["ideal_s"] = ideal_bound(instance).time
-    except Exception as exc:
-        errors.append(f"ideal: {_describe_error(exc)}")
-    return dict(out, wall_s=time.perf_counter() - start, peak_rss_mib=_peak_rss_mib(), error="; ".join(errors))
-
-
-def _child_main(conn, function, args: tuple) -> None:
-    """Entry point of a spawned child: run one body and send its dict back."""
-    try:
-        payload = function(*args)
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, never raised there
-        payload = dict(status=_error_status(exc), wall_s=0.0, peak_rss_mib=_peak_rss_mib(),
-                       error=_describe_error(exc))
-    conn.send(payload)
-    conn.close()
-
-
-def run_in_child(function, args: tuple, deadline_s: float) -> dict:
-    """Run ``function(*args)`` (a module-level function returning a dict) in a fresh
-    spawned process; kill it after deadline_s.
-
-    Returns the child's dict, or a TIMEOUT / CRASHED dict.  Peak RSS of a
-    killed child is taken from RUSAGE_CHILDREN when it raised that maximum.
-    """
-    ctx = multiprocessing.get_context("spawn")
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child_main, args=(send, function, args), daemon=True)
-    start = time.perf_counter()
-    child.start()
-    send.close()
-    payload, answered = None, False
-    try:
-        if receive.poll(deadline_s):
-            payload, answered = receive.recv(), True
-    except (EOFError, OSError):
-        pass
-    finally:
-        waited = time.perf_counter() - start
-        if not answered and child.is_alive():
-            child.kill()
-        child.join(10)
-        receive.close()
-    if answered:
-        return payload if isinstance(payload, dict) else dict(status="ERROR", wall_s=waited, peak_rss_mib=None,
-                                                              error=f"child returned {payload!r}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    rss = (after / 2**20 if sys.platform == "darwin" else after / 2**10) if after > before else None
-    if waited >= deadline_s:
-        return dict(status="TIMEOUT", wall_s=waited, peak_rss_mib=rss,
-                    error=f"killed after {waited:.0f} s (time limit plus margin {deadline_s:.0f} s)")
-    return dict(status="CRASHED", wall_s=waited, peak_rss_mib=rss,
-                error=f"child process died without a result (exit code {child.exitcode})")
+_LIVE: set = set()  # the job processes running now (killed by kill_running on an interrupted sweep)
+_LIVE_LOCK = threading.Lock()
 
 
 def child_deadline(time_limit: float, budgets: int = 1) -> float:
     """Seconds the parent waits for a child that has ``budgets`` time limits of work."""
     return budgets * time_limit * (1 + MARGIN_FRACTION) + MARGIN_SECONDS
+
+
+def instance_spec(path: Path) -> dict[str, str]:
+    """An instance as a job carries it: its text (so remote workers need no file) and where it came from."""
+    path = Path(path)
+    return {"path": str(path.resolve()), "stem": path.stem, "text": path.read_text()}
+
+
+def solve_job_spec(instance: dict, solver: str, time_limit: float, seed: int = 0, threads: int = 1,
+                   plugins: list | tuple = (), cost_model: str = "hetero") -> dict[str, Any]:
+    return {"kind": "solve", "instance": instance, "solver": solver, "time_limit": float(time_limit),
+            "seed": int(seed), "threads": int(threads), "plugins": list(plugins), "cost_model": cost_model,
+            "deadline": child_deadline(time_limit)}
+
+
+def baselines_job_spec(instance: dict, time_limit: float) -> dict[str, Any]:
+    return {"kind": "baselines", "instance": instance, "time_limit": float(time_limit), "threads": 1,
+            "deadline": child_deadline(time_limit, 2)}
+
+
+def plugin_specs(modules) -> list[dict]:
+    """What a job needs to import each ``--plugin`` module in a fresh process: its spec (module name or
+    file, made absolute), and the source of a single-file module for workers that lack it."""
+    from ..search.registry import load_plugin
+
+    out = []
+    for spec in modules or ():
+        load_plugin(spec)  # validated here, in the parent: a bad plug-in stops the sweep before it starts
+        name = Path(spec).stem if spec.endswith(".py") else spec
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None)
+        source = Path(file).read_text() if file and not file.endswith("__init__.py") else None
+        out.append({"spec": str(Path(spec).resolve()) if spec.endswith(".py") else spec, "module": name,
+                    "source": source})
+    return out
+
+
+def _child_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in THREAD_VARIABLES:
+        env[name] = str(threads)
+    # The child imports amp_opt from where this process did, and plug-ins from the current folder.
+    package_root = str(Path(__file__).resolve().parent.parent.parent)
+    paths = [package_root, os.getcwd()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+def run_job(job: dict, deadline_s: float | None = None, cores: list[int] | None = None) -> dict[str, Any]:
+    """Run one job in a fresh process; kill its process group after ``deadline_s`` (default: the job's).
+
+    Returns the child's answer, or a TIMEOUT / CRASHED answer.  A killed child's peak memory is
+    unknown (None).
+    """
+    deadline_s = job.get("deadline", MARGIN_SECONDS) if deadline_s is None else deadline_s
+    payload = json.dumps(dict(job, cores=list(cores) if cores else None))
+    start = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "amp_opt.bench.child"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_child_env(job.get("threads", 1)),
+                             start_new_session=True, text=True)
+    with _LIVE_LOCK:
+        _LIVE.add(child)
+    try:
+        out, err = child.communicate(payload, timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(child)
+        out, err = child.communicate()
+        waited = time.perf_counter() - start
+        return dict(status="TIMEOUT", wall_time=waited, peak_rss_mib=None,
+                    error=f"killed after {waited:.0f} s (time limit plus margin {deadline_s:.0f} s)")
+    finally:
+        _kill_group(child)  # nothing the job started outlives it (CBC's process, a plug-in's children)
+        with _LIVE_LOCK:
+            _LIVE.discard(child)
+    waited = time.perf_counter() - start
+    try:
+        answer = json.loads(out) if out.strip() else None
+    except json.JSONDecodeError:
+        answer = None
+    if isinstance(answer, dict):
+        return answer
+    tail = " ".join(err.strip().splitlines()[-3:])[-300:] if err else ""
+    return dict(status="CRASHED", wall_time=waited, peak_rss_mib=None,
+                error=f"child process died without a result (exit code {child.returncode})"
+                      + (f": {tail}" if tail else ""))
+
+
+def kill_running() -> int:
+    """Kill every job process this process started that is still running (an interrupted sweep)."""
+    with _LIVE_LOCK:
+        children = list(_LIVE)
+    for child in children:
+        _kill_group(child)
+    return len(children)
+
+
+def _kill_group(child: subprocess.Popen) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass

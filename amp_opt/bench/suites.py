@@ -1,7 +1,8 @@
-"""Benchmark suites: which instance files a suite holds, in which order, and their sizes."""
+"""Benchmark instances: the bundled suites, or any files, folders and globs; their order and sizes."""
 
 from __future__ import annotations
 
+import glob
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,41 @@ def order_entries(entries: list[BenchInstance]) -> list[BenchInstance]:
 
 
 def describe(suite: str, path: Path) -> BenchInstance:
-    inst = load_instance(path)
-    return BenchInstance(suite, path, inst.name, inst.num_devices, len(inst.nodes), len(inst.devices_by_type),
+    """Load an instance file (InputError naming the file if it is not an instance) and record its size."""
+    try:
+        inst = load_instance(path)
+    except InputError as exc:
+        where = exc.field if exc.field.startswith(str(path)) else f"{path}: {exc.field}" if exc.field else str(path)
+        raise InputError(where, f"not a valid instance: {exc.problem}") from None
+    return BenchInstance(suite, Path(path), inst.name, inst.num_devices, len(inst.nodes), len(inst.devices_by_type),
                          inst.num_layers, inst.training.global_batch)
+
+
+def expand_paths(paths) -> list[tuple[str, Path]]:
+    """(group, instance file) pairs for files, folders (their ``*.json``) and globs, in the given order.
+
+    The group (the ``suite`` column) is the file's folder name.  A missing file, a folder without
+    instance files or a glob without matches is an InputError naming it.
+    """
+    out: list[tuple[str, Path]] = []
+    for text in paths:
+        path = Path(text)
+        if path.is_dir():
+            files = sorted(f for f in path.glob("*.json") if f.is_file())
+            if not files:
+                raise InputError(str(path), "folder holds no instance files (*.json)")
+        elif path.is_file():
+            files = [path]
+        elif glob.has_magic(text):
+            files = sorted(Path(f) for f in glob.glob(text) if Path(f).is_file())
+            if not files:
+                raise InputError(text, "no instance file matches this pattern")
+        else:
+            raise InputError(text, "no such instance file or folder")
+        out.extend((f.resolve().parent.name, f) for f in files)
+    seen, unique = set(), []
+    for group, f in out:  # the same file given twice runs once
+        if f.resolve() not in seen:
+            seen.add(f.resolve())
+            unique.append((group, f))
+    return unique

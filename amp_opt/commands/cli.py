@@ -37,6 +37,7 @@ EXIT_CODES = (
     "2 bad input (one line naming the field and the problem); "
     "3 infeasible: proven that no plan fits (one line saying why); "
     "4 no plan found within the time limit, infeasibility not proven; "
+    "5 a plug-in solver failed (its plan was rejected by the evaluator, or it raised); "
     "130 / 143 interrupted by SIGINT / SIGTERM (the best plan found so far is printed first)"
 )
 

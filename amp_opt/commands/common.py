@@ -42,6 +42,23 @@ def add_cost_model(parser: argparse.ArgumentParser, what: str = "") -> None:
                         help=(what + ". " if what else "") + names + " (default: hetero)")
 
 
+def add_plugins(parser: argparse.ArgumentParser) -> None:
+    """The repeatable ``--plugin MODULE`` option (``solve`` and ``bench``)."""
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import MODULE (from the current directory or the Python path, or a .py file) "
+                             "first: it registers solvers with amp_opt.register_solver (repeatable; default: none)")
+
+
+def load_plugins(modules) -> list[str]:
+    """Import every ``--plugin`` module; return the solver names they registered (InputError on failure)."""
+    from ..search.registry import load_plugin
+
+    names = []
+    for module in modules or ():
+        names += load_plugin(module)
+    return names
+
+
 def load_single_plan(path: str) -> Plan:
     """Read a PLAN file holding exactly one plan object."""
     data = load_json(path, "plan")

@@ -7,18 +7,19 @@ import json
 from ..errors import InfeasibleError, NoPlanFound
 from ..model.load import load_instance
 from ..model.placement import PLACEMENTS
-from ..search.options import SOLVERS
 from ..search.solve import solve
-from .common import add_cost_model, positive_float, positive_int, progress_printer
+from .common import add_cost_model, add_plugins, load_plugins, positive_float, positive_int, progress_printer
 
 
 def add_arguments(p) -> None:
     """The options of the command."""
     p.add_argument("instance", help="instance JSON file")
-    p.add_argument("--solver", choices=SOLVERS, default="auto",
+    p.add_argument("--solver", default="auto", metavar="NAME",
                    help="auto: the exact enumerator, or CP-SAT when free grouping is too large to enumerate "
                         "(decided from the instance's size before either starts); enumerate; cpsat: OR-Tools "
-                        "CP-SAT; cbc: CBC through PuLP (default: auto)")
+                        "CP-SAT; cbc: CBC through PuLP; highs: HiGHS (needs amp_opt[highs]); their variants, or "
+                        "a plug-in's name (bench --list-solvers lists them) (default: auto)")
+    add_plugins(p)
     add_cost_model(p)
     p.add_argument("--placement", choices=PLACEMENTS, default=None,
                    help="free: the solver groups devices into stages (default under hetero); "
@@ -43,11 +44,13 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    load_plugins(args.plugin)
     instance = load_instance(args.instance)
     try:
         result = solve(instance, solver=args.solver, cost_model=args.cost_model, placement=args.placement,
                        top_k=args.top_k, time_limit=args.time_limit, seed=args.seed, workers=args.workers,
-                       objective=args.objective, budget=args.budget, progress=None if args.json else progress_printer(), started=getattr(args, "started", None))
+                       objective=args.objective, budget=args.budget,
+                       progress=None if args.json else progress_printer(), started=getattr(args, "started", None))
     except (InfeasibleError, NoPlanFound) as exc:
         if args.json:  # a reader of --json always gets an object: the status and why
             status = "INFEASIBLE" if isinstance(exc, InfeasibleError) else "UNKNOWN"

@@ -24,6 +24,7 @@ from ..model.plan import Candidate, Plan
 from ..model.tables import Tables
 from . import stop
 from .options import SolveOptions
+from .trace import Trace
 
 RESERVE = (0.05, 0.25)  # seconds kept after the search for the result: a share of the limit, at most
 
@@ -44,6 +45,7 @@ class Search:
         limit = options.time_limit
         self.deadline = None if limit is None else self.start + limit - reserve(limit)
         self._bounds: dict[tuple, float] = {}
+        self.trace = Trace(self.start)  # best plan and proven bound over time (for the benchmark)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start

@@ -62,6 +62,10 @@ def solve_enumerate(search) -> SolveResult:
             found.append(Incumbent(best[0], cand, plan.partition, plan.stages))
             found.sort(key=Incumbent.key)
             del found[opts.top_k:]
+        # Explored candidates are solved exactly; the others are bounded by the next one's bound.
+        best_value = found[0].value if found else np.inf
+        dual = min(best_value, lower[order[i + 1]] if i + 1 < len(order) else np.inf)
+        search.trace.update(best_value if found else None, dual if np.isfinite(dual) else None)
         if opts.progress is not None:
             opts.progress(i + 1, len(order))
         if timed_out:
@@ -75,6 +79,7 @@ def solve_enumerate(search) -> SolveResult:
 
     evaluations = tuple(search.evaluate(f.plan) for f in found)
     objective = found[0].value
+    search.trace.update(objective, min(objective, remaining_lb))
     stats = SolverStats(
         name="enumerate",
         status="FEASIBLE" if timed_out else "OPTIMAL",
@@ -83,5 +88,6 @@ def solve_enumerate(search) -> SolveResult:
         bound=min(objective, remaining_lb),
         extra={"placement": opts.placement, "candidates": len(cands), "candidates_explored": explored,
                "candidates_pruned": pruned, **({"stopped": search.stopped_why()} if timed_out else {})},
+        trace=search.trace.as_tuple(),
     )
     return SolveResult(evaluations[0], evaluations, stats)

@@ -14,9 +14,12 @@ from ..errors import InputError
 from ..model.costs import CostModel, cost_model as get_cost_model
 from ..model.fields import whole_number
 from ..model.placement import check_placement
+from .registry import BUILTIN, lookup
 
-SOLVERS = ("auto", "enumerate", "cpsat", "cbc")
 OBJECTIVES = ("time", "cost")
+SOLVERS = tuple(BUILTIN)  # the built-in names; plug-ins add theirs (amp_opt.register_solver)
+BACKENDS = ("auto", "enumerate", "cpsat", "cbc", "highs", "plugin")
+LAYER_FORMULATIONS = ("prefix", "assignment")
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,8 @@ class SolveOptions:
     Attributes
     ----------
     solver : str
-        "auto", "enumerate", "cpsat" or "cbc".
+        A registered solver name (``amp_opt.search.registry``): a built-in variant such as
+        "auto", "enumerate", "cpsat", "cbc", "highs", "cpsat-nokinds", or a plug-in's.
     cost_model : str
         The cost model's name ("hetero" or "amp"); :attr:`model` is the model itself.
     placement : str
@@ -48,6 +52,14 @@ class SolveOptions:
         node classes, which already knows such a plan).
     progress : callable or None
         ``progress(done, total)`` after each candidate.
+    backend : str
+        The engine the variant runs: "auto", "enumerate", "cpsat", "cbc", "highs" (or "plugin").
+    kinds, incumbents, warm_start, cutoffs, symmetry : bool
+        The MIP pipeline's ingredients (all on by default; an ablation variant switches one
+        off): phase 1b's stage-kind search, phase 1's DP incumbents, the programs' warm
+        starts, their cutoffs at the k-th best value, the symmetry rows M12.
+    layers : str
+        "prefix" (Y[s,l], eq. M1-M4) or "assignment" (x[l,s] with contiguity rows, eq. A1-A4).
     """
 
     solver: str = "auto"
@@ -62,6 +74,23 @@ class SolveOptions:
     budget: float | None = None
     cutoff: float = math.inf
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)
+    backend: str = "auto"
+    kinds: bool = True
+    incumbents: bool = True
+    warm_start: bool = True
+    cutoffs: bool = True
+    symmetry: bool = True
+    layers: str = "prefix"
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise InputError("backend", f"unknown backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
+        if self.layers not in LAYER_FORMULATIONS:
+            raise InputError("layers", f"unknown layer formulation {self.layers!r} "
+                                       f"(choose from {', '.join(LAYER_FORMULATIONS)})")
+        for name in ("kinds", "incumbents", "warm_start", "cutoffs", "symmetry"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(name, f"must be true or false, got {getattr(self, name)!r}")
 
     @property
     def model(self) -> CostModel:
@@ -80,8 +109,7 @@ def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero
     'rank-order'
     """
     model = get_cost_model(cost_model)
-    if solver not in SOLVERS:
-        raise InputError("--solver", f"unknown solver {solver!r} (choose from {', '.join(SOLVERS)})")
+    entry = lookup(solver)  # InputError listing the known names
     whole_number(top_k, "--top-k")
     whole_number(workers, "--workers")
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -98,6 +126,7 @@ def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero
         raise InputError("--budget", f"must be positive USD per hour, got {budget!r}")
     if budget is not None and objective == "cost":
         raise InputError("--budget", "applies with --objective time (the cost objective already minimises cost)")
+    settings = dict(entry.settings) if entry.builtin else {"backend": "plugin"}
     return SolveOptions(solver, model.name, check_placement(placement, model), top_k,
                         None if time_limit is None else float(time_limit), seed, workers, float(gap), objective,
-                        None if budget is None else float(budget), math.inf, progress)
+                        None if budget is None else float(budget), math.inf, progress, **settings)

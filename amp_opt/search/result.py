@@ -55,6 +55,10 @@ class SolverStats:
     objective: float  # the solver's own value of its best plan
     bound: float  # a proven lower bound on the optimum
     extra: dict[str, Any] = field(default_factory=dict)  # model sizes, candidate counts
+    # (seconds, best plan value, proven bound) whenever either moved; empty if not recorded
+    trace: tuple[tuple[float, float, float], ...] = field(default=(), compare=False)
+    # one dict per program the MIP driver ran: candidate, status, objective, bound, seconds, nodes, ...
+    programs: tuple[dict[str, Any], ...] = field(default=(), compare=False)
 
     @property
     def gap(self) -> float:

@@ -11,7 +11,8 @@ from .blocks import solve_blocks
 from .context import Search
 from .enumerate import solve_enumerate
 from .mip.driver import solve_mip
-from .options import solve_options
+from .options import SolveOptions, solve_options
+from .registry import lookup, run_plugin
 from .result import SolveResult
 from .route import enumerator_fits
 from .subsets import solve_subsets
@@ -25,10 +26,12 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     Parameters
     ----------
     instance : Instance
-    solver : {"auto", "enumerate", "cpsat", "cbc"}
-        auto (default): the exact enumerator, or CP-SAT when free grouping is too large
-        to enumerate (estimated from the instance before either starts,
-        :mod:`amp_opt.search.route`).
+    solver : str
+        A registered solver name: auto (default: the exact enumerator, or CP-SAT when free
+        grouping is too large to enumerate, estimated from the instance before either starts,
+        :mod:`amp_opt.search.route`), enumerate, cpsat, cbc, highs, their ablation and
+        formulation variants (``formulations/variants.md``), or a plug-in's name
+        (:func:`amp_opt.register_solver`).
     cost_model : {"hetero", "amp"} or CostModel
         hetero (default): per-device speeds, slowest links, memory limits; amp: the
         AMP paper's model.
@@ -54,7 +57,7 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     Returns
     -------
     SolveResult
-        Its plans were re-scored by :func:`amp_opt.evaluate`.
+        Its plans were re-scored by :func:`amp_opt.evaluate` (a plug-in's too).
 
     Raises
     ------
@@ -65,6 +68,8 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     NoPlanFound
         When the time limit or a stop request (:mod:`amp_opt.search.stop`) ended the search
         before it found a plan or proved that none exists.
+    SolverFailed
+        When a plug-in raises or returns a plan the evaluator rejects.
 
     Examples
     --------
@@ -77,27 +82,31 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     options = solve_options(solver=solver, cost_model=cost_model, placement=placement, top_k=top_k,
                             time_limit=time_limit, seed=seed, workers=workers, objective=objective, budget=budget,
                             progress=progress)
-    return solve_subsets(instance, options, _solve_one, time.perf_counter() if started is None else started)
+    entry = lookup(options.solver)
+    if not entry.builtin:  # a plug-in gets the whole instance; its plans are re-scored by the evaluator
+        return run_plugin(entry, instance, options)
+    return solve_subsets(instance, options, run_builtin, time.perf_counter() if started is None else started)
 
 
-def _solve_one(instance, options, started: float | None = None) -> SolveResult:
-    """One solver on one instance (all its devices), with the options' cutoff; a long model is
-    searched over blocks of identical layers."""
+def run_builtin(instance, options: SolveOptions, started: float | None = None) -> SolveResult:
+    """The built-in search an options record describes (``options.backend`` and its switches) on
+    one instance (all its devices), with the options' cutoff; a long model is searched over
+    blocks of identical layers."""
     coarse = coarsen(instance)
     if coarse is not None:
-        return solve_blocks(instance, *coarse, lambda inst, limit: _solve_one(
+        return solve_blocks(instance, *coarse, lambda inst, limit: run_builtin(
             inst, dataclasses.replace(options, time_limit=limit), started), options.time_limit)
     search = Search(instance, options, started)
-    if options.solver not in ("auto", "enumerate"):
+    if options.backend not in ("auto", "enumerate"):
         return solve_mip(search)
-    if options.solver == "auto":
+    if options.backend == "auto":
         fits, why = enumerator_fits(instance, options.placement)
         if not fits:
             return _noting(_as_cpsat(search), f"CP-SAT chosen up front: {why}")
     try:
         return solve_enumerate(search)
     except SearchTooLarge as exc:
-        if options.solver == "enumerate":
+        if options.backend == "enumerate":
             raise
         spent, why = search.elapsed(), exc.problem
     # The estimate let the enumerator start, but a candidate was larger than estimated.
@@ -105,7 +114,7 @@ def _solve_one(instance, options, started: float | None = None) -> SolveResult:
 
 
 def _as_cpsat(search: Search) -> SolveResult:
-    search.options = dataclasses.replace(search.options, solver="cpsat")
+    search.options = dataclasses.replace(search.options, solver="cpsat", backend="cpsat")
     return solve_mip(search)
 
 

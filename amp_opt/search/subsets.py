@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import math
 import sys
+import time
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from ..model.classes import node_classes
 from ..model.plan import Plan, describe
 from .context import Search
 from .result import NoPlanBelow, SolverStats, SolveResult
+from .trace import Trace
 
 FIRST_SHARE = 0.6  # of the time limit: the whole cluster's search, when other subsets remain
 REVISIT_SECONDS = 1.0  # time left worth a second run on a subset not proven yet
@@ -145,6 +147,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
     allowed = allowed[:1] + sorted(allowed[1:], key=lambda p: (floor[p.classes], p.classes))
     bound = dict(floor)  # per subset: what no plan on it beats (objective units)
     found, reasons, ran, cut, results, stopped = [], [], set(), 0, [], []
+    trace = Trace(whole.start)  # the best plan over time; the bound only where one search covers it all
 
     def best():
         return min((value for value, _ in found), default=math.inf)
@@ -154,6 +157,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         scale = scale_of(part)
         cutoff = best() / scale if math.isfinite(best()) else math.inf
         ran.add(part.classes)
+        offset = time.perf_counter() if since is None else since
         try:
             result = run(part.instance, dataclasses.replace(options, cutoff=cutoff, time_limit=limit), since)
         except NoPlanBelow as exc:
@@ -170,6 +174,10 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
             return
         bound[part.classes] = max(bound[part.classes], result.solver.bound * scale)
         results.append(result)
+        alone = len(allowed) == 1
+        for t, primal, dual in result.solver.trace:
+            trace.update(primal * scale if math.isfinite(primal) else None,
+                         dual * scale if alone and math.isfinite(dual) else None, at=offset + t)
         for ev in result.top:
             plan = whole.evaluate(part.to_global(ev.plan))
             found.append((plan.predicted_time * scale, plan))
@@ -205,12 +213,14 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
     objective = found[0][0]
     lower = min([objective] + list(bound.values()))
     last = results[-1]
+    trace.update(objective, lower)
     extra = dict(last.solver.extra)
     extra.update(subsets_searched=len(ran), subsets_cut_off=cut, node_classes_used=_classes_of(instance, top[0].plan))
     if cost:
         extra.update(objective="cost", objective_unit="USD per iteration")
     stats = SolverStats(name=last.solver.name, status="OPTIMAL" if lower >= objective * (1 - 1e-6) else "FEASIBLE",
-                        wall_time=whole.elapsed(), objective=objective, bound=max(0.0, min(lower, objective)), extra=extra)
+                        wall_time=whole.elapsed(), objective=objective, bound=max(0.0, min(lower, objective)), extra=extra,
+                        trace=trace.as_tuple(), programs=tuple(p for r in results for p in r.solver.programs))
     return SolveResult(top[0], top, stats)
 
 

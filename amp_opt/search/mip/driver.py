@@ -14,6 +14,13 @@ are pruned with the best objective found so far.  In order:
    the plans;
 2. the programs, most promising first, warm-started and cut off at the k-th best value.
 
+Each ingredient can be switched off through the options record (``kinds``,
+``incumbents``, ``warm_start``, ``cutoffs``, ``symmetry``; the ablation variants of
+``formulations/variants.md``), and the layer assignment can be the prefix or the
+assignment formulation (``layers``).  The engine is ``options.backend``: CP-SAT, CBC or
+HiGHS.  The search's trace records the best plan and the proven bound over time, and
+every program's statistics are returned in ``SolverStats.programs``.
+
 The returned plans are re-scored by the evaluator.
 """
 
@@ -33,7 +40,7 @@ from ..diagnose import infeasible_reason, least_overfull_rank_order
 from ..kinds.refine import KindPhase, runs_kinds
 from ..partition import fixed_placement_graph, good_path
 from ..result import Incumbent, NoPlanBelow, SolverStats, SolveResult
-from .backends import resolution_for, solve_cbc, solve_cpsat
+from .backends import resolution_for, run_backend
 from .formulation import build
 
 SAME = 1e-6  # relative difference below which a bound counts as reaching a value
@@ -87,19 +94,28 @@ class Proofs:
     closed: bool = True  # every candidate's bound is proven (no program was cut short without one)
     sizes: dict = field(default_factory=lambda: {"variables": 0, "constraints": 0, "programs": 0})
     build_rate: float = 0.0  # the most seconds per stage x layer that building a program took
+    programs: list = field(default_factory=list)  # per program: candidate, status, objective, bound, seconds, ...
+
+
+def _dual(cands, lower: dict, proofs: Proofs | None = None, skip=None) -> float:
+    """The proven bound on the optimum right now: the least over candidates of what is proven for each."""
+    bound = proofs.bound if proofs is not None else {}
+    return min([bound.get(c, lower[c]) for c in cands if c != skip], default=np.inf)
 
 
 def solve_mip(search) -> SolveResult:
-    """Solve every promising candidate's program with CP-SAT or CBC; exact unless stopped by time or gap."""
+    """Solve every promising candidate's program with CP-SAT, CBC or HiGHS; exact unless stopped by time or gap."""
     instance, opts = search.instance, search.options
     cands = candidates(instance, search.model)
     if not cands:
         raise InfeasibleError(why_empty(instance))
-    phase = KindPhase(search) if runs_kinds(search) else None
+    phase = KindPhase(search) if opts.kinds and runs_kinds(search) else None
     lower = {c: search.lower_bound(c, labelled=phase is None) for c in cands}
     incumbents, best = _incumbents(search, cands, lower, phase)
+    search.trace.update(best if np.isfinite(best) else None, _dual(cands, lower))
     if phase is not None:
         best = phase.refine(incumbents, lower, best, max(opts.gap, SAME))
+        search.trace.update(best if np.isfinite(best) else None, _dual(cands, lower))
     proofs = _programs(search, cands, lower, incumbents)
     proofs.results = [r for r in proofs.results if r.value < opts.cutoff]
     if not proofs.results:
@@ -126,7 +142,7 @@ def _incumbents(search, cands, lower: dict, phase: KindPhase | None) -> tuple[di
             lower[c] = phase.quick_bound(c, lower[c], best, quick_until)
             if lower[c] >= best:
                 continue
-        inc = heuristic(search, c)
+        inc = heuristic(search, c) if search.options.incumbents else None
         if inc is not None:
             incumbents[c] = inc
             best = min(best, inc.value)
@@ -166,7 +182,10 @@ def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
                 left = max(0.05, left)
                 still_open = sum(1 for x in order[i:] if lower[x] < kth)
                 left = min(left, max(0.05, 1.5 * left / max(1, still_open)))
-            _program(search, c, lower[c], incumbents.get(c), kth, left, proofs)
+            others = _dual(cands, lower, proofs, skip=c)
+            _program(search, c, lower[c], incumbents.get(c), kth, left, proofs, others)
+        best_plan = min([r.value for r in proofs.results] + [x.value for x in incumbents.values()], default=None)
+        search.trace.update(best_plan, _dual(cands, lower, proofs))
         if opts.progress is not None:
             opts.progress(i + 1, len(order))
     return proofs
@@ -180,20 +199,32 @@ def _time_to_build(search, c: Candidate, proofs: Proofs) -> bool:
     return left is None or left > 3.0 * proofs.build_rate * c.pp * search.instance.num_layers + 0.05
 
 
-def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: float, seconds, proofs: Proofs) -> None:
-    """Build, solve and decode one candidate's program; record its plan and what it proved."""
+def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: float, seconds, proofs: Proofs,
+             others: float = -np.inf) -> None:
+    """Build, solve and decode one candidate's program; record its plan and what it proved.
+    ``others`` is the proven bound over the other candidates (for the trace)."""
     opts = search.options
+    started = time.perf_counter()
     form = build(search, c, None if opts.placement == "free" else rank_order_stages(c.tp, c.dp, c.pp, c.cp))
-    if inc is not None:
+    built = time.perf_counter() - started
+    proofs.build_rate = max(proofs.build_rate, built / (c.pp * search.instance.num_layers))
+    if seconds is not None:  # the solver gets what is left of the share once the program is built
+        seconds = max(0.01, seconds - built)
+    if inc is not None and opts.warm_start:
         form.hint_from(search.stage_bounds(c, inc.bounds), inc.stages)
     scale = inc.value if inc is not None else lower
+    if not (np.isfinite(scale) and scale > 0):
+        scale = 1.0
     delta = resolution_for(scale, form.model)
     tol = form.terms * delta + 1e-9 * scale
-    cutoff = kth * (1 + 1e-9) + tol if np.isfinite(kth) else None
-    if opts.solver == "cpsat":
-        out = solve_cpsat(form.model, delta, seconds, opts.seed, opts.workers, cutoff, opts.gap)
-    else:
-        out = solve_cbc(form.model, seconds, opts.seed, opts.workers, cutoff, opts.gap, scale)
+    cutoff = kth * (1 + 1e-9) + tol if np.isfinite(kth) and opts.cutoffs else None
+    out = run_backend(opts, form.model, delta, seconds, cutoff, scale)
+    # The program's incumbents and bounds, on the search's clock (plans at the program's value).  Under a
+    # cutoff the program bounds only the plans at most that good, so the candidate's bound is capped by it.
+    cap = cutoff if cutoff is not None else np.inf
+    for t, objective, bound in out.progress:
+        dual = min(others, max(lower, min(bound, cap))) if bound is not None else None
+        search.trace.update(objective, dual if dual is not None and np.isfinite(dual) else None, at=t)
     sizes = proofs.sizes
     sizes["programs"] += 1
     if out.rejected:  # the program exists but the solver could not take it: no proof, no plan
@@ -212,12 +243,21 @@ def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: flo
             proofs.results.append(Incumbent(found, c, bounds, stages, min(out.objective, found)))
     if inc is not None and inc.value < found:
         proofs.results.append(inc)  # the program stopped without beating its warm start
-    if out.status == "OPTIMAL" and inc is not None and inc.value < out.objective - tol:
+    proofs.programs.append({
+        "candidate": f"tp={c.tp} dp={c.dp} pp={c.pp} mb={c.micro_batch}", "status": out.status,
+        "objective": out.objective, "bound": out.bound, "plan_time": found if np.isfinite(found) else None,
+        "seconds": time.perf_counter() - started, "solver_seconds": out.wall_time, "nodes": out.nodes,
+        "variables": form.model.size["variables"], "constraints": form.model.size["constraints"],
+        "warm_start": inc is not None and opts.warm_start, "cutoff": cutoff, "lower_bound": lower})
+    # What an optimal program proves is its bound (CP-SAT and CBC: the objective; HiGHS: its dual
+    # bound, which may sit below a solution it accepted within its tolerances).
+    proven = out.bound if out.status == "OPTIMAL" and out.bound is not None else out.objective
+    if out.status == "OPTIMAL" and inc is not None and inc.value < proven - tol:
         # A known plan beats the claimed optimum: do not trust the proof (numerics).
         proofs.closed = False
         proofs.bound[c] = lower
     elif out.status == "OPTIMAL":
-        proofs.bound[c] = out.objective
+        proofs.bound[c] = proven
     elif out.status == "INFEASIBLE":
         proofs.bound[c] = cutoff if cutoff is not None else np.inf
     else:
@@ -235,6 +275,7 @@ def _result(search, cands, proofs: Proofs) -> SolveResult:
     # Every candidate's bound is proven (solved, cut off, or bounded), so a bound that meets
     # the objective proves it optimal even when some program stopped at the time limit.
     optimal = bound >= objective * (1 - SAME)
+    search.trace.update(top[0].value, min(bound, objective))
     stats = SolverStats(
         name=opts.solver,
         status="OPTIMAL" if optimal else "FEASIBLE",
@@ -242,7 +283,9 @@ def _result(search, cands, proofs: Proofs) -> SolveResult:
         objective=objective,
         bound=min(bound, objective),
         extra={"placement": opts.placement, "candidates": len(cands), **proofs.sizes,
-               **({"time_resolution_relative": 1e-8} if opts.solver == "cpsat" else {}),
+               **({"time_resolution_relative": 1e-8} if opts.backend == "cpsat" else {}),
                **({"stopped": search.stopped_why()} if not optimal and search.out_of_time() else {})},
+        trace=search.trace.as_tuple(),
+        programs=tuple(proofs.programs),
     )
     return SolveResult(evaluations[0], evaluations, stats)

@@ -2,7 +2,7 @@
 
 The equations are stated in ``formulations/mip.md``; names here follow it.  The
 program is assembled from its parts: the layer assignment (:mod:`.layers`, eq.
-M1-M4), the stage times E[s], Emax, P[s], ARmax with their rows for a fixed placement
+M1-M4, or the second formulation :mod:`.assignment`, eq. A1-A4), the stage times E[s], Emax, P[s], ARmax with their rows for a fixed placement
 (M5-M8, here) or for free grouping (:mod:`.grouping`, M5-M8 and M10-M14), and the
 objective (M9).
 
@@ -24,6 +24,7 @@ import numpy as np
 from ...model.costs import CandidateTerms
 from ...model.costs.terms import stage_order
 from .grouping import FreeGrouping, class_terms
+from .assignment import AssignmentLayers
 from .layers import PrefixLayers
 from .model import INT, TIME, LinearModel, lin
 
@@ -50,8 +51,8 @@ class Program:
         self.enforce_memory = search.model.enforces_memory
         self.total_params = float(self.terms.sums.params.sum())
         self.mdl = LinearModel()
-        self.layers = PrefixLayers(self.mdl, self.terms.sums, self.L, p,
-                                   None if chunks is None else stage_order(chunks, p)[1])
+        layers = AssignmentLayers if search.options.layers == "assignment" else PrefixLayers
+        self.layers = layers(self.mdl, self.terms.sums, self.L, p, None if chunks is None else stage_order(chunks, p)[1])
         self.E = [self.mdl.var(f"E[{s}]", 0, 0, TIME) for s in range(p)]
         self.Emax = self.mdl.var("Emax", 0, 0, TIME)
         self.P = [self.mdl.var(f"P[{s}]", 0, 0, TIME) for s in range(p - 1)]

@@ -56,7 +56,8 @@ class FreeGrouping:
         self.prog, self.classes = prog, classes
         self.x, self.y, self.u, self.loc, self.sh = {}, {}, {}, {}, {}
         self._groups()
-        self._symmetry()
+        if prog.search.options.symmetry:  # off in the -nosym ablation
+            self._symmetry()
         self._locality()
         self._ring()
         self._compute()
