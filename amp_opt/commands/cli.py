@@ -4,7 +4,8 @@
 ``add_arguments(parser)`` and ``run(args) -> exit code``.  Only the module of the
 command being run is imported, so that ``solve`` does not pay for ``bench`` or
 ``plot``.  Exit codes: 0 success, 2 bad input (the message names the field),
-3 infeasible (the message says why).  User mistakes never print a traceback.
+3 infeasible (the message says why), 4 a measured run failed (out of memory or
+an error; ``run`` records it).  User mistakes never print a traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ COMMANDS = {
     "plot": "draw a plan's 1F1B timeline and per-stage memory (needs amp_opt[plot])",
     "explain": "say why a plan or an instance does not fit, and what would",
     "bench": "run solvers on an instance suite and compare with baselines",
+    "profile": "measure every layer's time and memory on this machine (needs amp_opt[torch])",
+    "run": "execute a plan on local processes and compare with the prediction (needs amp_opt[torch])",
+    "calibrate": "fit the cost model's corrections to measured runs (RUNS.json)",
 }
 
 
@@ -37,6 +41,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="amp-opt",
         description="Plan tensor/data/pipeline-parallel training on heterogeneous GPU clusters.",
+        epilog="exit codes: 0 success, 2 bad input, 3 infeasible, 4 a measured run failed (recorded by run -o)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, summary in COMMANDS.items():

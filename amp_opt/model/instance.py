@@ -107,7 +107,8 @@ class Training:
     zero_stage: int
     memory_reserve: float  # bytes per device
     analytic_efficiency: float
-    activation_factor: float = 1.0  # measured / modelled activation bytes (calibration)
+    activation_factor: float = 1.0  # measured / modelled activation bytes (calibration C6)
+    gradient_buffer_bytes_per_param: float = 0.0  # reduction buffers of a stage with replicas (calibration C7)
 
 
 @dataclass(frozen=True)

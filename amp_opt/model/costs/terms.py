@@ -98,9 +98,11 @@ class CandidateTerms:
         self._count = np.concatenate([[0], np.cumsum(self.recomputes)])  # recomputing layers before each position
         self._max: dict[str, np.ndarray] = {}
         tr, R, z = inst.training, cand.replicas, cand.zero_stage
-        # H9: weights, gradients and optimizer states, each sharded over the R replicas from its ZeRO stage on.
+        # H9: weights, gradients and optimizer states, each sharded over the R replicas from its ZeRO stage on;
+        # calibration C7: the gradient reduction's buffers when the stage has replicas.
         self.state_bytes_per_param = (tr.weight_bytes / (R if z >= 3 else 1) + tr.gradient_bytes / (R if z >= 2 else 1)
-                                      + tr.optimizer_bytes / (R if z >= 1 else 1))
+                                      + tr.optimizer_bytes / (R if z >= 1 else 1)
+                                      + (tr.gradient_buffer_bytes_per_param if R > 1 else 0.0))
 
     def in_flight(self, s: int) -> float:
         """Micro-batches stage s keeps activations for: min(p - s, n) under 1F1B; interleaved
