@@ -1,10 +1,10 @@
 """Measure forward+backward seconds and saved activations of every layer, per micro-batch size.
 
-For each micro-batch size the whole model is built once; every round times each
-layer once (round-robin, so slow drift of a loaded machine hits all layers
-alike): forward on a fixed input, then backward from a fixed output gradient
-(the loss itself for the head), wall-clock seconds (``time.perf_counter``; CUDA
-synchronised).  ``warmup`` rounds are discarded, ``repeats`` rounds kept: the
+The whole model is built once; every round times each layer once at each
+micro-batch size (round-robin over sizes and layers, so slow drift of a loaded
+machine hits all of them alike): forward on a fixed input, then backward from a
+fixed output gradient (the loss itself for the head), wall-clock seconds
+(``time.perf_counter``; CUDA synchronised).  ``warmup`` rounds are discarded, ``repeats`` rounds kept: the
 median is the layer time, min / quartiles / max its spread.  The bytes kept for
 backward are taken in the first warm-up round, untimed: on CPU the tensors
 autograd saves (:mod:`amp_opt.engine.memory`), on CUDA the allocator's growth
@@ -130,27 +130,9 @@ def _step(module, index, tokens, hidden, grad, device, tracker=None):
     return time.perf_counter() - start, saved
 
 
-def measure_layers(model, shape: ModelShape, micro_batch: int, *, device: str, warmup: int, repeats: int,
-                   memory_limit: int | None = None, seed: int = 0, timers: Sequence[Timer] | None = None):
-    """(seconds[round][layer], saved bytes per layer, tp seconds[round][layer] or None) for one size."""
-    modules = list(model.values())
-    dtype = next(modules[0].parameters()).dtype
-    tokens, hidden, grad = _inputs(shape, micro_batch, dtype, device, seed)
-    saved = []
-    for i, module in enumerate(modules):  # memory pass (first warm-up round), untimed
-        tracker = SavedTensorTracker(exclude=[model], limit=memory_limit)
-        saved.append(_step(module, i, tokens, hidden, grad, device, tracker)[1])
-    times, comm = [], []
-    for r in range(max(warmup - 1, 0) + repeats):
-        row, comm_row = [], []
-        for i, module in enumerate(modules):
-            before = timers[i].total if timers else 0.0
-            row.append(_step(module, i, tokens, hidden, grad, device)[0])
-            comm_row.append(timers[i].total - before if timers else 0.0)
-        if r >= max(warmup - 1, 0):
-            times.append(row)
-            comm.append(comm_row)
-    return np.array(times), saved, (np.array(comm) if timers else None)
+def _oom_result(base, names, error: str) -> ProfileResult:
+    return ProfileResult(layer_names=names or (), layer_times=None, spread=None, activation_memory_bytes=None,
+                         tp_comm_seconds=None, oom=True, error=error, **base)
 
 
 def _summaries(times: np.ndarray):
@@ -161,45 +143,86 @@ def _summaries(times: np.ndarray):
 
 def _profile_sizes(shape, sizes, *, device, device_type, dtype, attention, warmup, repeats, memory_limit,
                    seed, tp: TensorParallel, prov, reduce_max=None) -> list[ProfileResult]:
-    """Profile every size in this process (rank of a tp group when tp.size > 1)."""
-    names = None
-    results: list[ProfileResult] = []
-    failed = None
+    """Profile every size in this process (rank of a tp group when tp.size > 1).
+
+    One model serves every size.  First, size by size in increasing order, the untimed
+    memory pass (the first warm-up round); a size that runs out of memory and every
+    larger one are recorded as such.  Then every round times every layer once at every
+    size still running, so that a machine whose load drifts slows all sizes alike.
+    """
     notes = (REPLICATED_NOTE,) if tp.size > 1 else ()
+    timers = [Timer() for _ in range(shape.layers + 2)] if tp.size > 1 else None
+    model = (_with_timers(shape, attention, dtype, device, seed, tp, timers) if timers else
+             build_model(shape, attention=attention, dtype=dtype, device=device, seed=seed))
+    names = tuple(model.keys())
+    modules = list(model.values())
+    base = {b: dict(device_type=device_type, tp=tp.size, micro_batch=b, provenance=prov, notes=notes) for b in sizes}
+    failed: dict[int, str] = {}
+    inputs, saved, alive = {}, {}, []
+
+    def fail(b: int, exc: BaseException) -> None:
+        if not is_oom(exc):
+            raise exc
+        failed[b] = str(exc).splitlines()[0][:300]
+        for later in sizes:
+            if later > b and later not in failed:
+                failed[later] = f"not run: micro_batch {b} already ran out of memory"
+        alive[:] = [x for x in alive if x not in failed]
+        inputs.pop(b, None)
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+    try:
+        for b in sizes:  # memory pass (the first warm-up round), untimed
+            if b in failed:
+                continue
+            try:
+                inputs[b] = _inputs(shape, b, dtype, device, seed)
+                row = []
+                for i, module in enumerate(modules):
+                    tracker = SavedTensorTracker(exclude=[model], limit=memory_limit)
+                    row.append(_step(module, i, *inputs[b], device, tracker)[1])
+                saved[b] = row
+                alive.append(b)
+            except Exception as exc:  # noqa: BLE001 - only out-of-memory is recorded, the rest re-raised
+                fail(b, exc)
+        times = {b: [] for b in alive}
+        comm = {b: [] for b in alive}
+        skip = max(warmup - 1, 0)
+        for r in range(skip + repeats):
+            for b in list(alive):
+                try:
+                    row, comm_row = [], []
+                    for i, module in enumerate(modules):
+                        before = timers[i].total if timers else 0.0
+                        row.append(_step(module, i, *inputs[b], device)[0])
+                        comm_row.append(timers[i].total - before if timers else 0.0)
+                except Exception as exc:  # noqa: BLE001
+                    fail(b, exc)
+                    continue
+                if r >= skip:
+                    times[b].append(row)
+                    comm[b].append(comm_row)
+    finally:
+        del model, modules
+        inputs.clear()
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    results = []
     for b in sizes:
-        base = dict(device_type=device_type, tp=tp.size, micro_batch=b, provenance=prov, notes=notes)
-        if failed is not None:
-            results.append(ProfileResult(layer_names=names or (), layer_times=None, spread=None,
-                                         activation_memory_bytes=None, tp_comm_seconds=None, oom=True,
-                                         error=f"not run: micro_batch {failed} already ran out of memory", **base))
+        if b in failed:
+            results.append(_oom_result(base[b], names, failed[b]))
             continue
-        model = None
-        try:
-            timers = [Timer() for _ in range(shape.layers + 2)] if tp.size > 1 else None
-            model = (_with_timers(shape, attention, dtype, device, seed, tp, timers) if timers else
-                     build_model(shape, attention=attention, dtype=dtype, device=device, seed=seed))
-            names = tuple(model.keys())
-            times, saved, comm = measure_layers(model, shape, b, device=device, warmup=warmup, repeats=repeats,
-                                                memory_limit=memory_limit, seed=seed, timers=timers)
-            if reduce_max is not None:
-                times = reduce_max(times)
-            medians, spread = _summaries(times)
-            comm_medians = tuple(float(c) for c in np.median(comm, axis=0)) if comm is not None else None
-            results.append(ProfileResult(layer_names=names, layer_times=medians, spread=spread,
-                                         activation_memory_bytes=tuple(int(x) for x in saved),
-                                         tp_comm_seconds=comm_medians, **base))
-        except Exception as exc:  # noqa: BLE001 - only out-of-memory is recorded, the rest re-raised
-            if not is_oom(exc):
-                raise
-            failed = b
-            results.append(ProfileResult(layer_names=names or (), layer_times=None, spread=None,
-                                         activation_memory_bytes=None, tp_comm_seconds=None, oom=True,
-                                         error=str(exc).splitlines()[0][:300], **base))
-        finally:
-            del model
-            gc.collect()
-            if device == "cuda":
-                torch.cuda.empty_cache()
+        measured = np.array(times[b])
+        if reduce_max is not None:
+            measured = reduce_max(measured)
+        medians, spread = _summaries(measured)
+        comm_medians = tuple(float(c) for c in np.median(np.array(comm[b]), axis=0)) if timers else None
+        results.append(ProfileResult(layer_names=names, layer_times=medians, spread=spread,
+                                     activation_memory_bytes=tuple(int(x) for x in saved[b]),
+                                     tp_comm_seconds=comm_medians, **base[b]))
     return results
 
 

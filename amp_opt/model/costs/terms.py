@@ -81,7 +81,7 @@ class CandidateTerms:
         ids = np.arange(inst.num_layers) if self.order is None else self.order
         before = [inst.layers[i - 1].activation_bytes.at(m, sp) * inst.training.activation_factor / cp if i > 0 else 0.0
                   for i in ids]
-        factor = inst.training.activation_factor / cp  # calibrated activation bytes, split over cp ranks
+        factor = inst.training.activation_factor / cp  # calibrated activation bytes (C6), split over cp ranks
         act = np.array([layer.activation_memory_bytes.at(m, sp) for layer in layers]) * factor
         scores = np.array([layer.attention_memory_bytes.at(m, sp) for layer in layers]) * factor
         self.recomputes = np.array([layer.recomputes for layer in layers])
@@ -259,7 +259,7 @@ class StageCosts:
 
     def _class_prefixes(self, device_type: str, intra: float, s: int) -> tuple[np.ndarray, np.ndarray, float]:
         """Prefix sums of a compute class's layer seconds on stage s: its mode's, and without
-        recomputation; and the class's fixed seconds per micro-batch (calibrated step overhead)."""
+        recomputation; and the class's fixed seconds per micro-batch (calibrated step overhead, C3)."""
         self.estimated |= self.terms.estimated(device_type, intra)
         mode = self.terms.modes[s]
         return (_prefix(self.terms.layer_seconds(device_type, intra, mode)),

@@ -1,0 +1,285 @@
+"""Measured study of calibration on this machine: profile, run many plans, calibrate on half, score the other half.
+
+Usage (needs PyTorch; about 20-30 minutes on 2 loaded cores)::
+
+    python benchmarks/calibration_study.py [--out benchmarks/results/calibration] \
+        [--report benchmarks/results/calibration.md] [--repeats 3] [--iterations 10] [--analyse-only]
+
+Steps, every one through the command line a user would type:
+
+1. ``python -m amp_opt profile`` a small GPT (4 blocks, hidden 128) on this machine's
+   CPU as device type ``cpu`` (tp 1 and 2, micro-batches 1-8, ``--links``);
+2. ``python -m amp_opt run`` each of the plans below (2 processes each: pipelines with
+   every partition, data parallel, tensor parallel; micro-batches 1-8), ``--repeats``
+   launches each, the median kept, appended to RUNS.json;
+3. split the finished runs in two halves (a fixed permutation, seed 0);
+   ``python -m amp_opt calibrate`` on the first half;
+4. score both the uncalibrated and the calibrated model on the held-out half: Spearman
+   rank correlation, median absolute error, top-1 regret (measured time of the plan
+   predicted fastest over the fastest measured), predicted against measured peak memory;
+5. split the uncalibrated model's error on every run into terms (pipeline compute,
+   gradient allreduce, optimizer step, the rest: p2p, bubbles and per-step overheads).
+
+``--analyse-only`` redoes 3-5 from the saved runs.  Nothing is tuned to the result: the
+plans, the split and the fit are fixed before any run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from amp_opt.calibrate.fit import peak_of_stage
+from amp_opt.calibrate.metrics import errors, spearman
+from amp_opt.model.evaluate import evaluate
+from amp_opt.model.load import load_instance
+from amp_opt.model.plan import parse_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = {"preset": "gpt", "hidden": 128, "layers": 4, "heads": 4, "seq_len": 128, "vocab": 1024, "dropout": False,
+         "dtype_bytes": 4, "attention": "eager"}
+INSTANCE = {"format": "amp_opt.instance", "version": 1, "name": "cpu_study",
+            "description": "a small GPT on this machine's CPU, two processes standing for two devices",
+            "model": MODEL, "device_types": [{"name": "cpu", "memory": "8 GiB"}],
+            "nodes": [{"name": "host", "device_type": "cpu", "devices": 2, "intra_bandwidth": "1 GB/s",
+                       "inter_bandwidth": "1 GB/s"}],
+            "training": {"global_batch": 16}}
+SIZES = (1, 2, 4, 8)
+SEED = 0
+
+
+def study_plans() -> list[dict]:
+    """Every plan on two processes: pp=2 at each partition of the 6 layers, dp=2, tp=2; micro-batches 1-8."""
+    plans = []
+    for b in SIZES:
+        for k in range(1, 6):
+            plans.append({"tp": 1, "dp": 1, "pp": 2, "micro_batch": b, "partition": [0, k, 6]})
+        plans.append({"tp": 1, "dp": 2, "pp": 1, "micro_batch": b, "partition": [0, 6]})
+        plans.append({"tp": 2, "dp": 1, "pp": 1, "micro_batch": b, "partition": [0, 6]})
+    return plans
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "amp_opt", *args]
+    print("$", "python -m amp_opt", " ".join(args), flush=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    if out.returncode not in (0, 4):
+        raise SystemExit(f"failed ({out.returncode}): {out.stderr}")
+    return out
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def measure(out: Path, repeats: int, iterations: int, log: list) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "instance.json").write_text(json.dumps(INSTANCE, indent=2) + "\n")
+    log.append(("profile", load_average()))
+    profile = cli("profile", "instance.json", "-o", "profiled.json", "--device", "cpu", "--micro-batches",
+                  ",".join(map(str, SIZES)), "--tp", "1,2", "--repeats", "15", "--links", "--runnable", cwd=out)
+    (out / "profile.txt").write_text(profile.stdout)
+    runs = out / "runs.json"
+    if runs.exists():
+        runs.unlink()
+    for i, plan in enumerate(study_plans()):
+        (out / "plan.json").write_text(json.dumps(plan))
+        before = load_average()
+        t0 = time.monotonic()
+        cli("run", "profiled.json", "plan.json", "-o", "runs.json", "--append", "--repeats", str(repeats),
+            "--iterations", str(iterations), cwd=out)
+        log.append((f"run {i} {json.dumps(plan)}", before, f"{time.monotonic() - t0:.0f} s"))
+    (out / "plan.json").unlink()
+
+
+def split(n: int) -> tuple[list[int], list[int]]:
+    """A fixed half / half split of n runs (seeded permutation)."""
+    order = np.random.default_rng(SEED).permutation(n)
+    half = (n + 1) // 2
+    return sorted(int(i) for i in order[:half]), sorted(int(i) for i in order[half:])
+
+
+def predictions(instance, records) -> tuple[list[float], list[float]]:
+    times, peaks = [], []
+    for r in records:
+        ev = evaluate(instance, parse_plan(r["plan"]))
+        times.append(ev.predicted_time)
+        peaks.append(max(peak_of_stage(instance, s) for s in ev.stages))
+    return times, peaks
+
+
+def describe(plan: dict) -> str:
+    p = plan
+    kind = f"pp=2 [{p['partition'][1]}|{6 - p['partition'][1]}]" if p["pp"] == 2 else (
+        "dp=2" if p["dp"] == 2 else "tp=2")
+    return f"{kind} b={p['micro_batch']}"
+
+
+def term_split(instance, records) -> list[dict]:
+    """The uncalibrated model's error on each run, term by term (seconds, measured - predicted)."""
+    rows = []
+    for r in records:
+        ev = evaluate(instance, parse_plan(r["plan"]))
+        m = r["measured"]
+        n = ev.n_micro
+        e_m = [s["compute_per_micro_batch"] for s in m["stages"]]
+        e_p = [s.compute for s in ev.stages]
+        compute = ((n - 1) * max(e_m) + sum(e_m)) - ((n - 1) * max(e_p) + sum(e_p))
+        allreduce = max(s["allreduce"] + s.get("tie_allreduce", 0.0) for s in m["stages"]) - max(
+            s.allreduce for s in ev.stages)
+        optimizer = max(s.get("optimizer", 0.0) for s in m["stages"])
+        total = r["iteration_time"] - ev.predicted_time
+        rest = total - compute - allreduce - optimizer
+        rows.append({"plan": describe(r["plan"]), "measured": r["iteration_time"], "predicted": ev.predicted_time,
+                     "compute": compute, "allreduce": allreduce, "optimizer": optimizer, "rest": rest,
+                     "per_micro_batch_rest": rest / (n + len(ev.stages) - 1), "pp": r["plan"]["pp"]})
+    return rows
+
+
+def analyse(out: Path, report: Path, log: list, command: str) -> None:
+    records = [r for r in json.loads((out / "runs.json").read_text()) if "iteration_time" in r]
+    failed = [r for r in json.loads((out / "runs.json").read_text()) if "failed" in r]
+    train, test = split(len(records))
+    (out / "train.json").write_text(json.dumps([records[i] for i in train], indent=1) + "\n")
+    (out / "test.json").write_text(json.dumps([records[i] for i in test], indent=1) + "\n")
+    fit = cli("calibrate", "profiled.json", "train.json", "-o", "calibrated.json", cwd=out)
+    before = load_instance(out / "profiled.json")
+    after = load_instance(out / "calibrated.json")
+    held = [records[i] for i in test]
+    measured = [r["iteration_time"] for r in held]
+    peaks = [r["peak_memory"] for r in held]
+    lines = [f"# Calibration study on this machine", "",
+             f"Command: `{command}`  ",
+             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+             f"({len(os.sched_getaffinity(0))} usable), Python {platform.python_version()}, "
+             f"{_torch_version()}  ",
+             f"Date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}  ",
+             f"Load average (1, 5, 15 min) at the analysis: {load_average()}"]
+    if log:
+        lines.append("Load average before each step: " + "; ".join(f"{e[0].split(' {')[0]}: {e[1]}" for e in log))
+    lines += ["", f"Model: GPT preset, {MODEL['layers']} blocks, hidden {MODEL['hidden']}, {MODEL['heads']} heads, "
+              f"sequence {MODEL['seq_len']}, vocabulary {MODEL['vocab']}, float32, eager attention; global batch "
+              f"{INSTANCE['training']['global_batch']}; one node of 2 `cpu` devices (one process and "
+              f"{_threads(records)} thread(s) each).", "",
+              f"{len(records)} plans finished ({len(failed)} failed); calibrated on {len(train)} "
+              f"(runs {train} of runs.json), scored on the other {len(test)}.", ""]
+    lines += _score_table(before, after, held, measured, peaks)
+    lines += ["", "## The fit (`python -m amp_opt calibrate profiled.json train.json -o calibrated.json`)", "",
+              "```", fit.stdout.rstrip(), "```", ""]
+    lines += _held_out_table(before, after, held)
+    lines += [""] + _term_section(before, records)
+    lines += ["", "## Profile (`python -m amp_opt profile`)", "", "```", (out / "profile.txt").read_text().rstrip()
+              if (out / "profile.txt").exists() else "(not kept)", "```"]
+    report.write_text("\n".join(lines) + "\n")
+    print(f"wrote {report}")
+
+
+def _torch_version() -> str:
+    try:
+        import torch
+
+        return f"torch {torch.__version__}"
+    except ImportError:  # pragma: no cover
+        return "torch not installed"
+
+
+def _threads(records) -> str:
+    return str(records[0]["measured"].get("threads", "?")) if records else "?"
+
+
+def _regret(predicted, measured) -> float:
+    pick = int(np.argmin(predicted))
+    return measured[pick] / min(measured) - 1
+
+
+def _score_table(before, after, held, measured, peaks) -> list[str]:
+    rows = []
+    for label, inst in (("uncalibrated", before), ("calibrated on the other half", after)):
+        t, p = predictions(inst, held)
+        e, pe = errors(t, measured), errors(p, peaks)
+        rows.append((label, e, _regret(t, measured), pe))
+    target = {"spearman": 0.9, "median": 0.10, "regret": 0.05, "memory": 0.10}
+    cal = rows[1]
+    met = {"spearman": (cal[1].spearman or 0) >= target["spearman"], "median": cal[1].median_abs_error <= target["median"],
+           "regret": cal[2] <= target["regret"], "memory": cal[3].max_abs_error <= target["memory"]}
+    out = ["## Held-out plans", "",
+           "| model | Spearman | median abs error | max abs error | top-1 regret | peak memory: median / max abs error |",
+           "|---|---|---|---|---|---|"]
+    for label, e, regret, pe in rows:
+        out.append(f"| {label} | {e.spearman:.3f} | {100 * e.median_abs_error:.1f}% | {100 * e.max_abs_error:.1f}% | "
+                   f"{100 * regret:.1f}% | {100 * pe.median_abs_error:.1f}% / {100 * pe.max_abs_error:.1f}% |")
+    out += ["", "Targets (calibrated, held out): Spearman >= 0.9 " + ("met" if met["spearman"] else "NOT met")
+            + f"; median absolute error <= 10% " + ("met" if met["median"] else "NOT met")
+            + "; top-1 within 5% of the fastest " + ("met" if met["regret"] else "NOT met")
+            + "; peak memory within 10% (every held-out plan) " + ("met" if met["memory"] else "NOT met") + "."]
+    return out
+
+
+def _held_out_table(before, after, held) -> list[str]:
+    t0, p0 = predictions(before, held)
+    t1, p1 = predictions(after, held)
+    out = ["## Every held-out plan (seconds per iteration, peak MiB of the fullest process)", "",
+           "| plan | measured s | uncalibrated | calibrated | measured MiB | uncalibrated | calibrated |",
+           "|---|---|---|---|---|---|---|"]
+    order = np.argsort([r["iteration_time"] for r in held])
+    for i in order:
+        r = held[i]
+        out.append(f"| {describe(r['plan'])} | {r['iteration_time']:.4f} | {t0[i]:.4f} | {t1[i]:.4f} | "
+                   f"{r['peak_memory'] / 2**20:.2f} | {p0[i] / 2**20:.2f} | {p1[i] / 2**20:.2f} |")
+    return out
+
+
+def _term_section(before, records) -> list[str]:
+    rows = term_split(before, records)
+    out = ["## Where the uncalibrated model's error comes from (all runs)", "",
+           "Measured minus predicted seconds per iteration, split by term: pipeline compute is "
+           "(n-1) max E + sum E with the measured against the predicted per-micro-batch stage compute "
+           "(H1, H6); allreduce the largest stage's gradient (and tied-embedding) allreduce (H4); the "
+           "optimizer step, which the model leaves out; the rest is what happens between the layers' "
+           "compute (p2p calls and waiting beyond the 1F1B bubble, per-micro-batch overheads), also "
+           "shown per pipeline step (n + pp - 1 steps).", "",
+           "| plan | measured s | predicted s | compute | allreduce | optimizer | rest | rest per step ms |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['plan']} | {r['measured']:.4f} | {r['predicted']:.4f} | {r['compute']:+.4f} | "
+                   f"{r['allreduce']:+.4f} | {r['optimizer']:+.4f} | {r['rest']:+.4f} | "
+                   f"{1e3 * r['per_micro_batch_rest']:+.2f} |")
+    total = sum(abs(r["measured"] - r["predicted"]) for r in rows)
+    shares = {k: sum(abs(r[k]) for r in rows) for k in ("compute", "allreduce", "optimizer", "rest")}
+    whole = sum(shares.values())
+    out += ["", "Share of the absolute error, summed over runs: " + ", ".join(
+        f"{k} {100 * v / whole:.0f}%" for k, v in shares.items()) + f" (total |error| {total:.3f} s over "
+        f"{len(rows)} runs; median relative error {100 * np.median([abs(r['measured'] / r['predicted'] - 1) for r in rows]):.0f}%)."]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "calibration"))
+    parser.add_argument("--report", default=str(ROOT / "benchmarks" / "results" / "calibration.md"))
+    parser.add_argument("--repeats", type=int, default=3, help="launches per plan (the median kept)")
+    parser.add_argument("--iterations", type=int, default=10, help="measured iterations per launch")
+    parser.add_argument("--analyse-only", action="store_true", help="score the runs already in --out")
+    args = parser.parse_args()
+    out = Path(args.out)
+    log: list = []
+    if not args.analyse_only:
+        measure(out, args.repeats, args.iterations, log)
+        (out / "load.json").write_text(json.dumps(log, indent=1) + "\n")
+    elif (out / "load.json").exists():
+        log = json.loads((out / "load.json").read_text())
+    command = "python benchmarks/calibration_study.py " + " ".join(sys.argv[1:])
+    analyse(out, Path(args.report), log, command.strip())
+
+
+if __name__ == "__main__":
+    main()
