@@ -1,17 +1,18 @@
 """Measured study of calibration on this machine: profile, run many plans, calibrate on half, score the other half.
 
-Usage (needs PyTorch; about 20-30 minutes on 2 loaded cores)::
+Usage (needs PyTorch; about 40-60 minutes on 2 loaded cores)::
 
     python benchmarks/calibration_study.py [--out benchmarks/results/calibration] \
-        [--report benchmarks/results/calibration.md] [--repeats 3] [--iterations 10] [--analyse-only]
+        [--report benchmarks/results/calibration.md] [--passes 5] [--iterations 8] [--analyse-only]
 
 Steps, every one through the command line a user would type:
 
-1. ``python -m amp_opt profile`` a small GPT (4 blocks, hidden 128) on this machine's
-   CPU as device type ``cpu`` (tp 1 and 2, micro-batches 1-8, ``--links``);
+1. ``python -m amp_opt profile`` ``instances/cpu_gpt_small.json`` (a GPT of 4 blocks,
+   hidden 128) on this machine's CPU as device type ``cpu`` (tp 1 and 2, micro-batches 1-8, ``--links``);
 2. ``python -m amp_opt run`` each of the plans below (2 processes each: pipelines with
-   every partition, data parallel, tensor parallel; micro-batches 1-8), ``--repeats``
-   launches each, the median kept, appended to RUNS.json;
+   every partition, data parallel, tensor parallel; micro-batches 1-8) once per pass,
+   ``--passes`` passes over all plans (the order reversed every other pass, so that a
+   drifting load reaches every plan alike); each plan keeps its median launch (RUNS.json);
 3. split the finished runs in two halves (a fixed permutation, seed 0);
    ``python -m amp_opt calibrate`` on the first half;
 4. score both the uncalibrated and the calibrated model on the held-out half: Spearman
@@ -45,14 +46,8 @@ from amp_opt.model.load import load_instance
 from amp_opt.model.plan import parse_plan
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = {"preset": "gpt", "hidden": 128, "layers": 4, "heads": 4, "seq_len": 128, "vocab": 1024, "dropout": False,
-         "dtype_bytes": 4, "attention": "eager"}
-INSTANCE = {"format": "amp_opt.instance", "version": 1, "name": "cpu_study",
-            "description": "a small GPT on this machine's CPU, two processes standing for two devices",
-            "model": MODEL, "device_types": [{"name": "cpu", "memory": "8 GiB"}],
-            "nodes": [{"name": "host", "device_type": "cpu", "devices": 2, "intra_bandwidth": "1 GB/s",
-                       "inter_bandwidth": "1 GB/s"}],
-            "training": {"global_batch": 16}}
+INSTANCE = json.loads((ROOT / "instances" / "cpu_gpt_small.json").read_text())
+MODEL = INSTANCE["model"]
 SIZES = (1, 2, 4, 8)
 SEED = 0
 
@@ -81,24 +76,44 @@ def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def measure(out: Path, repeats: int, iterations: int, log: list) -> None:
+def measure(out: Path, passes: int, iterations: int, log: list, *, plans: int | None = None,
+            profile_repeats: int = 30) -> None:
+    """Profile, then run every plan once per pass (plans in turn, the order reversed every other
+    pass, so that a drifting load reaches every plan alike); each plan keeps its median launch."""
     out.mkdir(parents=True, exist_ok=True)
+    launches = out / "launches"
+    launches.mkdir(exist_ok=True)
     (out / "instance.json").write_text(json.dumps(INSTANCE, indent=2) + "\n")
-    log.append(("profile", load_average()))
+    log.append({"step": "profile", "load": load_average()})
     profile = cli("profile", "instance.json", "-o", "profiled.json", "--device", "cpu", "--micro-batches",
-                  ",".join(map(str, SIZES)), "--tp", "1,2", "--repeats", "15", "--links", "--runnable", cwd=out)
+                  ",".join(map(str, SIZES)), "--tp", "1,2", "--repeats", str(profile_repeats), "--links", "--runnable", cwd=out)
     (out / "profile.txt").write_text(profile.stdout)
-    runs = out / "runs.json"
-    if runs.exists():
-        runs.unlink()
-    for i, plan in enumerate(study_plans()):
-        (out / "plan.json").write_text(json.dumps(plan))
-        before = load_average()
-        t0 = time.monotonic()
-        cli("run", "profiled.json", "plan.json", "-o", "runs.json", "--append", "--repeats", str(repeats),
-            "--iterations", str(iterations), cwd=out)
-        log.append((f"run {i} {json.dumps(plan)}", before, f"{time.monotonic() - t0:.0f} s"))
+    plans = study_plans()[:plans]
+    for k in range(passes):
+        order = list(range(len(plans)))[:: (1 if k % 2 == 0 else -1)]
+        for i in order:
+            (out / "plan.json").write_text(json.dumps(plans[i]))
+            before, t0 = load_average(), time.monotonic()
+            cli("run", "profiled.json", "plan.json", "-o", f"launches/{k}_{i}.json", "--iterations", str(iterations),
+                cwd=out)
+            log.append({"step": f"pass {k} plan {i}", "load": before, "seconds": round(time.monotonic() - t0, 1)})
     (out / "plan.json").unlink()
+    combined = []
+    for i in range(len(plans)):
+        # Each launch wrote its record next to launches/; the combined list sits beside the instance.
+        records = [dict(json.loads((launches / f"{k}_{i}.json").read_text())[0], instance="profiled.json")
+                   for k in range(passes)]
+        loads = [next(e["load"] for e in log if e["step"] == f"pass {k} plan {i}") for k in range(passes)]
+        failed = [r for r in records if "failed" in r]
+        if failed:
+            combined.append(failed[0])
+            continue
+        times = [r["iteration_time"] for r in records]
+        chosen = sorted(records, key=lambda r: r["iteration_time"])[(passes - 1) // 2]
+        chosen["measured"]["repeats"] = times  # in pass order
+        chosen["measured"]["loads"] = loads
+        combined.append(chosen)
+    (out / "runs.json").write_text(json.dumps(combined, indent=1) + "\n")
 
 
 def split(n: int) -> tuple[list[int], list[int]]:
@@ -165,7 +180,10 @@ def analyse(out: Path, report: Path, log: list, command: str) -> None:
              f"Date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}  ",
              f"Load average (1, 5, 15 min) at the analysis: {load_average()}"]
     if log:
-        lines.append("Load average before each step: " + "; ".join(f"{e[0].split(' {')[0]}: {e[1]}" for e in log))
+        ones = [float(e["load"].split()[0]) for e in log if e["step"].startswith("pass")]
+        lines.append(f"Load average before the profile: {log[0]['load']}; 1-minute load average before the "
+                     f"{len(ones)} launches: min {min(ones):.2f}, median {np.median(ones):.2f}, max {max(ones):.2f} "
+                     f"(2 cores; other sessions were running)" if ones else "")
     lines += ["", f"Model: GPT preset, {MODEL['layers']} blocks, hidden {MODEL['hidden']}, {MODEL['heads']} heads, "
               f"sequence {MODEL['seq_len']}, vocabulary {MODEL['vocab']}, float32, eager attention; global batch "
               f"{INSTANCE['training']['global_batch']}; one node of 2 `cpu` devices (one process and "
@@ -176,6 +194,7 @@ def analyse(out: Path, report: Path, log: list, command: str) -> None:
     lines += ["", "## The fit (`python -m amp_opt calibrate profiled.json train.json -o calibrated.json`)", "",
               "```", fit.stdout.rstrip(), "```", ""]
     lines += _held_out_table(before, after, held)
+    lines += [""] + _noise_section(records, held)
     lines += [""] + _term_section(before, records)
     lines += ["", "## Profile (`python -m amp_opt profile`)", "", "```", (out / "profile.txt").read_text().rstrip()
               if (out / "profile.txt").exists() else "(not kept)", "```"]
@@ -238,6 +257,38 @@ def _held_out_table(before, after, held) -> list[str]:
     return out
 
 
+def _noise_section(records, held) -> list[str]:
+    """How repeatable the measurements are: the spread of each plan's launches, and the same
+    scores as above between two halves of the passes (a ceiling for any model)."""
+    if not records or "repeats" not in records[0]["measured"]:
+        return ["## Repeatability", "", "(one launch per plan: not measured)"]
+    spread = [(max(r["measured"]["repeats"]) - min(r["measured"]["repeats"])) / r["iteration_time"] for r in records]
+
+    def halves(rs):
+        even = [float(np.median(r["measured"]["repeats"][0::2])) for r in rs]
+        odd = [float(np.median(r["measured"]["repeats"][1::2])) for r in rs]
+        return even, odd
+
+    out = ["## Repeatability (the noise floor)", "",
+           f"Each plan ran {len(records[0]['measured']['repeats'])} times, once per pass. Median over plans of "
+           f"(slowest - fastest launch) / median launch: {100 * np.median(spread):.0f}% (largest "
+           f"{100 * max(spread):.0f}%).", "",
+           "The same plans measured twice (median of the even passes against median of the odd passes), "
+           "scored as the model is scored: what a perfect model could reach at most on these measurements.", "",
+           "| plans | Spearman | median abs difference | top-1 regret |", "|---|---|---|---|"]
+    for label, rs in (("all", records), ("held out", held)):
+        even, odd = halves(rs)
+        e = errors(even, odd)
+        out.append(f"| {label} ({len(rs)}) | {e.spearman:.3f} | {100 * e.median_abs_error:.1f}% | "
+                   f"{100 * _regret(even, odd):.1f}% |")
+    loads = [float(x.split()[0]) for r in records for x in r["measured"].get("loads", [])]
+    ratios = [t / r["iteration_time"] for r in records for t in r["measured"]["repeats"]]
+    if len(loads) == len(ratios) and loads:
+        out += ["", f"Spearman between the 1-minute load average before a launch and that launch's time over its "
+                f"plan's median: {spearman(loads, ratios):.2f} ({len(loads)} launches)."]
+    return out
+
+
 def _term_section(before, records) -> list[str]:
     rows = term_split(before, records)
     out = ["## Where the uncalibrated model's error comes from (all runs)", "",
@@ -266,14 +317,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "calibration"))
     parser.add_argument("--report", default=str(ROOT / "benchmarks" / "results" / "calibration.md"))
-    parser.add_argument("--repeats", type=int, default=3, help="launches per plan (the median kept)")
-    parser.add_argument("--iterations", type=int, default=10, help="measured iterations per launch")
+    parser.add_argument("--passes", type=int, default=5, help="launches per plan, one per pass (the median kept)")
+    parser.add_argument("--iterations", type=int, default=8, help="measured iterations per launch")
+    parser.add_argument("--plans", type=int, default=None, help="only the first N plans (to try the script)")
+    parser.add_argument("--profile-repeats", type=int, default=30, help="profile rounds kept (default 30)")
     parser.add_argument("--analyse-only", action="store_true", help="score the runs already in --out")
     args = parser.parse_args()
     out = Path(args.out)
     log: list = []
     if not args.analyse_only:
-        measure(out, args.repeats, args.iterations, log)
+        measure(out, args.passes, args.iterations, log, plans=args.plans, profile_repeats=args.profile_repeats)
         (out / "load.json").write_text(json.dumps(log, indent=1) + "\n")
     elif (out / "load.json").exists():
         log = json.loads((out / "load.json").read_text())
