@@ -79,7 +79,15 @@ class Parameter:
 
 
 def section_of(parameters: Sequence[Parameter], x: Sequence[float], base: Mapping | None = None) -> dict:
-    """The calibration section holding the parameters' values at ``x`` (on top of ``base``)."""
+    """The calibration section holding the parameters' values at ``x`` (on top of ``base``).
+
+    Examples
+    --------
+    >>> kappa = Parameter("compute_scale[T4]", ("device_types", "T4", "compute_scale"), 1.0, 1.0, True)
+    >>> link = Parameter("links.inter", ("links", "inter"), 1.0, 1.0, True)
+    >>> section_of([kappa, link], [math.log(2.0), 0.0])
+    {'device_types': {'T4': {'compute_scale': 2.0}}, 'links': {'inter': 1.0}}
+    """
     out: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in (base or {}).items()}
     for p, xi in zip(parameters, x):
         value = p.value(float(xi))
@@ -96,7 +104,20 @@ def section_of(parameters: Sequence[Parameter], x: Sequence[float], base: Mappin
 # ---------------------------------------------------------------- predictions (the one evaluator)
 
 class Predictor:
-    """Predicts runs under a calibration section: every instance calibrated once per section."""
+    """Predicts runs under a calibration section with the one evaluator: every instance
+    calibrated once per section.
+
+    Examples
+    --------
+    >>> from amp_opt.calibrate.runs import bind_runs, load_uncalibrated, parse_runs
+    >>> inst = load_uncalibrated("instances/amp_het_cluster.json")[1]
+    >>> plan = {"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}
+    >>> runs = bind_runs(parse_runs([{"plan": plan, "iteration_time": 1.0}]), inst)
+    >>> slow = {"device_types": {"T4": {"compute_scale": 2.0}, "V100-16GB": {"compute_scale": 2.0}}}
+    >>> t = Predictor(runs).times(runs.records, {})
+    >>> bool(Predictor(runs).times(runs.records, slow)[0] > 1.5 * t[0])
+    True
+    """
 
     def __init__(self, runs: RunSet):
         self.runs = runs
@@ -126,7 +147,17 @@ class Predictor:
 
 
 def peak_of_stage(instance, stage) -> float:
-    """Eq. C5': the allocator peak a stage's devices are predicted to reach (bytes)."""
+    """Eq. C5': the allocator peak a stage's devices are predicted to reach (bytes): the stage's
+    memory (eq. H5) less the reserve, plus the largest memory overhead among its device types.
+
+    Examples
+    --------
+    >>> from amp_opt import load_instance, parse_plan
+    >>> inst = load_instance("instances/amp_het_cluster.json")
+    >>> ev = evaluate(inst, parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}))
+    >>> peak_of_stage(inst, ev.stages[0]) == ev.stages[0].memory - inst.training.memory_reserve
+    True
+    """
     overhead = max(instance.device_types[t].memory_overhead for t in stage.device_types)
     return stage.memory - instance.training.memory_reserve + overhead
 
@@ -193,7 +224,14 @@ def _least_squares(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray
 def identifiable(J: np.ndarray, candidates: Sequence[Parameter]) -> list[int]:
     """F3: the candidates the runs can tell apart, in priority order: a candidate whose column
     of the Jacobian at the uncalibrated model is zero (no run depends on it) or lies in the
-    span of earlier ones (no run separates it from them) is left out."""
+    span of earlier ones (no run separates it from them) is left out.
+
+    Examples
+    --------
+    >>> J = np.array([[1.0, 0.0, 2.0], [1.0, 0.0, 2.0]])  # the third column is twice the first
+    >>> identifiable(J, ["a", "b", "c"])
+    [0]
+    """
     chosen: list[int] = []
     for j in range(len(candidates)):
         if not np.any(J[:, j]):
@@ -224,6 +262,19 @@ def fit_parameters(residual_of: Callable[[Sequence[Parameter], np.ndarray], np.n
     ``max_parameters(runs)`` (or ``limit``) of them; otherwise they enter one at a time,
     each round taking the candidate whose joint fit with the chosen ones lowers the
     objective most (ties to the earlier one).  ``start`` (name -> x) warm-starts the fit.
+
+    Examples
+    --------
+    Two runs, each 2.5 times slower than predicted; a scale factor explains both:
+
+    >>> scale = Parameter("compute_scale[g]", ("device_types", "g", "compute_scale"), 1.0, 1.0, True)
+    >>> predicted, measured = np.array([1.0, 3.0]), np.array([2.5, 7.5])
+    >>> def residual_of(params, x):
+    ...     factor = params[0].value(x[0]) if params else 1.0
+    ...     return np.log(factor * predicted / measured)
+    >>> sol = fit_parameters(residual_of, [scale], runs=2, noise=0.05)
+    >>> [p.name for p in sol.parameters], round(sol.parameters[0].value(sol.x[0]), 2)
+    (['compute_scale[g]'], 2.5)
     """
     lam = noise ** 2
     k_max = min(max_parameters(runs) if limit is None else limit, len(candidates))
@@ -278,7 +329,17 @@ def _scores(r: np.ndarray) -> tuple[float, float]:
 # ---------------------------------------------------------------- the two fits
 
 def time_candidates(runs: RunSet, records: Sequence[RunRecord], predictor: Predictor) -> list[Parameter]:
-    """C1, C3 per device type the records use, C4 intra and inter, C2 per device type (priority order)."""
+    """C1, C3 per device type the records use, C4 intra and inter, C2 per device type (priority order).
+
+    Examples
+    --------
+    >>> from amp_opt.calibrate.runs import bind_runs, load_uncalibrated, parse_runs
+    >>> inst = load_uncalibrated("instances/amp_het_cluster.json")[1]
+    >>> plan = {"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}
+    >>> runs = bind_runs(parse_runs([{"plan": plan, "iteration_time": 1.0}]), inst)
+    >>> [p.name for p in time_candidates(runs, runs.records, Predictor(runs))][:3]
+    ['compute_scale[T4]', 'step_overhead[T4]', 'compute_scale[V100-16GB]']
+    """
     types = sorted({t for r in records for t in runs.device_types(r)})
     stage_seconds: dict[str, list[float]] = {t: [] for t in types}
     for r, ev in zip(records, predictor.evaluations(records, {})):
@@ -299,7 +360,17 @@ def time_candidates(runs: RunSet, records: Sequence[RunRecord], predictor: Predi
 
 
 def memory_candidates(runs: RunSet, records: Sequence[RunRecord]) -> list[Parameter]:
-    """C6, C5 per device type the records use, C7 (priority order)."""
+    """C6, C5 per device type the records use, C7 (priority order).
+
+    Examples
+    --------
+    >>> from amp_opt.calibrate.runs import bind_runs, load_uncalibrated, parse_runs
+    >>> inst = load_uncalibrated("instances/amp_het_cluster.json")[1]
+    >>> plan = {"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}
+    >>> runs = bind_runs(parse_runs([{"plan": plan, "iteration_time": 1.0, "peak_memory": 5e9}]), inst)
+    >>> [p.name for p in memory_candidates(runs, runs.records)]
+    ['activation_factor', 'memory_overhead[T4]', 'memory_overhead[V100-16GB]', 'gradient_buffer_bytes_per_param']
+    """
     types = sorted({t for r in records for t in runs.device_types(r)})
     peaks = {t: [r.peak_memory for r in records if t in runs.device_types(r)] for t in types}
     grad = max(inst.training.gradient_bytes for inst in runs.instances.values()) or 1.0

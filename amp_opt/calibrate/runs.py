@@ -198,6 +198,18 @@ def bind_runs(records: Sequence[RunRecord], instance, *, where: str = "RUNS.json
     ``instance`` is the uncalibrated instance records without ``"instance"`` ran on (read
     from ``instance_path``, if given: records naming that same file are bound to it).
     Returned records hold checked plans (explicit ``stages``).
+
+    Examples
+    --------
+    >>> doc, inst = load_uncalibrated("instances/amp_het_cluster.json")
+    >>> plan = {"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}
+    >>> runs = bind_runs(parse_runs([{"plan": plan, "iteration_time": 1.2}]), inst)
+    >>> runs.device_types(runs.records[0]), runs.records[0].plan.stages[3]
+    (('T4', 'V100-16GB'), ((12,), (13,), (14,), (15,)))
+    >>> bind_runs(parse_runs([{"plan": dict(plan, dp=8), "iteration_time": 1.2}]), inst)
+    Traceback (most recent call last):
+    ...
+    amp_opt.errors.InputError: RUNS.json[0].plan: tp*cp*dp*pp = 1*1*8*4 = 32, the cluster has 16 devices
     """
     instances: dict[str | None, Any] = {None: instance}
     own = Path(instance_path).resolve() if instance_path is not None else None
