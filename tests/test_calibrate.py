@@ -14,6 +14,7 @@ from amp_opt import InputError, evaluate, parse_instance, parse_plan, solve
 from amp_opt.calibrate.fit import fit_calibration, peak_of_stage
 from amp_opt.calibrate.metrics import errors, spearman
 from amp_opt.calibrate.runs import bind_runs, load_runs, parse_runs
+from amp_opt.commands.cli import main
 from amp_opt.model.calibration import apply_calibration
 
 MODEL = {"preset": "gpt", "hidden": 128, "layers": 4, "heads": 4, "seq_len": 64, "vocab": 512, "dropout": False,
@@ -301,19 +302,21 @@ def test_calibrate_command(tmp_path, base):
         assert run_cli(*command, cwd=tmp_path).returncode == 0
 
 
-def test_calibrate_command_bad_runs(tmp_path):
+def test_calibrate_command_bad_runs(tmp_path, capsys, monkeypatch):
     (tmp_path / "inst.json").write_text(json.dumps(document()))
     (tmp_path / "nan.json").write_text('[{"plan": %s, "iteration_time": 1.0}, {"plan": %s, "iteration_time": NaN}]'
                                        % (json.dumps(PLAN), json.dumps(PLAN)))
     (tmp_path / "lost.json").write_text(json.dumps([{"plan": PLAN, "iteration_time": 1.0, "instance": "gone.json"}]))
     (tmp_path / "wrong.json").write_text(json.dumps([{"plan": dict(PLAN, partition=[0, 3, 7]), "iteration_time": 1.0}]))
     (tmp_path / "empty.json").write_text("[]")
+    monkeypatch.chdir(tmp_path)
     for name, expected in (("nan.json", "nan.json[1].iteration_time"), ("lost.json", "lost.json[0].instance"),
                            ("wrong.json", "wrong.json[0].plan.partition"), ("empty.json", "empty.json: holds no runs"),
                            ("missing.json", "runs file not found")):
-        out = run_cli("calibrate", "inst.json", name, "-o", "cal.json", cwd=tmp_path)
-        assert out.returncode == 2, (name, out.stderr)
-        assert expected in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        code = main(["calibrate", "inst.json", name, "-o", "cal.json"])
+        err = capsys.readouterr().err
+        assert code == 2, (name, err)
+        assert expected in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "cal.json").exists()
 
 

@@ -26,6 +26,15 @@ def cli(*args, cwd, env=None):
     return subprocess.run([sys.executable, "-m", "amp_opt", *args], capture_output=True, text=True, cwd=cwd, env=env)
 
 
+def main(capsys, monkeypatch, cwd, *args):
+    """The command line in this process (refusals come before any process starts): (code, stderr)."""
+    from amp_opt.commands.cli import main as cli_main
+
+    monkeypatch.chdir(cwd)
+    code = cli_main(list(args))
+    return code, capsys.readouterr().err
+
+
 def test_without_torch_one_line_and_exit_2(tmp_path):
     """A torch that cannot be imported (a stand-in package on the path) gives the install hint."""
     import os
@@ -134,14 +143,14 @@ def test_a_run_out_of_memory_is_a_record(workflow):
      "plan.recompute"),
     (lambda d: None, {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 3, "partition": [0, 4]}, "plan.micro_batch"),
 ])
-def test_run_refuses_before_starting(tmp_path, mutate, plan, expected):
+def test_run_refuses_before_starting(tmp_path, capsys, monkeypatch, mutate, plan, expected):
     doc = document()
     mutate(doc)
     (tmp_path / "inst.json").write_text(json.dumps(doc))
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    out = cli("run", "inst.json", "plan.json", "-o", "runs.json", cwd=tmp_path)
-    assert out.returncode == 2, out.stderr
-    assert expected in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    code, err = main(capsys, monkeypatch, tmp_path, "run", "inst.json", "plan.json", "-o", "runs.json")
+    assert code == 2, err
+    assert expected in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "runs.json").exists()
 
 
@@ -151,8 +160,11 @@ def test_run_refuses_before_starting(tmp_path, mutate, plan, expected):
     (["--tp", "4"], "--tp: tp 4 is more than the 2 devices"),
     (["--micro-batches", "0"], "expected comma-separated positive integers"),
 ])
-def test_profile_refuses_bad_options(tmp_path, args, expected):
+def test_profile_refuses_bad_options(tmp_path, capsys, monkeypatch, args, expected):
     (tmp_path / "inst.json").write_text(json.dumps(document()))
-    out = cli("profile", "inst.json", "-o", "out.json", *args, cwd=tmp_path)
-    assert out.returncode == 2 and expected in out.stderr, out.stderr
+    try:
+        code, err = main(capsys, monkeypatch, tmp_path, "profile", "inst.json", "-o", "out.json", *args)
+    except SystemExit as exc:  # argparse refuses malformed option values itself, with exit 2
+        code, err = exc.code, capsys.readouterr().err
+    assert code == 2 and expected in err, err
     assert not (tmp_path / "out.json").exists()

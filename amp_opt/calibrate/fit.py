@@ -15,10 +15,10 @@ every run under the candidate corrections:
 Every parameter x is unitless with prior N(0, 1) around the uncalibrated model
 (x = 0): value = initial * exp(scale * x) for factors, initial + scale * x for
 additive ones.  The objective is sum_i r_i^2 + sigma^2 |x|^2, r_i = log(predicted_i
-/ measured_i), sigma the relative noise of one run (F2).  Parameters enter by
-forward selection on the linearised problem (F3): the one that lowers the
-objective most, while the count stays within ceil(runs / 2) and each lowers it by
-more than 2 sigma^2.  The fit is then shrunk toward the uncalibrated model until
+/ measured_i), sigma the relative noise of one run (F2).  Only parameters the runs
+can tell apart enter, at most ceil(runs / 2) of them: all jointly when that many
+are identifiable, else one at a time, each round the one whose joint fit lowers the
+objective most (F3).  The fit is then shrunk toward the uncalibrated model until
 neither the RMS log error nor the median absolute error on the runs is worse (F4).
 Leave-one-out repeats the whole procedure without each run.  Deterministic.
 """
@@ -32,7 +32,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import InputError
 from ..model.calibration import apply_calibration
 from ..model.evaluate import evaluate
 from ..model.tables import Tables
@@ -566,10 +565,3 @@ def _oom_adjust(runs: RunSet, predictor: Predictor, section: dict) -> tuple[dict
                           if any(t in s.device_types and not s.fits for s in ev.stages))
         adjustments.append(OomAdjustment(t, value, tuple(recs), conflicts))
     return out, adjustments
-
-
-def check_fit_inputs(runs: RunSet) -> None:
-    """Refuse a RUNS.json with nothing to fit from."""
-    if not runs.records:
-        raise InputError(runs.where, "holds no runs")
-

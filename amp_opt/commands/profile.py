@@ -57,6 +57,9 @@ def add_arguments(p) -> None:
                    help="tensor-parallel degrees; tp > 1 runs tp local processes (default 1)")
     p.add_argument("--warmup", type=positive_int, default=2, help="rounds discarded (default 2)")
     p.add_argument("--repeats", type=positive_int, default=5, help="rounds kept; the median is written (default 5)")
+    p.add_argument("--statistic", choices=("median", "q1", "min"), default="median",
+                   help="what of the repeats becomes a layer's time (default median; q1 or min on a shared "
+                        "machine whose load comes and goes: interference only adds time)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads per process (CPU default: usable cores / devices per node)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
@@ -132,7 +135,8 @@ def run(args) -> int:
         results += profile_model(shape, micro_batches=args.micro_batches, device=device, device_type=name,
                                  dtype=dtype, attention=attention, warmup=args.warmup, repeats=args.repeats,
                                  threads=threads,
-                                 tp=tp, memory_limit=args.memory_limit, timeout=float(args.timeout))
+                                 tp=tp, memory_limit=args.memory_limit, timeout=float(args.timeout),
+                                 statistic=args.statistic)
     out = merge_profiles(document, results, extras=True)
     notes = _make_solvable(out, instance, name, device, dtype.itemsize, {r.tp for r in results if not r.oom})
     if args.runnable:

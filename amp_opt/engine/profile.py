@@ -4,8 +4,9 @@ The whole model is built once; every round times each layer once at each
 micro-batch size (round-robin over sizes and layers, so slow drift of a loaded
 machine hits all of them alike): forward on a fixed input, then backward from a
 fixed output gradient (the loss itself for the head), wall-clock seconds
-(``time.perf_counter``; CUDA synchronised).  ``warmup`` rounds are discarded, ``repeats`` rounds kept: the
-median is the layer time, min / quartiles / max its spread.  The bytes kept for
+(``time.perf_counter``; CUDA synchronised).  ``warmup`` rounds are discarded,
+``repeats`` rounds kept: the median (or, with ``statistic``, the first quartile or
+the minimum) is the layer time, min / quartiles / median / max its spread.  The bytes kept for
 backward are taken in the first warm-up round, untimed: on CPU the tensors
 autograd saves (:mod:`amp_opt.engine.memory`), on CUDA the allocator's growth
 over the forward (which includes the layer's output).
@@ -135,14 +136,18 @@ def _oom_result(base, names, error: str) -> ProfileResult:
                          tp_comm_seconds=None, oom=True, error=error, **base)
 
 
-def _summaries(times: np.ndarray):
+STATISTICS = {"median": 50, "q1": 25, "min": 0}  # the percentile of the kept rounds written as layer_times
+
+
+def _summaries(times: np.ndarray, statistic: str = "median"):
     q = np.percentile(times, [0, 25, 50, 75, 100], axis=0)
-    spread = {"min": tuple(q[0]), "q1": tuple(q[1]), "q3": tuple(q[3]), "max": tuple(q[4])}
-    return tuple(float(t) for t in q[2]), {k: tuple(float(x) for x in v) for k, v in spread.items()}
+    spread = {"min": tuple(q[0]), "q1": tuple(q[1]), "median": tuple(q[2]), "q3": tuple(q[3]), "max": tuple(q[4])}
+    kept = q[{"min": 0, "q1": 1, "median": 2}[statistic]]
+    return tuple(float(t) for t in kept), {k: tuple(float(x) for x in v) for k, v in spread.items()}
 
 
 def _profile_sizes(shape, sizes, *, device, device_type, dtype, attention, warmup, repeats, memory_limit,
-                   seed, tp: TensorParallel, prov, reduce_max=None) -> list[ProfileResult]:
+                   seed, tp: TensorParallel, prov, reduce_max=None, statistic: str = "median") -> list[ProfileResult]:
     """Profile every size in this process (rank of a tp group when tp.size > 1).
 
     One model serves every size.  First, size by size in increasing order, the untimed
@@ -218,7 +223,7 @@ def _profile_sizes(shape, sizes, *, device, device_type, dtype, attention, warmu
         measured = np.array(times[b])
         if reduce_max is not None:
             measured = reduce_max(measured)
-        medians, spread = _summaries(measured)
+        medians, spread = _summaries(measured, statistic)
         comm_medians = tuple(float(c) for c in np.median(np.array(comm[b]), axis=0)) if timers else None
         results.append(ProfileResult(layer_names=names, layer_times=medians, spread=spread,
                                      activation_memory_bytes=tuple(int(x) for x in saved[b]),
@@ -249,7 +254,8 @@ def _check_sizes(micro_batches) -> tuple[int, ...]:
 def profile_model(model, *, micro_batches: Sequence[int] = DEFAULT_MICRO_BATCHES, device: str | None = None,
                   device_type: str | None = None, dtype=None, attention: str = "eager", warmup: int = 2,
                   repeats: int = 5, threads: int | None = None, tp: int = 1, seed: int = 0,
-                  memory_limit: int | None = None, timeout: float = 1800.0) -> tuple[ProfileResult, ...]:
+                  memory_limit: int | None = None, timeout: float = 1800.0,
+                  statistic: str = "median") -> tuple[ProfileResult, ...]:
     """Forward+backward seconds and saved activation bytes of every layer, per micro-batch size.
 
     Parameters
@@ -267,6 +273,10 @@ def profile_model(model, *, micro_batches: Sequence[int] = DEFAULT_MICRO_BATCHES
     memory_limit : bytes of saved activations one layer may keep; beyond it the size is
         recorded as out of memory (a CPU stand-in for a device's capacity).
     timeout : seconds for the tp > 1 processes.
+    statistic : "median" (default), "q1" or "min": what of the kept rounds becomes a layer's
+        time.  Interference only ever adds time, so on a shared machine whose load comes
+        and goes the first quartile or the minimum is the device's own speed, where the
+        median may land in either mode; the spread holds all of them.
 
     Returns
     -------
@@ -282,23 +292,26 @@ def profile_model(model, *, micro_batches: Sequence[int] = DEFAULT_MICRO_BATCHES
     sizes = _check_sizes(micro_batches)
     device = resolve_device(device)
     torch_dtype(dtype, shape)  # validate before any work
+    if statistic not in STATISTICS:
+        raise InputError("statistic", f"must be one of {', '.join(STATISTICS)}, got {statistic!r}")
     for name, value, low in (("warmup", warmup, 1), ("repeats", repeats, 1), ("tp", tp, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise InputError(name, f"must be an integer >= {low}, got {value!r}")
     if tp > 1:
         return _profile_tp(shape, sizes, device=device, device_type=device_type, dtype=dtype, attention=attention,
                            warmup=warmup, repeats=repeats, threads=threads, tp=tp, seed=seed,
-                           memory_limit=memory_limit, timeout=timeout)
+                           memory_limit=memory_limit, timeout=timeout, statistic=statistic)
     threads = set_threads(threads)
     dt = torch_dtype(dtype, shape)
-    prov = provenance(device, dt, threads, attention=attention, warmup=warmup, repeats=repeats, processes=1)
+    prov = provenance(device, dt, threads, attention=attention, warmup=warmup, repeats=repeats, processes=1,
+                      statistic=statistic)
     return tuple(_profile_sizes(shape, sizes, device=device, device_type=device_type or prov["device"], dtype=dt,
                                 attention=attention, warmup=warmup, repeats=repeats, memory_limit=memory_limit,
-                                seed=seed, tp=TensorParallel(), prov=prov))
+                                seed=seed, tp=TensorParallel(), prov=prov, statistic=statistic))
 
 
 def _profile_tp(shape, sizes, *, device, device_type, dtype, attention, warmup, repeats, threads, tp, seed,
-                memory_limit, timeout) -> tuple[ProfileResult, ...]:
+                memory_limit, timeout, statistic="median") -> tuple[ProfileResult, ...]:
     from .provenance import usable_cores
 
     if threads is None:
@@ -306,7 +319,7 @@ def _profile_tp(shape, sizes, *, device, device_type, dtype, attention, warmup, 
     task = {"kind": "profile", "model": asdict(shape), "sizes": list(sizes), "device": device,
             "device_type": device_type, "dtype": str(torch_dtype(dtype, shape)).replace("torch.", ""),
             "attention": attention, "warmup": warmup, "repeats": repeats, "threads": threads, "seed": seed,
-            "memory_limit": memory_limit}
+            "memory_limit": memory_limit, "statistic": statistic}
     result = launch(task, tp, timeout=timeout, threads=threads)
     if result.status != "ok" or result.results[0] is None:
         raise RuntimeError(f"tensor-parallel profiling failed ({result.status}, exit codes "
@@ -329,7 +342,8 @@ def profile_worker(task: dict, rank: int, world: int) -> dict:
     threads = set_threads(task["threads"])
     dtype = torch_dtype(task["dtype"])
     prov = provenance(device, dtype, threads, attention=task["attention"], warmup=task["warmup"],
-                      repeats=task["repeats"], processes=world, backend=dist.get_backend())
+                      repeats=task["repeats"], processes=world, backend=dist.get_backend(),
+                      statistic=task.get("statistic", "median"))
 
     def reduce_max(times):
         t = torch.tensor(times, dtype=torch.float64)
@@ -339,7 +353,8 @@ def profile_worker(task: dict, rank: int, world: int) -> dict:
     results = _profile_sizes(shape, task["sizes"], device=device, device_type=task["device_type"] or prov["device"],
                              dtype=dtype, attention=task["attention"], warmup=task["warmup"],
                              repeats=task["repeats"], memory_limit=task["memory_limit"], seed=task["seed"],
-                             tp=TensorParallel(world, rank, None), prov=prov, reduce_max=reduce_max)
+                             tp=TensorParallel(world, rank, None), prov=prov, reduce_max=reduce_max,
+                             statistic=task.get("statistic", "median"))
     return {"profiles": [
         {f: (dict(getattr(r, f)) if f in ("spread", "provenance") and getattr(r, f) is not None else getattr(r, f))
          for f in ProfileResult.__dataclass_fields__} for r in results]}
