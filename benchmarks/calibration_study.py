@@ -224,6 +224,7 @@ def analyse(out: Path, report: Path, log: list, command: str) -> None:
                   f"-o calibrated{suffix}.json`)", "", "```", fit.stdout.rstrip(), "```"]
     lines += [""] + _held_out_table(before, after, held)
     lines += [""] + _noise_section(records, held)
+    lines += [""] + _sharing_section(before, records)
     lines += [""] + _term_section(before, records)
     lines += ["", "## Profile (`python -m amp_opt profile`)", "", "```", (out / "profile.txt").read_text().rstrip()
               if (out / "profile.txt").exists() else "(not kept)", "```"]
@@ -269,7 +270,7 @@ def _score_table(models, primary, held) -> list[str]:
            "| model | Spearman | median abs error | max abs error | top-1 regret | peak memory: median / max abs error |",
            "|---|---|---|---|---|---|"]
     for label, e, regret, pe, _ in rows:
-        out.append(f"| {label} | {e.spearman:.3f} | {100 * e.median_abs_error:.1f}% | {100 * e.max_abs_error:.1f}% | "
+        out.append(f"| {label} | {_fmt(e.spearman)} | {100 * e.median_abs_error:.1f}% | {100 * e.max_abs_error:.1f}% | "
                    f"{100 * regret:.1f}% | {100 * pe.median_abs_error:.1f}% / {100 * pe.max_abs_error:.1f}% |")
     out += ["", f"Targets (calibrated, held out, profile {primary}): Spearman >= 0.9 "
             + ("met" if met["spearman"] else "NOT met")
@@ -315,14 +316,54 @@ def _noise_section(records, held) -> list[str]:
     for label, rs in (("all", records), ("held out", held)):
         even, odd = halves(rs)
         e = errors(even, odd)
-        out.append(f"| {label} ({len(rs)}) | {e.spearman:.3f} | {100 * e.median_abs_error:.1f}% | "
+        out.append(f"| {label} ({len(rs)}) | {_fmt(e.spearman)} | {100 * e.median_abs_error:.1f}% | "
                    f"{100 * _regret(even, odd):.1f}% |")
     loads = [float(x.split()[0]) for r in records for x in r["measured"].get("loads", [])]
     ratios = [t / r["iteration_time"] for r in records for t in r["measured"]["repeats"]]
     if len(loads) == len(ratios) and loads:
         out += ["", f"Spearman between the 1-minute load average before a launch and that launch's time over its "
-                f"plan's median: {spearman(loads, ratios):.2f} ({len(loads)} launches)."]
+                f"plan's median: {_fmt(spearman(loads, ratios))} ({len(loads)} launches)."]
     return out
+
+
+def _sharing_section(before, records) -> list[str]:
+    """Do the two processes run as two devices?  The cost model assumes they do: a balanced
+    pipeline takes half the time of one stage doing everything.  If the machine only has one
+    core to spare, every plan takes its total work instead.  A diagnostic, not a model."""
+    measured = [r["iteration_time"] for r in records]
+    model, serial = [], []
+    for r in records:
+        ev = evaluate(before, parse_plan(r["plan"]))
+        model.append(ev.predicted_time)
+        # every process's compute one after another on one core: each stage's work, on each of its
+        # dp replicas and tp ranks
+        serial.append(ev.n_micro * sum(s.compute for s in ev.stages) * r["plan"]["dp"] * r["plan"]["tp"])
+    pipes = [r for r in records if r["plan"]["pp"] == 2]
+    by_size: dict[int, list[float]] = {}
+    for r in pipes:
+        by_size.setdefault(r["plan"]["micro_batch"], []).append(r["iteration_time"])
+    spread = [max(v) / min(v) for v in by_size.values() if len(v) > 1]
+    return ["## Two processes, two devices?", "",
+            "The cost model takes the two processes for two devices running side by side. If the machine "
+            "gives the job only one core's worth of time, a plan takes its whole work one step after the "
+            "other instead, whatever the partition. Spearman rank correlation with the measured times (all "
+            f"{len(records)} plans): the hetero model (uncalibrated) {_fmt(spearman(model, measured))}; the "
+            f"total work of every process added up (one core) {_fmt(spearman(serial, measured))}. The model "
+            "predicts that a pipeline's partition matters (the slowest stage sets the pace: up to "
+            f"{max(max(v) / min(v) for v in _predicted_by_size(before, pipes).values()):.1f}x between "
+            "partitions of one micro-batch size); measured, the partitions of one size differ by at most "
+            f"{max(spread):.2f}x (median {np.median(spread):.2f}x)." if spread else ""]
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _predicted_by_size(instance, pipes) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for r in pipes:
+        out.setdefault(r["plan"]["micro_batch"], []).append(evaluate(instance, parse_plan(r["plan"])).predicted_time)
+    return {k: v for k, v in out.items() if len(v) > 1} or {0: [1.0]}
 
 
 def _term_section(before, records) -> list[str]:
