@@ -184,12 +184,12 @@ def analyse(out: Path, report: Path, log: list, command: str) -> None:
     failed = [r for r in everything if "failed" in r]
     train, test = split(len(records))
     held = [records[i] for i in test]
-    (out / "test.json").write_text(json.dumps(held, indent=1) + "\n")
+    (out / "test.json").write_text(json.dumps([_short(r) for r in held], indent=1) + "\n")
     fits, models = {}, {}
     for statistic, name in profile_variants(out).items():
         suffix = "" if name == "profiled.json" else f"_{statistic}"
         (out / f"train{suffix}.json").write_text(
-            json.dumps([dict(records[i], instance=name) for i in train], indent=1) + "\n")
+            json.dumps([dict(_short(records[i]), instance=name) for i in train], indent=1) + "\n")
         fits[statistic] = cli("calibrate", name, f"train{suffix}.json", "-o", f"calibrated{suffix}.json", cwd=out)
         models[statistic] = (load_instance(out / name), load_instance(out / f"calibrated{suffix}.json"))
     primary = next(iter(models))
@@ -217,6 +217,7 @@ def analyse(out: Path, report: Path, log: list, command: str) -> None:
                       _statistic_words(k) for k in models if k != primary) + " instead" if len(models) > 1 else "")
               + ".", ""]
     lines += _score_table(models, primary, held)
+    lines += [""] + _reading(before, records, held)
     for statistic, fit in fits.items():
         name = "profiled.json" if statistic == primary else f"profiled_{statistic}.json"
         suffix = "" if statistic == primary else f"_{statistic}"
@@ -230,6 +231,11 @@ def analyse(out: Path, report: Path, log: list, command: str) -> None:
               if (out / "profile.txt").exists() else "(not kept)", "```"]
     report.write_text("\n".join(lines) + "\n")
     print(f"wrote {report}")
+
+
+def _short(record: dict) -> dict:
+    """A run record without the measurement details (RUNS.json needs plan, time, peak memory)."""
+    return {k: record[k] for k in ("plan", "iteration_time", "peak_memory", "instance") if k in record}
 
 
 def _statistic_words(statistic: str) -> str:
@@ -326,18 +332,50 @@ def _noise_section(records, held) -> list[str]:
     return out
 
 
-def _sharing_section(before, records) -> list[str]:
-    """Do the two processes run as two devices?  The cost model assumes they do: a balanced
-    pipeline takes half the time of one stage doing everything.  If the machine only has one
-    core to spare, every plan takes its total work instead.  A diagnostic, not a model."""
+def _retest(rs) -> tuple[float | None, float]:
+    """Spearman and median absolute difference between the even and the odd passes' medians."""
+    even = [float(np.median(r["measured"]["repeats"][0::2])) for r in rs]
+    odd = [float(np.median(r["measured"]["repeats"][1::2])) for r in rs]
+    e = errors(even, odd)
+    return e.spearman, e.median_abs_error
+
+
+def _serial_and_model(before, records) -> tuple[float | None, float | None]:
     measured = [r["iteration_time"] for r in records]
     model, serial = [], []
     for r in records:
         ev = evaluate(before, parse_plan(r["plan"]))
         model.append(ev.predicted_time)
-        # every process's compute one after another on one core: each stage's work, on each of its
-        # dp replicas and tp ranks
         serial.append(ev.n_micro * sum(s.compute for s in ev.stages) * r["plan"]["dp"] * r["plan"]["tp"])
+    return spearman(model, measured), spearman(serial, measured)
+
+
+def _reading(before, records, held) -> list[str]:
+    """What the numbers say, in words (computed, not written by hand)."""
+    out = ["How to read this:"]
+    if records and "repeats" in records[0]["measured"]:
+        rho, diff = _retest(held)
+        out.append(f"- Measuring the held-out plans twice (even against odd passes) agrees to Spearman "
+                   f"{_fmt(rho)} and {100 * diff:.1f}% median difference: "
+                   + ("the Spearman target is above what the measurements themselves repeat to, so the ranking "
+                      "here is noise-dominated." if rho is not None and rho < 0.9 else
+                      "the measurements repeat well enough for the targets to be meaningful."))
+    model, serial = _serial_and_model(before, records)
+    if model is not None and serial is not None and serial > model:
+        out.append(f"- The measured times follow the plans' total work (Spearman {_fmt(serial)}) more than the "
+                   f"model's two-device prediction ({_fmt(model)}): with other jobs on the 2 cores, the two "
+                   "processes share the machine instead of running as two devices, which no correction of a "
+                   "two-device model (per device type, per link kind) can express.")
+    return out
+
+
+def _sharing_section(before, records) -> list[str]:
+    """Do the two processes run as two devices?  The cost model assumes they do: a balanced
+    pipeline takes half the time of one stage doing everything.  If the machine only has one
+    core to spare, every plan takes its total work instead.  A diagnostic, not a model."""
+    # every process's compute one after another on one core: each stage's work, on each of its
+    # dp replicas and tp ranks
+    model, serial = _serial_and_model(before, records)
     pipes = [r for r in records if r["plan"]["pp"] == 2]
     by_size: dict[int, list[float]] = {}
     for r in pipes:
@@ -347,8 +385,8 @@ def _sharing_section(before, records) -> list[str]:
             "The cost model takes the two processes for two devices running side by side. If the machine "
             "gives the job only one core's worth of time, a plan takes its whole work one step after the "
             "other instead, whatever the partition. Spearman rank correlation with the measured times (all "
-            f"{len(records)} plans): the hetero model (uncalibrated) {_fmt(spearman(model, measured))}; the "
-            f"total work of every process added up (one core) {_fmt(spearman(serial, measured))}. The model "
+            f"{len(records)} plans): the hetero model (uncalibrated) {_fmt(model)}; the "
+            f"total work of every process added up (one core) {_fmt(serial)}. The model "
             "predicts that a pipeline's partition matters (the slowest stage sets the pace: up to "
             f"{max(max(v) / min(v) for v in _predicted_by_size(before, pipes).values()):.1f}x between "
             "partitions of one micro-batch size); measured, the partitions of one size differ by at most "
@@ -407,8 +445,12 @@ def main() -> None:
         (out / "load.json").write_text(json.dumps(log, indent=1) + "\n")
     elif (out / "load.json").exists():
         log = json.loads((out / "load.json").read_text())
-    command = "python benchmarks/calibration_study.py " + " ".join(sys.argv[1:])
-    analyse(out, Path(args.report), log, command.strip())
+    command = ("python benchmarks/calibration_study.py " + " ".join(sys.argv[1:])).strip()
+    if not args.analyse_only:
+        (out / "command.txt").write_text(command + "\n")
+    elif (out / "command.txt").exists():
+        command = f"{(out / 'command.txt').read_text().strip()}` (measured), then `{command}"
+    analyse(out, Path(args.report), log, command)
 
 
 if __name__ == "__main__":
