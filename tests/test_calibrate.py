@@ -335,3 +335,25 @@ def test_schema_takes_what_the_fit_writes(base):
     section["fit"] = cal.fit_report(date="2026-01-01")
     json.dumps(section)  # JSON-ready
     parse_instance(dict(document(), calibration=section))
+
+
+def test_calibrated_copy_elsewhere_keeps_its_hugging_face_config(tmp_path, capsys, monkeypatch):
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64}
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "config.json").write_text(json.dumps(config))
+    doc = document(global_batch=8)
+    doc["model"] = {"hf_config": "models/config.json", "seq_len": 32}
+    doc.pop("profiles")
+    doc["device_types"][0]["peak_flops"] = 1e11
+    (tmp_path / "inst.json").write_text(json.dumps(doc))
+    plan = {"tp": 1, "dp": 1, "pp": 2, "micro_batch": 1, "partition": [0, 2, 4]}
+    (tmp_path / "runs.json").write_text(json.dumps([{"plan": plan, "iteration_time": 0.01}]))
+    (tmp_path / "out").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate", "inst.json", "runs.json", "-o", "out/cal.json"]) == 0, capsys.readouterr().err
+    written = json.loads((tmp_path / "out" / "cal.json").read_text())
+    assert written["model"]["hf_config"] == "../models/config.json"
+    from amp_opt import load_instance
+
+    assert load_instance(tmp_path / "out" / "cal.json").num_layers == 4
