@@ -16,7 +16,8 @@ SPEC = dict(preset="gpt", hidden=128, layers=3, heads=4, seq_len=64, vocab=256, 
 
 @pytest.fixture(scope="module")
 def profiles():
-    return profile_model(SPEC, micro_batches=(1, 8), device="cpu", warmup=2, repeats=9)
+    # One thread: on a loaded 2-core machine two OpenMP threads stall each other on small ops.
+    return profile_model(SPEC, micro_batches=(1, 8), device="cpu", warmup=2, repeats=9, threads=1)
 
 
 def test_profile_entries_have_the_instance_shape(profiles):
@@ -128,3 +129,14 @@ def test_link_bandwidths_between_two_processes():
     assert links["provenance"]["backend"] == "gloo"
     with pytest.raises(InputError, match="processes"):
         measure_links(processes=1)
+
+
+def test_the_statistic_kept_is_one_of_the_spread(profiles):
+    for p in profiles:
+        assert p.layer_times == p.spread["median"] and p.provenance["statistic"] == "median"
+    low = profile_model(dict(SPEC, layers=1), micro_batches=(2,), device="cpu", warmup=1, repeats=4, threads=1,
+                        statistic="q1")[0]
+    assert low.layer_times == low.spread["q1"] and low.provenance["statistic"] == "q1"
+    assert all(a <= b for a, b in zip(low.spread["min"], low.layer_times))
+    with pytest.raises(InputError, match="statistic"):
+        profile_model(SPEC, micro_batches=(1,), device="cpu", statistic="mean")

@@ -138,7 +138,7 @@ def _refused(instance, bad_plan, match, **kw):
 
 def test_bad_plans_are_refused_before_any_process_starts():
     _refused(doc(), plan(pp=2, partition=[0, 4, 4]), r"plan\.partition")
-    _refused(doc(), plan(dp=3), r"tp\*dp\*pp = 1\*3\*1 = 3, the cluster has 2 devices")
+    _refused(doc(), plan(dp=3), r"tp\*cp\*dp\*pp = 1\*1\*3\*1 = 3, the cluster has 2 devices")
     _refused(doc(devices=4), plan(dp=4, mb=1), r"plan: needs tp\*dp\*pp = 4 processes, this machine has")
     _refused(doc(devices=2, model=dict(MODEL, heads=1, hidden=64)), plan(tp=2), r"plan\.tp")
     explicit = doc()

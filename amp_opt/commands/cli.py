@@ -29,6 +29,9 @@ COMMANDS = {
     "plot": "draw a plan's 1F1B timeline and per-stage memory (needs amp_opt[plot])",
     "explain": "say why a plan or an instance does not fit in memory, and what would fit",
     "bench": "run solvers on an instance suite and compare with baselines",
+    "profile": "measure every layer's time and memory on this machine (needs amp_opt[torch])",
+    "run": "execute a plan on local processes and compare with the prediction (needs amp_opt[torch])",
+    "calibrate": "fit the cost model's corrections to measured runs (RUNS.json)",
 }
 
 
@@ -38,6 +41,7 @@ EXIT_CODES = (
     "3 infeasible: proven that no plan fits (one line saying why); "
     "4 no plan found within the time limit, infeasibility not proven; "
     "5 a plug-in solver failed (its plan was rejected by the evaluator, or it raised); "
+    "6 a measured run failed (out of memory or an error; run -o records it); "
     "130 / 143 interrupted by SIGINT / SIGTERM (the best plan found so far is printed first)"
 )
 

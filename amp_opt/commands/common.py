@@ -79,6 +79,20 @@ def write_text(text: str, output: str | None, option: str = "--output") -> None:
         raise InputError(option, f"cannot write {output}: {exc.strerror}") from None
 
 
+def write_json_document(document: dict, output: str, *, source: str) -> None:
+    """Write an instance document derived from the file ``source`` to ``output``, keeping a
+    relative ``model.hf_config`` path pointing at the same file from the new folder."""
+    import json
+    import os
+    from pathlib import Path
+
+    config = document.get("model", {}).get("hf_config")
+    if isinstance(config, str) and not Path(config).is_absolute():
+        document = dict(document, model=dict(document["model"], hf_config=os.path.relpath(
+            Path(source).parent / config, Path(output).parent)))
+    write_text(json.dumps(document, indent=2) + "\n", output)
+
+
 def progress_printer():
     """A callback that shows progress on stderr once a search has run for a second."""
     start = time.perf_counter()

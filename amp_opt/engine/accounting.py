@@ -39,7 +39,9 @@ FP32 = 4
 
 
 def formula_activation_bytes(shape: ModelShape, index: int, micro_batch: int, element_bytes: int) -> float:
-    """The preset formula's bytes kept for backward by layer ``index`` (tp = 1, one micro-batch).
+    """The preset formula's bytes kept for backward by layer ``index`` (tp = 1, one micro-batch),
+    with the eager attention kernel's s x s terms (the baseline the differences below are from,
+    whatever ``shape.attention`` says).
 
     Examples
     --------
@@ -48,7 +50,7 @@ def formula_activation_bytes(shape: ModelShape, index: int, micro_batch: int, el
     >>> formula_activation_bytes(m, 0, 1, 2)  # the embedding dropout mask, s*h
     32.0
     """
-    layer = build_layers(replace(shape, dtype_bytes=element_bytes))[index]
+    layer = build_layers(replace(shape, dtype_bytes=element_bytes, attention="eager"))[index]
     memory = layer["activation_memory_bytes"]
     return micro_batch * (memory["replicated"] + memory["sharded"])
 

@@ -1,11 +1,12 @@
 """Measure forward+backward seconds and saved activations of every layer, per micro-batch size.
 
-For each micro-batch size the whole model is built once; every round times each
-layer once (round-robin, so slow drift of a loaded machine hits all layers
-alike): forward on a fixed input, then backward from a fixed output gradient
-(the loss itself for the head), wall-clock seconds (``time.perf_counter``; CUDA
-synchronised).  ``warmup`` rounds are discarded, ``repeats`` rounds kept: the
-median is the layer time, min / quartiles / max its spread.  The bytes kept for
+The whole model is built once; every round times each layer once at each
+micro-batch size (round-robin over sizes and layers, so slow drift of a loaded
+machine hits all of them alike): forward on a fixed input, then backward from a
+fixed output gradient (the loss itself for the head), wall-clock seconds
+(``time.perf_counter``; CUDA synchronised).  ``warmup`` rounds are discarded,
+``repeats`` rounds kept: the median (or, with ``statistic``, the first quartile or
+the minimum) is the layer time, min / quartiles / median / max its spread.  The bytes kept for
 backward are taken in the first warm-up round, untimed: on CPU the tensors
 autograd saves (:mod:`amp_opt.engine.memory`), on CUDA the allocator's growth
 over the forward (which includes the layer's output).
@@ -130,76 +131,103 @@ def _step(module, index, tokens, hidden, grad, device, tracker=None):
     return time.perf_counter() - start, saved
 
 
-def measure_layers(model, shape: ModelShape, micro_batch: int, *, device: str, warmup: int, repeats: int,
-                   memory_limit: int | None = None, seed: int = 0, timers: Sequence[Timer] | None = None):
-    """(seconds[round][layer], saved bytes per layer, tp seconds[round][layer] or None) for one size."""
-    modules = list(model.values())
-    dtype = next(modules[0].parameters()).dtype
-    tokens, hidden, grad = _inputs(shape, micro_batch, dtype, device, seed)
-    saved = []
-    for i, module in enumerate(modules):  # memory pass (first warm-up round), untimed
-        tracker = SavedTensorTracker(exclude=[model], limit=memory_limit)
-        saved.append(_step(module, i, tokens, hidden, grad, device, tracker)[1])
-    times, comm = [], []
-    for r in range(max(warmup - 1, 0) + repeats):
-        row, comm_row = [], []
-        for i, module in enumerate(modules):
-            before = timers[i].total if timers else 0.0
-            row.append(_step(module, i, tokens, hidden, grad, device)[0])
-            comm_row.append(timers[i].total - before if timers else 0.0)
-        if r >= max(warmup - 1, 0):
-            times.append(row)
-            comm.append(comm_row)
-    return np.array(times), saved, (np.array(comm) if timers else None)
+def _oom_result(base, names, error: str) -> ProfileResult:
+    return ProfileResult(layer_names=names or (), layer_times=None, spread=None, activation_memory_bytes=None,
+                         tp_comm_seconds=None, oom=True, error=error, **base)
 
 
-def _summaries(times: np.ndarray):
+STATISTICS = {"median": 50, "q1": 25, "min": 0}  # the percentile of the kept rounds written as layer_times
+
+
+def _summaries(times: np.ndarray, statistic: str = "median"):
     q = np.percentile(times, [0, 25, 50, 75, 100], axis=0)
-    spread = {"min": tuple(q[0]), "q1": tuple(q[1]), "q3": tuple(q[3]), "max": tuple(q[4])}
-    return tuple(float(t) for t in q[2]), {k: tuple(float(x) for x in v) for k, v in spread.items()}
+    spread = {"min": tuple(q[0]), "q1": tuple(q[1]), "median": tuple(q[2]), "q3": tuple(q[3]), "max": tuple(q[4])}
+    kept = q[{"min": 0, "q1": 1, "median": 2}[statistic]]
+    return tuple(float(t) for t in kept), {k: tuple(float(x) for x in v) for k, v in spread.items()}
 
 
 def _profile_sizes(shape, sizes, *, device, device_type, dtype, attention, warmup, repeats, memory_limit,
-                   seed, tp: TensorParallel, prov, reduce_max=None) -> list[ProfileResult]:
-    """Profile every size in this process (rank of a tp group when tp.size > 1)."""
-    names = None
-    results: list[ProfileResult] = []
-    failed = None
+                   seed, tp: TensorParallel, prov, reduce_max=None, statistic: str = "median") -> list[ProfileResult]:
+    """Profile every size in this process (rank of a tp group when tp.size > 1).
+
+    One model serves every size.  First, size by size in increasing order, the untimed
+    memory pass (the first warm-up round); a size that runs out of memory and every
+    larger one are recorded as such.  Then every round times every layer once at every
+    size still running, so that a machine whose load drifts slows all sizes alike.
+    """
     notes = (REPLICATED_NOTE,) if tp.size > 1 else ()
+    timers = [Timer() for _ in range(shape.layers + 2)] if tp.size > 1 else None
+    model = (_with_timers(shape, attention, dtype, device, seed, tp, timers) if timers else
+             build_model(shape, attention=attention, dtype=dtype, device=device, seed=seed))
+    names = tuple(model.keys())
+    modules = list(model.values())
+    base = {b: dict(device_type=device_type, tp=tp.size, micro_batch=b, provenance=prov, notes=notes) for b in sizes}
+    failed: dict[int, str] = {}
+    inputs, saved, alive = {}, {}, []
+
+    def fail(b: int, exc: BaseException) -> None:
+        if not is_oom(exc):
+            raise exc
+        failed[b] = str(exc).splitlines()[0][:300]
+        for later in sizes:
+            if later > b and later not in failed:
+                failed[later] = f"not run: micro_batch {b} already ran out of memory"
+        alive[:] = [x for x in alive if x not in failed]
+        inputs.pop(b, None)
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+    try:
+        for b in sizes:  # memory pass (the first warm-up round), untimed
+            if b in failed:
+                continue
+            try:
+                inputs[b] = _inputs(shape, b, dtype, device, seed)
+                row = []
+                for i, module in enumerate(modules):
+                    tracker = SavedTensorTracker(exclude=[model], limit=memory_limit)
+                    row.append(_step(module, i, *inputs[b], device, tracker)[1])
+                saved[b] = row
+                alive.append(b)
+            except Exception as exc:  # noqa: BLE001 - only out-of-memory is recorded, the rest re-raised
+                fail(b, exc)
+        times = {b: [] for b in alive}
+        comm = {b: [] for b in alive}
+        skip = max(warmup - 1, 0)
+        for r in range(skip + repeats):
+            for b in list(alive):
+                try:
+                    row, comm_row = [], []
+                    for i, module in enumerate(modules):
+                        before = timers[i].total if timers else 0.0
+                        row.append(_step(module, i, *inputs[b], device)[0])
+                        comm_row.append(timers[i].total - before if timers else 0.0)
+                except Exception as exc:  # noqa: BLE001
+                    fail(b, exc)
+                    continue
+                if r >= skip:
+                    times[b].append(row)
+                    comm[b].append(comm_row)
+    finally:
+        del model, modules
+        inputs.clear()
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    results = []
     for b in sizes:
-        base = dict(device_type=device_type, tp=tp.size, micro_batch=b, provenance=prov, notes=notes)
-        if failed is not None:
-            results.append(ProfileResult(layer_names=names or (), layer_times=None, spread=None,
-                                         activation_memory_bytes=None, tp_comm_seconds=None, oom=True,
-                                         error=f"not run: micro_batch {failed} already ran out of memory", **base))
+        if b in failed:
+            results.append(_oom_result(base[b], names, failed[b]))
             continue
-        model = None
-        try:
-            timers = [Timer() for _ in range(shape.layers + 2)] if tp.size > 1 else None
-            model = (_with_timers(shape, attention, dtype, device, seed, tp, timers) if timers else
-                     build_model(shape, attention=attention, dtype=dtype, device=device, seed=seed))
-            names = tuple(model.keys())
-            times, saved, comm = measure_layers(model, shape, b, device=device, warmup=warmup, repeats=repeats,
-                                                memory_limit=memory_limit, seed=seed, timers=timers)
-            if reduce_max is not None:
-                times = reduce_max(times)
-            medians, spread = _summaries(times)
-            comm_medians = tuple(float(c) for c in np.median(comm, axis=0)) if comm is not None else None
-            results.append(ProfileResult(layer_names=names, layer_times=medians, spread=spread,
-                                         activation_memory_bytes=tuple(int(x) for x in saved),
-                                         tp_comm_seconds=comm_medians, **base))
-        except Exception as exc:  # noqa: BLE001 - only out-of-memory is recorded, the rest re-raised
-            if not is_oom(exc):
-                raise
-            failed = b
-            results.append(ProfileResult(layer_names=names or (), layer_times=None, spread=None,
-                                         activation_memory_bytes=None, tp_comm_seconds=None, oom=True,
-                                         error=str(exc).splitlines()[0][:300], **base))
-        finally:
-            del model
-            gc.collect()
-            if device == "cuda":
-                torch.cuda.empty_cache()
+        measured = np.array(times[b])
+        if reduce_max is not None:
+            measured = reduce_max(measured)
+        medians, spread = _summaries(measured, statistic)
+        comm_medians = tuple(float(c) for c in np.median(np.array(comm[b]), axis=0)) if timers else None
+        results.append(ProfileResult(layer_names=names, layer_times=medians, spread=spread,
+                                     activation_memory_bytes=tuple(int(x) for x in saved[b]),
+                                     tp_comm_seconds=comm_medians, **base[b]))
     return results
 
 
@@ -226,7 +254,8 @@ def _check_sizes(micro_batches) -> tuple[int, ...]:
 def profile_model(model, *, micro_batches: Sequence[int] = DEFAULT_MICRO_BATCHES, device: str | None = None,
                   device_type: str | None = None, dtype=None, attention: str = "eager", warmup: int = 2,
                   repeats: int = 5, threads: int | None = None, tp: int = 1, seed: int = 0,
-                  memory_limit: int | None = None, timeout: float = 1800.0) -> tuple[ProfileResult, ...]:
+                  memory_limit: int | None = None, timeout: float = 1800.0,
+                  statistic: str = "median") -> tuple[ProfileResult, ...]:
     """Forward+backward seconds and saved activation bytes of every layer, per micro-batch size.
 
     Parameters
@@ -244,6 +273,10 @@ def profile_model(model, *, micro_batches: Sequence[int] = DEFAULT_MICRO_BATCHES
     memory_limit : bytes of saved activations one layer may keep; beyond it the size is
         recorded as out of memory (a CPU stand-in for a device's capacity).
     timeout : seconds for the tp > 1 processes.
+    statistic : "median" (default), "q1" or "min": what of the kept rounds becomes a layer's
+        time.  Interference only ever adds time, so on a shared machine whose load comes
+        and goes the first quartile or the minimum is the device's own speed, where the
+        median may land in either mode; the spread holds all of them.
 
     Returns
     -------
@@ -259,23 +292,26 @@ def profile_model(model, *, micro_batches: Sequence[int] = DEFAULT_MICRO_BATCHES
     sizes = _check_sizes(micro_batches)
     device = resolve_device(device)
     torch_dtype(dtype, shape)  # validate before any work
+    if statistic not in STATISTICS:
+        raise InputError("statistic", f"must be one of {', '.join(STATISTICS)}, got {statistic!r}")
     for name, value, low in (("warmup", warmup, 1), ("repeats", repeats, 1), ("tp", tp, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise InputError(name, f"must be an integer >= {low}, got {value!r}")
     if tp > 1:
         return _profile_tp(shape, sizes, device=device, device_type=device_type, dtype=dtype, attention=attention,
                            warmup=warmup, repeats=repeats, threads=threads, tp=tp, seed=seed,
-                           memory_limit=memory_limit, timeout=timeout)
+                           memory_limit=memory_limit, timeout=timeout, statistic=statistic)
     threads = set_threads(threads)
     dt = torch_dtype(dtype, shape)
-    prov = provenance(device, dt, threads, attention=attention, warmup=warmup, repeats=repeats, processes=1)
+    prov = provenance(device, dt, threads, attention=attention, warmup=warmup, repeats=repeats, processes=1,
+                      statistic=statistic)
     return tuple(_profile_sizes(shape, sizes, device=device, device_type=device_type or prov["device"], dtype=dt,
                                 attention=attention, warmup=warmup, repeats=repeats, memory_limit=memory_limit,
-                                seed=seed, tp=TensorParallel(), prov=prov))
+                                seed=seed, tp=TensorParallel(), prov=prov, statistic=statistic))
 
 
 def _profile_tp(shape, sizes, *, device, device_type, dtype, attention, warmup, repeats, threads, tp, seed,
-                memory_limit, timeout) -> tuple[ProfileResult, ...]:
+                memory_limit, timeout, statistic="median") -> tuple[ProfileResult, ...]:
     from .provenance import usable_cores
 
     if threads is None:
@@ -283,7 +319,7 @@ def _profile_tp(shape, sizes, *, device, device_type, dtype, attention, warmup, 
     task = {"kind": "profile", "model": asdict(shape), "sizes": list(sizes), "device": device,
             "device_type": device_type, "dtype": str(torch_dtype(dtype, shape)).replace("torch.", ""),
             "attention": attention, "warmup": warmup, "repeats": repeats, "threads": threads, "seed": seed,
-            "memory_limit": memory_limit}
+            "memory_limit": memory_limit, "statistic": statistic}
     result = launch(task, tp, timeout=timeout, threads=threads)
     if result.status != "ok" or result.results[0] is None:
         raise RuntimeError(f"tensor-parallel profiling failed ({result.status}, exit codes "
@@ -306,7 +342,8 @@ def profile_worker(task: dict, rank: int, world: int) -> dict:
     threads = set_threads(task["threads"])
     dtype = torch_dtype(task["dtype"])
     prov = provenance(device, dtype, threads, attention=task["attention"], warmup=task["warmup"],
-                      repeats=task["repeats"], processes=world, backend=dist.get_backend())
+                      repeats=task["repeats"], processes=world, backend=dist.get_backend(),
+                      statistic=task.get("statistic", "median"))
 
     def reduce_max(times):
         t = torch.tensor(times, dtype=torch.float64)
@@ -316,7 +353,8 @@ def profile_worker(task: dict, rank: int, world: int) -> dict:
     results = _profile_sizes(shape, task["sizes"], device=device, device_type=task["device_type"] or prov["device"],
                              dtype=dtype, attention=task["attention"], warmup=task["warmup"],
                              repeats=task["repeats"], memory_limit=task["memory_limit"], seed=task["seed"],
-                             tp=TensorParallel(world, rank, None), prov=prov, reduce_max=reduce_max)
+                             tp=TensorParallel(world, rank, None), prov=prov, reduce_max=reduce_max,
+                             statistic=task.get("statistic", "median"))
     return {"profiles": [
         {f: (dict(getattr(r, f)) if f in ("spread", "provenance") and getattr(r, f) is not None else getattr(r, f))
          for f in ProfileResult.__dataclass_fields__} for r in results]}

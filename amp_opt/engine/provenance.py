@@ -51,6 +51,50 @@ def device_name(device: str) -> str:
     return cpu_name()
 
 
+def _gpu_family(spec) -> str:
+    """The model token of a catalog GPU ("A100", "T4", "4090") a device name must contain."""
+    head = spec.name.split("-")[0]
+    return spec.name.split("-")[1] if head == "RTX" else head
+
+
+def check_local(type_names, device: str) -> None:
+    """Refuse device types that are not this machine's device (:class:`InputError`, exit 2).
+
+    A type named after a catalog GPU must be that GPU: on CPU it never is; on CUDA the
+    local device's name must carry the GPU's model ("A100", "T4") and its memory be
+    within 10% of the catalog's.  Other names ("cpu", "my-gpu") are the user's word
+    for this machine's device and pass.
+
+    Examples
+    --------
+    >>> check_local(["cpu"], "cpu")
+    >>> check_local(["T4"], "cpu")
+    Traceback (most recent call last):
+    ...
+    amp_opt.errors.InputError: device_type: 'T4' is a GPU (T4) and this machine runs on its CPU; name the CPU's own device type (any name not in the GPU catalog)
+    """
+    import re
+
+    from ..errors import InputError
+    from ..model import catalog
+
+    for name in type_names:
+        try:
+            spec = catalog.lookup(name, "")
+        except InputError:
+            continue
+        if device != "cuda":
+            raise InputError("device_type", f"{name!r} is a GPU ({spec.name}) and this machine runs on its CPU; "
+                                            "name the CPU's own device type (any name not in the GPU catalog)")
+        local = torch.cuda.get_device_name()
+        memory = torch.cuda.get_device_properties(0).total_memory
+        family = _gpu_family(spec)
+        if not re.search(rf"(?<![A-Za-z0-9]){re.escape(family)}(?![A-Za-z0-9])", local, re.IGNORECASE) or not (
+                0.9 * spec.memory_bytes <= memory <= 1.1 * spec.memory_bytes):
+            raise InputError("device_type", f"{name!r} is not this machine's GPU ({local}, "
+                                            f"{memory / 2**30:.1f} GiB)")
+
+
 def set_threads(threads: int | None) -> int:
     """Set torch's intra-op threads (default: usable cores) and return the value set."""
     from ..errors import InputError

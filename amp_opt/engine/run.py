@@ -41,6 +41,7 @@ def prepare(instance, plan, *, oversubscribe: bool = False, base_dir=None):
     inst = load_instance(document) if base_dir is None else _load_at(document, base_dir)
     plan = plan if isinstance(plan, Plan) else parse_plan(plan)
     plan = check_plan(inst, plan)
+    refuse_unsupported(plan)
     shape = model_shape(document, base_dir=base_dir or ".")
     for what, count in (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("ffn", shape.ffn)):
         if count % plan.tp:
@@ -50,6 +51,33 @@ def prepare(instance, plan, *, oversubscribe: bool = False, base_dir=None):
         raise InputError("plan", f"needs tp*dp*pp = {world} processes, this machine has {cores} usable cores "
                          "(pass oversubscribe=True to run anyway)")
     return document, inst, plan, shape
+
+
+def refuse_unsupported(plan: Plan) -> None:
+    """The engine runs tensor, data and pipeline parallelism with plain 1F1B; a plan asking for
+    anything else is refused (InputError naming the field) rather than run without it.
+
+    Examples
+    --------
+    >>> refuse_unsupported(parse_plan({"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4],
+    ...                                "recompute": "full"}))
+    Traceback (most recent call last):
+    ...
+    amp_opt.errors.InputError: plan.recompute: the engine runs no activation recomputation (got 'full'; use "none")
+    """
+    modes = (plan.recompute,) if isinstance(plan.recompute, str) else plan.recompute
+    if plan.cp > 1:
+        raise InputError("plan.cp", f"the engine runs no context parallelism (got cp {plan.cp}; use 1)")
+    if plan.sequence_parallel:
+        raise InputError("plan.sequence_parallel", "the engine runs no sequence parallelism (use false)")
+    if any(m != "none" for m in modes):
+        raise InputError("plan.recompute", f"the engine runs no activation recomputation (got {plan.recompute!r}; "
+                                           "use \"none\")")
+    if plan.zero_stage:
+        raise InputError("plan.zero_stage", f"the engine runs no ZeRO sharding (got stage {plan.zero_stage}; use 0)")
+    if plan.virtual_stages > 1:
+        raise InputError("plan.virtual_stages", f"the engine runs no interleaved schedule (got {plan.virtual_stages}; "
+                                                "use 1)")
 
 
 def _load_at(document, base_dir):

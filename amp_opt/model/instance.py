@@ -69,14 +69,14 @@ class DeviceType:
     memory: float  # bytes
     peak_flops: float | None  # dense fp16/bf16 FLOP/s
     price_per_hour: float | None = None  # USD per device-hour (the cost objective)
-    compute_scale: float = 1.0  # measured / modelled layer time
-    batch_exponent: float = 1.0  # time grows as micro_batch ** exponent away from measured sizes
-    step_overhead: float = 0.0  # seconds every stage spends per micro-batch beyond its layers
-    memory_overhead: float = 0.0  # bytes per device the framework takes beyond the model's count
+    compute_scale: float = 1.0  # C1: measured / modelled layer time
+    batch_exponent: float = 1.0  # C2: time grows as micro_batch ** exponent away from measured sizes
+    step_overhead: float = 0.0  # C3: seconds every stage spends per micro-batch beyond its layers
+    memory_overhead: float = 0.0  # C5: bytes per device the framework takes beyond the model's count
 
     @property
     def capacity(self) -> float:
-        """Bytes a stage may use per device: the memory less the learned overhead."""
+        """Bytes a stage may use per device: the memory less the learned overhead (C5)."""
         return self.memory - self.memory_overhead
 
 
@@ -110,7 +110,8 @@ class Training:
     zero_stage: int
     memory_reserve: float  # bytes per device
     analytic_efficiency: float
-    activation_factor: float = 1.0  # measured / modelled activation bytes (calibration)
+    activation_factor: float = 1.0  # measured / modelled activation bytes (calibration C6)
+    gradient_buffer_bytes_per_param: float = 0.0  # reduction buffers of a stage with replicas (calibration C7)
     tokens_per_sample: int | None = None  # the sequence length, when the model says (presets)
 
 

@@ -17,6 +17,7 @@ import jsonschema
 
 from ..errors import InputError
 from . import catalog
+from .calibration import apply_calibration
 from .coarsen import MAX_MODEL_LAYERS
 from .hf_config import preset_from_hf_config
 from .instance import DeviceType, Instance, Layer, Node, Profile, SearchSpace, Split, Training
@@ -31,7 +32,6 @@ DEFAULT_TP = (1, 2, 4, 8)
 DEFAULT_CP = (1, 2, 4, 8, 16)  # context-parallel degrees the search may try
 DEFAULT_VIRTUAL = (1, 2, 4)  # virtual pipeline stages per device (interleaved 1F1B)
 RECOMPUTE = ("none", "selective", "full")
-CALIBRATED = ("compute_scale", "batch_exponent", "step_overhead", "memory_overhead")  # DeviceType fields
 DEFAULT_MEMORY_RESERVE = 2**30  # 1 GiB: CUDA context, allocator slack, workspaces
 DEFAULT_EFFICIENCY = 0.4  # fraction of peak FLOP/s an analytic estimate assumes
 MIXED_PRECISION_ADAM = {"weights": 2.0, "gradients": 2.0, "optimizer": 12.0}
@@ -158,8 +158,13 @@ def load_instance(source: str | Path | Mapping) -> Instance:
     return parse_instance(data, base_dir=path.parent, default_name=path.stem)
 
 
-def parse_instance(data: Any, *, base_dir: Path | None = None, default_name: str = "instance") -> Instance:
-    """Validate a parsed instance document and build the typed record."""
+def parse_instance(data: Any, *, base_dir: Path | None = None, default_name: str = "instance",
+                   calibrate: bool = True) -> Instance:
+    """Validate a parsed instance document and build the typed record.
+
+    With ``calibrate=False`` the document's ``calibration`` section is validated but
+    not applied (the uncalibrated model, which ``calibrate`` fits from).
+    """
     if not isinstance(data, Mapping):
         raise InputError("instance", "must be a JSON object")
     if "version" in data and data["version"] != FORMAT_VERSION:
@@ -170,12 +175,10 @@ def parse_instance(data: Any, *, base_dir: Path | None = None, default_name: str
     layers, tokens = _parse_model(data["model"], base_dir or Path.cwd(), notes)
     device_types = _parse_device_types(data.get("device_types", []))
     nodes = _parse_nodes(data["nodes"], device_types)
-    profiles = _parse_profiles(data.get("profiles", []), device_types, len(layers))
+    profiles = _parse_profiles(data.get("profiles", []), device_types, layers)
     training = replace(_parse_training(data["training"]), tokens_per_sample=tokens)
     search = _parse_search(data.get("search", {}), training, len(layers))
-    if "calibration" in data:
-        device_types, nodes, training = _calibrate(data["calibration"], device_types, nodes, training)
-    return Instance(
+    instance = Instance(
         name=data.get("name", default_name),
         layers=layers,
         device_types=device_types,
@@ -185,26 +188,7 @@ def parse_instance(data: Any, *, base_dir: Path | None = None, default_name: str
         search=search,
         notes=tuple(notes),
     )
-
-
-def _calibrate(raw: Mapping, device_types: dict[str, DeviceType], nodes, training: Training):
-    """Apply a ``calibration`` section (``formulations/calibration.md``): corrections per device
-    type, effective bandwidth factors per link kind (intra- and inter-node), a factor on
-    activation bytes.  Device types it names that the instance does not use are ignored, so
-    a section fitted on one cluster applies unchanged to any with the same hardware."""
-    per_type = raw.get("device_types", {})
-    types = {name: replace(t, **{k: float(v) for k, v in per_type.get(name, {}).items() if k in CALIBRATED})
-             for name, t in device_types.items()}
-    links = raw.get("links", {})
-
-    def link(node: Node) -> Node:
-        own = per_type.get(node.device_type, {})
-        intra = float(own.get("intra_bandwidth_factor", links.get("intra", 1.0)))
-        inter = float(own.get("inter_bandwidth_factor", links.get("inter", 1.0)))
-        return replace(node, intra_bandwidth=node.intra_bandwidth * intra, inter_bandwidth=node.inter_bandwidth * inter)
-
-    factor = float(raw.get("activation_factor", 1.0))
-    return types, tuple(link(n) for n in nodes), replace(training, activation_factor=factor)
+    return apply_calibration(instance, data.get("calibration")) if calibrate else instance
 
 
 def _split(value, default_sharded: bool) -> Split:
@@ -325,7 +309,8 @@ def _parse_nodes(raw_nodes, device_types: dict[str, DeviceType]) -> tuple[Node, 
     return tuple(nodes)
 
 
-def _parse_profiles(raw_profiles, device_types, num_layers: int) -> tuple[Profile, ...]:
+def _parse_profiles(raw_profiles, device_types, layers) -> tuple[Profile, ...]:
+    num_layers = len(layers)
     seen = set()
     profiles = []
     for i, raw in enumerate(raw_profiles):
@@ -337,6 +322,12 @@ def _parse_profiles(raw_profiles, device_types, num_layers: int) -> tuple[Profil
             raise InputError(f"{where}.layer_times", "every time must be a finite number of seconds")
         if len(times) != num_layers:
             raise InputError(f"{where}.layer_times", f"has {len(times)} entries, the model has {num_layers} layers")
+        names = raw.get("layer_names")
+        if names is not None and list(names) != [layer.name for layer in layers]:
+            first = next((i for i, (a, b) in enumerate(zip(names, layers)) if a != b.name), min(len(names), num_layers))
+            raise InputError(f"{where}.layer_names", f"were measured on another model: entry {first} is "
+                             f"{names[first] if first < len(names) else 'missing'!r}, the model's layer is "
+                             f"{layers[first].name if first < num_layers else 'missing'!r}")
         key = (raw["device_type"], raw["tp"], raw.get("micro_batch", 1))
         if key in seen:
             raise InputError(where, f"a second profile for device type {key[0]!r}, tp {key[1]}, micro_batch {key[2]}")

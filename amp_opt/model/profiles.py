@@ -3,13 +3,13 @@
 Measured profiles give forward+backward seconds per layer for one micro-batch
 at some micro-batch sizes.  Between measured sizes the time is interpolated
 linearly; outside them it is scaled from the nearest measurement as (b / b0) ** beta,
-beta the device type's ``batch_exponent`` (1: per sample).  Without a measurement for
+beta the device type's ``batch_exponent`` (1: per sample; calibration C2).  Without a measurement for
 the device type and tp degree, the analytic estimate of ``formulations/hetero.md``
 (eq. H2) is used:
 
     t = b ** beta * flops / (tp * peak * efficiency) + 2 (tp-1)/tp * b * tp_comm_bytes / intra_bw
 
-Either is multiplied by the device type's ``compute_scale`` (1 unless calibrated,
+Either is multiplied by the device type's ``compute_scale`` (1 unless calibrated, C1 in
 ``formulations/calibration.md``).
 """
 

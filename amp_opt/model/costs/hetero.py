@@ -101,7 +101,7 @@ class HeteroModel(CostModel):
         else B3: a fractional speed bound and the min-max partition of the fastest times.
         """
         v, n, p = cand.virtual_stages, cand.n_micro(tables.instance), cand.pp
-        # Every stage pays at least the smallest calibrated step overhead per micro-batch.
+        # Every stage pays at least the smallest calibrated step overhead (C3) per micro-batch.
         step = min(tables.instance.device_types[c.device_type].step_overhead for c in node_classes(tables.instance))
         return (n - 1 / v) * step + p * step / v + self._bound(tables, cand, labelled)
 

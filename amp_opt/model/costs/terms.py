@@ -79,7 +79,7 @@ class CandidateTerms:
         layers = [inst.layers[i] for i in (range(inst.num_layers) if self.order is None else self.order)]
         m, sp, cp = cand.tp, cand.sequence_parallel, cand.cp
         ids = np.arange(inst.num_layers) if self.order is None else self.order
-        factor = inst.training.activation_factor / cp  # calibrated activation bytes, split over cp ranks
+        factor = inst.training.activation_factor / cp  # calibrated activation bytes (C6), split over cp ranks
         act = np.array([layer.activation_memory_bytes.at(m, sp) for layer in layers]) * factor
         scores = np.array([layer.attention_memory_bytes.at(m, sp) for layer in layers]) * factor
         self.recomputes = np.array([layer.recomputes for layer in layers])
@@ -104,9 +104,11 @@ class CandidateTerms:
         self._count = np.concatenate([[0], np.cumsum(self.recomputes)])  # recomputing layers before each position
         self._max: dict[str, np.ndarray] = {}
         tr, R, z = inst.training, cand.replicas, cand.zero_stage
-        # H9: weights, gradients and optimizer states, each sharded over the R replicas from its ZeRO stage on.
+        # H9: weights, gradients and optimizer states, each sharded over the R replicas from its ZeRO stage on;
+        # calibration C7: the gradient reduction's buffers when the stage has replicas.
         self.state_bytes_per_param = (tr.weight_bytes / (R if z >= 3 else 1) + tr.gradient_bytes / (R if z >= 2 else 1)
-                                      + tr.optimizer_bytes / (R if z >= 1 else 1))
+                                      + tr.optimizer_bytes / (R if z >= 1 else 1)
+                                      + (tr.gradient_buffer_bytes_per_param if R > 1 else 0.0))
 
     def in_flight(self, s: int) -> float:
         """Micro-batches stage s keeps activations for: min(p - s, n) under 1F1B; interleaved
@@ -274,7 +276,7 @@ class StageCosts:
 
     def _class_prefixes(self, device_type: str, intra: float, s: int) -> tuple[np.ndarray, np.ndarray, float]:
         """Prefix sums of a compute class's layer seconds on stage s: its mode's, and without
-        recomputation; and the class's fixed seconds per micro-batch (calibrated step overhead)."""
+        recomputation; and the class's fixed seconds per micro-batch (calibrated step overhead, C3)."""
         self.estimated |= self.terms.estimated(device_type, intra)
         mode = self.terms.modes[s]
         return (_prefix(self.terms.layer_seconds(device_type, intra, mode)),

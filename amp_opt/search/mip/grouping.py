@@ -27,7 +27,7 @@ class ClassTerms:
     capacity: float  # bytes per device
     times: np.ndarray  # seconds per layer for one micro-batch on a group of this class
     per_node: bool  # a whole stage fits in one node: modelled node by node (eq. M11)
-    step: float = 0.0  # seconds per micro-batch a stage of this class spends beyond its layers (calibrated)
+    step: float = 0.0  # seconds per micro-batch a stage of this class spends beyond its layers (calibration C3)
 
     @property
     def index(self) -> int:

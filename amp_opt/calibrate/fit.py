@@ -1,0 +1,567 @@
+"""Fit the calibration section (``formulations/calibration.md``, C1-C7, F1-F6) to measured runs.
+
+Two independent fits, each by regularised least squares on the relative (log)
+error, with the one evaluator (:func:`amp_opt.model.evaluate.evaluate`) predicting
+every run under the candidate corrections:
+
+* time (F1): iteration times of finished runs against C1 ``compute_scale``, C3
+  ``step_overhead`` (per device type the runs use), C4 link factors (intra, inter)
+  and C2 ``batch_exponent`` (per device type);
+* memory (F5): peak memory of finished runs against C6 ``activation_factor``, C5
+  ``memory_overhead`` (per device type) and C7 ``gradient_buffer_bytes_per_param``;
+  then (F6) the overhead of a device type is raised until every run that ran out
+  of memory is predicted not to fit.
+
+Every parameter x is unitless with prior N(0, 1) around the uncalibrated model
+(x = 0): value = initial * exp(scale * x) for factors, initial + scale * x for
+additive ones.  The objective is sum_i r_i^2 + sigma^2 |x|^2, r_i = log(predicted_i
+/ measured_i), sigma the relative noise of one run (F2).  Only parameters the runs
+can tell apart enter, at most ceil(runs / 2) of them: all jointly when that many
+are identifiable, else one at a time, each round the one whose joint fit lowers the
+objective most (F3).  The fit is then shrunk toward the uncalibrated model until
+neither the RMS log error nor the median absolute error on the runs is worse (F4).
+Leave-one-out repeats the whole procedure without each run.  Deterministic.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..model.calibration import apply_calibration
+from ..model.evaluate import evaluate
+from ..model.tables import Tables
+from .metrics import Errors, errors
+from .runs import RunRecord, RunSet
+
+TIME_NOISE = 0.05  # F2: relative noise of one run's iteration time (sigma)
+MEMORY_NOISE = 0.02  # F2: relative noise of one run's peak memory
+SHRINK_STEPS = (1.0, 0.75, 0.5, 0.25, 0.0)  # F4
+FD_STEP = 1e-4  # finite-difference step in the unitless parameters
+MAX_ITERATIONS = 100
+TOLERANCE = 1e-4  # stop when a step lowers the objective by less than this many prior units (lam)
+COST_MODEL = "hetero"
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One correction the fit may move (see the module docstring for the coordinates).
+
+    ``key`` is its place in the calibration section: ``("device_types", NAME, FIELD)``,
+    ``("links", "intra")`` or ``(FIELD,)``.  ``lower``/``upper`` bound the value.
+    """
+
+    name: str
+    key: tuple[str, ...]
+    initial: float
+    scale: float
+    log: bool
+    lower: float = -math.inf
+    upper: float = math.inf
+
+    def value(self, x: float) -> float:
+        v = self.initial * math.exp(self.scale * x) if self.log else self.initial + self.scale * x
+        return min(max(v, self.lower), self.upper)
+
+    def x_bounds(self) -> tuple[float, float]:
+        def coord(v):
+            if self.log:
+                return math.log(v / self.initial) / self.scale if v > 0 else -math.inf
+            return (v - self.initial) / self.scale
+
+        return (coord(self.lower) if math.isfinite(self.lower) else -math.inf,
+                coord(self.upper) if math.isfinite(self.upper) else math.inf)
+
+
+def section_of(parameters: Sequence[Parameter], x: Sequence[float], base: Mapping | None = None) -> dict:
+    """The calibration section holding the parameters' values at ``x`` (on top of ``base``).
+
+    Examples
+    --------
+    >>> kappa = Parameter("compute_scale[T4]", ("device_types", "T4", "compute_scale"), 1.0, 1.0, True)
+    >>> link = Parameter("links.inter", ("links", "inter"), 1.0, 1.0, True)
+    >>> section_of([kappa, link], [math.log(2.0), 0.0])
+    {'device_types': {'T4': {'compute_scale': 2.0}}, 'links': {'inter': 1.0}}
+    """
+    out: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in (base or {}).items()}
+    for p, xi in zip(parameters, x):
+        value = p.value(float(xi))
+        if p.key[0] == "device_types":
+            types = out.setdefault("device_types", {})
+            types[p.key[1]] = {**types.get(p.key[1], {}), p.key[2]: value}
+        elif p.key[0] == "links":
+            out.setdefault("links", {})[p.key[1]] = value
+        else:
+            out[p.key[0]] = value
+    return out
+
+
+# ---------------------------------------------------------------- predictions (the one evaluator)
+
+class Predictor:
+    """Predicts runs under a calibration section with the one evaluator: every instance
+    calibrated once per section.
+
+    Examples
+    --------
+    >>> from amp_opt.calibrate.runs import bind_runs, load_uncalibrated, parse_runs
+    >>> inst = load_uncalibrated("instances/amp_het_cluster.json")[1]
+    >>> plan = {"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}
+    >>> runs = bind_runs(parse_runs([{"plan": plan, "iteration_time": 1.0}]), inst)
+    >>> slow = {"device_types": {"T4": {"compute_scale": 2.0}, "V100-16GB": {"compute_scale": 2.0}}}
+    >>> t = Predictor(runs).times(runs.records, {})
+    >>> bool(Predictor(runs).times(runs.records, slow)[0] > 1.5 * t[0])
+    True
+    """
+
+    def __init__(self, runs: RunSet):
+        self.runs = runs
+
+    def _calibrated(self, section):
+        return {key: (lambda inst: (inst, Tables(inst)))(apply_calibration(base, section))
+                for key, base in self.runs.instances.items()}
+
+    def evaluations(self, records: Sequence[RunRecord], section) -> list:
+        cal = self._calibrated(section)
+        return [evaluate(cal[r.instance][0], r.plan, COST_MODEL, tables=cal[r.instance][1]) for r in records]
+
+    def times(self, records: Sequence[RunRecord], section) -> np.ndarray:
+        """Predicted seconds per iteration (eq. H6) of each record's plan."""
+        return np.array([e.predicted_time for e in self.evaluations(records, section)])
+
+    def peaks(self, records: Sequence[RunRecord], section) -> np.ndarray:
+        """Predicted peak bytes of each record's fullest device (eq. C5'): max over stages of
+        M_s - reserve + the largest memory overhead among the stage's device types."""
+        cal = self._calibrated(section)
+        out = []
+        for r in records:
+            inst, tables = cal[r.instance]
+            ev = evaluate(inst, r.plan, COST_MODEL, tables=tables)
+            out.append(max(peak_of_stage(inst, s) for s in ev.stages))
+        return np.array(out)
+
+
+def peak_of_stage(instance, stage) -> float:
+    """Eq. C5': the allocator peak a stage's devices are predicted to reach (bytes): the stage's
+    memory (eq. H5) less the reserve, plus the largest memory overhead among its device types.
+
+    Examples
+    --------
+    >>> from amp_opt import load_instance, parse_plan
+    >>> inst = load_instance("instances/amp_het_cluster.json")
+    >>> ev = evaluate(inst, parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}))
+    >>> peak_of_stage(inst, ev.stages[0]) == ev.stages[0].memory - inst.training.memory_reserve
+    True
+    """
+    overhead = max(instance.device_types[t].memory_overhead for t in stage.device_types)
+    return stage.memory - instance.training.memory_reserve + overhead
+
+
+# ---------------------------------------------------------------- the least-squares core
+
+@dataclass(frozen=True)
+class Solution:
+    """A fit of some parameters: their unitless coordinates and the objective's parts."""
+
+    parameters: tuple[Parameter, ...]
+    x: tuple[float, ...]
+    shrink: float  # F4: the fraction of the fitted step kept
+    iterations: int
+
+
+def _objective(r: np.ndarray, x: np.ndarray, lam: float) -> float:
+    return float(r @ r + lam * (x @ x))
+
+
+def _jacobian(residuals, x: np.ndarray, r: np.ndarray, bounds) -> np.ndarray:
+    J = np.empty((len(r), len(x)))
+    for j in range(len(x)):
+        h = FD_STEP if x[j] + FD_STEP <= bounds[j][1] else -FD_STEP
+        e = x.copy()
+        e[j] += h
+        J[:, j] = (residuals(e) - r) / h
+    return J
+
+
+def _least_squares(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lam: float,
+                   bounds: Sequence[tuple[float, float]]) -> tuple[np.ndarray, float, int]:
+    """Levenberg-Marquardt with the iterate clipped to the bounds, from ``x0``: every accepted
+    step lowers the objective, so the result is never worse than ``x0`` on it.
+    Returns (x, objective, iterations)."""
+    x = np.array(x0, dtype=float)
+    r = residuals(x)
+    F = _objective(r, x, lam)
+    if len(x) == 0:
+        return x, F, 0
+    lo, hi = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
+    mu = 1e-3
+    for it in range(1, MAX_ITERATIONS + 1):
+        J = _jacobian(residuals, x, r, bounds)
+        g = J.T @ r + lam * x
+        H = J.T @ J + lam * np.eye(len(x))
+        improved = done = False
+        while mu < 1e12:
+            step = np.linalg.solve(H + mu * np.diag(np.diag(H)), -g)
+            xn = np.clip(x + step, lo, hi)
+            rn = residuals(xn)
+            Fn = _objective(rn, xn, lam)
+            if Fn < F:
+                done = F - Fn <= TOLERANCE * lam or float(np.abs(xn - x).max()) < 1e-6
+                x, r, F, improved = xn, rn, Fn, True
+                mu = max(mu / 10, 1e-12)
+                break
+            mu *= 10
+        if not improved or done:
+            return x, F, it
+    return x, F, MAX_ITERATIONS
+
+
+def identifiable(J: np.ndarray, candidates: Sequence[Parameter]) -> list[int]:
+    """F3: the candidates the runs can tell apart, in priority order: a candidate whose column
+    of the Jacobian at the uncalibrated model is zero (no run depends on it) or lies in the
+    span of earlier ones (no run separates it from them) is left out.
+
+    Examples
+    --------
+    >>> J = np.array([[1.0, 0.0, 2.0], [1.0, 0.0, 2.0]])  # the third column is twice the first
+    >>> identifiable(J, ["a", "b", "c"])
+    [0]
+    """
+    chosen: list[int] = []
+    for j in range(len(candidates)):
+        if not np.any(J[:, j]):
+            continue
+        sv = np.linalg.svd(J[:, chosen + [j]], compute_uv=False)
+        if sv[-1] > 1e-6 * sv[0]:
+            chosen.append(j)
+    return chosen
+
+
+def max_parameters(runs: int) -> int:
+    """F3: at most one free parameter per two runs (rounded up).
+
+    Examples
+    --------
+    >>> [max_parameters(n) for n in (1, 2, 3, 8)]
+    [1, 1, 2, 4]
+    """
+    return (runs + 1) // 2
+
+
+def fit_parameters(residual_of: Callable[[Sequence[Parameter], np.ndarray], np.ndarray],
+                   candidates: Sequence[Parameter], runs: int, noise: float, *, limit: int | None = None,
+                   start: Mapping[str, float] | None = None) -> Solution:
+    """Select and fit parameters (F1-F4) given ``residual_of(parameters, x) -> log errors``.
+
+    F3: the identifiable candidates are fitted jointly when there are at most
+    ``max_parameters(runs)`` (or ``limit``) of them; otherwise they enter one at a time,
+    each round taking the candidate whose joint fit with the chosen ones lowers the
+    objective most (ties to the earlier one).  ``start`` (name -> x) warm-starts the fit.
+
+    Examples
+    --------
+    Two runs, each 2.5 times slower than predicted; a scale factor explains both:
+
+    >>> scale = Parameter("compute_scale[g]", ("device_types", "g", "compute_scale"), 1.0, 1.0, True)
+    >>> predicted, measured = np.array([1.0, 3.0]), np.array([2.5, 7.5])
+    >>> def residual_of(params, x):
+    ...     factor = params[0].value(x[0]) if params else 1.0
+    ...     return np.log(factor * predicted / measured)
+    >>> sol = fit_parameters(residual_of, [scale], runs=2, noise=0.05)
+    >>> [p.name for p in sol.parameters], round(sol.parameters[0].value(sol.x[0]), 2)
+    (['compute_scale[g]'], 2.5)
+    """
+    lam = noise ** 2
+    k_max = min(max_parameters(runs) if limit is None else limit, len(candidates))
+    bounds = [p.x_bounds() for p in candidates]
+    x0 = np.zeros(len(candidates))
+    r0 = residual_of(candidates, x0)
+    pool = identifiable(_jacobian(lambda v: residual_of(candidates, v), x0, r0, bounds), candidates)
+    start = start or {}
+
+    def fit(cols):
+        params = [candidates[c] for c in cols]
+        init = np.array([start.get(p.name, 0.0) for p in params])
+        init = np.clip(init, [bounds[c][0] for c in cols], [bounds[c][1] for c in cols]) if cols else init
+        return _least_squares(lambda v: residual_of(params, v), init, lam, [bounds[c] for c in cols])
+
+    iterations = 0
+    if len(pool) <= k_max:
+        chosen = pool
+        x, _, iterations = fit(chosen)
+    else:
+        chosen, x = [], np.zeros(0)
+        F = float(r0 @ r0)
+        while len(chosen) < k_max:
+            best = None
+            for j in pool:
+                if j not in chosen:
+                    cols = sorted(chosen + [j])
+                    xc, Fc, its = fit(cols)
+                    iterations += its
+                    if Fc < F - 1e-15 and (best is None or Fc < best[2] - 1e-15):
+                        best = (cols, xc, Fc)
+            if best is None:
+                break
+            chosen, x, F = best
+    params = tuple(candidates[c] for c in chosen)
+    # F4: never worse than the uncalibrated model on the runs given, by either measure.
+    base = _scores(residual_of(params, np.zeros(len(params))))
+    for t in SHRINK_STEPS:
+        kept = t * np.asarray(x)
+        if t == 0.0 or all(a <= b + 1e-12 for a, b in zip(_scores(residual_of(params, kept)), base)):
+            return Solution(params, tuple(float(v) for v in kept), t, iterations)
+    raise AssertionError("unreachable: the last shrink step is the uncalibrated model")  # pragma: no cover
+
+
+def _scores(r: np.ndarray) -> tuple[float, float]:
+    """(RMS log error, median absolute relative error) of log residuals."""
+    if len(r) == 0:
+        return (0.0, 0.0)
+    return (float(np.sqrt(np.mean(r ** 2))), float(np.median(np.abs(np.expm1(r)))))
+
+
+# ---------------------------------------------------------------- the two fits
+
+def time_candidates(runs: RunSet, records: Sequence[RunRecord], predictor: Predictor) -> list[Parameter]:
+    """C1, C3 per device type the records use, C4 intra and inter, C2 per device type (priority order).
+
+    Examples
+    --------
+    >>> from amp_opt.calibrate.runs import bind_runs, load_uncalibrated, parse_runs
+    >>> inst = load_uncalibrated("instances/amp_het_cluster.json")[1]
+    >>> plan = {"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}
+    >>> runs = bind_runs(parse_runs([{"plan": plan, "iteration_time": 1.0}]), inst)
+    >>> [p.name for p in time_candidates(runs, runs.records, Predictor(runs))][:3]
+    ['compute_scale[T4]', 'step_overhead[T4]', 'compute_scale[V100-16GB]']
+    """
+    types = sorted({t for r in records for t in runs.device_types(r)})
+    stage_seconds: dict[str, list[float]] = {t: [] for t in types}
+    for r, ev in zip(records, predictor.evaluations(records, {})):
+        for s in ev.stages:
+            for t in s.device_types:
+                stage_seconds[t].append(s.compute)
+    out = []
+    for t in types:
+        out.append(Parameter(f"compute_scale[{t}]", ("device_types", t, "compute_scale"), 1.0, 1.0, True))
+        # The prior scale of a step overhead: the typical stage's seconds per micro-batch on this type.
+        scale = float(np.median(stage_seconds[t])) if stage_seconds[t] else 1e-3
+        out.append(Parameter(f"step_overhead[{t}]", ("device_types", t, "step_overhead"), 0.0, scale, False, 0.0))
+    for kind in ("intra", "inter"):
+        out.append(Parameter(f"links.{kind}", ("links", kind), 1.0, 1.0, True))
+    for t in types:
+        out.append(Parameter(f"batch_exponent[{t}]", ("device_types", t, "batch_exponent"), 1.0, 0.5, False, 0.0, 2.0))
+    return out
+
+
+def memory_candidates(runs: RunSet, records: Sequence[RunRecord]) -> list[Parameter]:
+    """C6, C5 per device type the records use, C7 (priority order).
+
+    Examples
+    --------
+    >>> from amp_opt.calibrate.runs import bind_runs, load_uncalibrated, parse_runs
+    >>> inst = load_uncalibrated("instances/amp_het_cluster.json")[1]
+    >>> plan = {"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}
+    >>> runs = bind_runs(parse_runs([{"plan": plan, "iteration_time": 1.0, "peak_memory": 5e9}]), inst)
+    >>> [p.name for p in memory_candidates(runs, runs.records)]
+    ['activation_factor', 'memory_overhead[T4]', 'memory_overhead[V100-16GB]', 'gradient_buffer_bytes_per_param']
+    """
+    types = sorted({t for r in records for t in runs.device_types(r)})
+    peaks = {t: [r.peak_memory for r in records if t in runs.device_types(r)] for t in types}
+    grad = max(inst.training.gradient_bytes for inst in runs.instances.values()) or 1.0
+    out = [Parameter("activation_factor", ("activation_factor",), 1.0, 0.5, True)]
+    for t in types:
+        out.append(Parameter(f"memory_overhead[{t}]", ("device_types", t, "memory_overhead"), 0.0,
+                             0.25 * float(np.median(peaks[t])), False))
+    out.append(Parameter("gradient_buffer_bytes_per_param", ("gradient_buffer_bytes_per_param",), 0.0, grad,
+                         False, 0.0))
+    return out
+
+
+@dataclass(frozen=True)
+class PartFit:
+    """One fit (time or memory): what was fitted, and predicted against measured before and after.
+
+    ``loo`` holds each run's prediction by the fit made without it (None with fewer
+    than three runs).
+    """
+
+    what: str
+    records: tuple[int, ...]  # indices in RUNS.json
+    measured: tuple[float, ...]
+    before: tuple[float, ...]
+    after: tuple[float, ...]
+    solution: Solution
+    loo: tuple[float, ...] | None
+
+    @property
+    def values(self) -> dict[str, float]:
+        return {p.name: p.value(x) for p, x in zip(self.solution.parameters, self.solution.x)}
+
+    def errors(self) -> dict[str, Errors | None]:
+        return {"uncalibrated": errors(self.before, self.measured), "calibrated": errors(self.after, self.measured),
+                "leave_one_out": errors(self.loo, self.measured) if self.loo is not None else None}
+
+    def to_json(self) -> dict[str, Any]:
+        errs = self.errors()
+        return {
+            "runs": list(self.records),
+            "parameters": [{"name": p.name, "value": p.value(x), "initial": p.initial}
+                           for p, x in zip(self.solution.parameters, self.solution.x)],
+            "shrink": self.solution.shrink,
+            "in_sample": {"uncalibrated": errs["uncalibrated"].to_json(), "calibrated": errs["calibrated"].to_json()},
+            "leave_one_out": errs["leave_one_out"].to_json() if errs["leave_one_out"] else None,
+        }
+
+
+def _fit_part(what: str, records: Sequence[RunRecord], measured: np.ndarray, predict, candidates_of, noise: float,
+              limit: int | None, loo: bool) -> PartFit:
+    def solve(recs, meas, start=None):
+        def residual_of(params, x):
+            return np.log(predict(recs, section_of(params, x)) / meas)
+
+        return fit_parameters(residual_of, candidates_of(recs), len(recs), noise, limit=limit, start=start)
+
+    solution = solve(records, measured)
+    before = predict(records, {})
+    after = predict(records, section_of(solution.parameters, solution.x))
+    held = None
+    if loo and len(records) >= 3:
+        # Each fold repeats the whole fit without one run, warm-started at the full fit.
+        start = {p.name: x for p, x in zip(solution.parameters, solution.x)}
+        held = []
+        for i in range(len(records)):
+            keep = [j for j in range(len(records)) if j != i]
+            sol = solve([records[j] for j in keep], measured[keep], start)
+            held.append(float(predict([records[i]], section_of(sol.parameters, sol.x))[0]))
+        held = tuple(held)
+    return PartFit(what, tuple(r.index for r in records), tuple(float(m) for m in measured),
+                   tuple(float(v) for v in before), tuple(float(v) for v in after), solution, held)
+
+
+@dataclass(frozen=True)
+class OomAdjustment:
+    """F6: a device type's memory overhead raised so that runs that ran out of memory are
+    predicted not to fit; ``conflicts`` are finished runs then predicted not to fit."""
+
+    device_type: str
+    overhead: float  # bytes, the new value
+    records: tuple[int, ...]  # the out-of-memory runs that required it
+    conflicts: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The fitted section and how it was obtained (:func:`fit_calibration`)."""
+
+    section: dict
+    time: PartFit | None
+    memory: PartFit | None
+    oom: tuple[OomAdjustment, ...]
+    runs: Mapping[str, Any] = field(default_factory=dict)  # counts by outcome, instances used
+    notes: tuple[str, ...] = field(default=())
+
+    def fit_report(self, *, date: str | None = None) -> dict[str, Any]:
+        """The ``fit`` entry written into the section (``date`` default: today, UTC)."""
+        return {
+            "date": date or datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+            "cost_model": COST_MODEL,
+            "runs": dict(self.runs),
+            "time": self.time.to_json() if self.time else None,
+            "memory": self.memory.to_json() if self.memory else None,
+            "out_of_memory": [{"device_type": a.device_type, "memory_overhead": a.overhead, "runs": list(a.records),
+                               "finished_runs_predicted_not_to_fit": list(a.conflicts)} for a in self.oom],
+            "notes": list(self.notes),
+        }
+
+
+def fit_calibration(runs: RunSet, *, loo: bool = True, max_parameters: int | None = None) -> Calibration:
+    """Fit the calibration section to measured runs (time F1-F4, memory F5-F6).
+
+    Parameters
+    ----------
+    runs : RunSet
+        Records bound to their uncalibrated instances (:func:`amp_opt.calibrate.runs.bind_runs`).
+    loo : bool
+        Also compute leave-one-out predictions (one more fit per run).
+    max_parameters : int, optional
+        Cap on the free parameters of each fit (default: ceil(runs / 2), F3).
+
+    Returns
+    -------
+    Calibration
+
+    Examples
+    --------
+    >>> from amp_opt.calibrate.runs import bind_runs, load_uncalibrated, parse_runs
+    >>> from amp_opt.model.plan import parse_plan
+    >>> doc, inst = load_uncalibrated("instances/amp_het_cluster.json")
+    >>> plans = [{"tp": 1, "dp": 4, "pp": 4, "micro_batch": b, "partition": [0, 7, 14, 20, 30]} for b in (1, 2, 4)]
+    >>> slow_t4 = apply_calibration(inst, {"device_types": {"T4": {"compute_scale": 1.3}}})  # the "truth"
+    >>> times = [evaluate(slow_t4, parse_plan(p)).predicted_time for p in plans]
+    >>> runs = bind_runs(parse_runs([{"plan": p, "iteration_time": t} for p, t in zip(plans, times)]), inst)
+    >>> cal = fit_calibration(runs, loo=False, max_parameters=1)
+    >>> {k: round(v, 2) for k, v in cal.time.values.items()}, cal.time.errors()["calibrated"].max_abs_error < 0.01
+    ({'compute_scale[T4]': 1.3}, True)
+    """
+    finished = [r for r in runs.records if r.finished]
+    predictor = Predictor(runs)
+    notes = []
+    time = memory = None
+    if finished:
+        measured = np.array([r.iteration_time for r in finished])
+        time = _fit_part("time", finished, measured, predictor.times,
+                         lambda recs: time_candidates(runs, recs, predictor), TIME_NOISE, max_parameters, loo)
+    else:
+        notes.append("no finished runs: iteration times not calibrated")
+    peaks = [r for r in finished if r.peak_memory is not None]
+    if peaks:
+        measured = np.array([r.peak_memory for r in peaks])
+        memory = _fit_part("memory", peaks, measured, predictor.peaks, lambda recs: memory_candidates(runs, recs),
+                           MEMORY_NOISE, max_parameters, loo)
+    section = section_of(time.solution.parameters if time else (), time.solution.x if time else ())
+    if memory:
+        section = section_of(memory.solution.parameters, memory.solution.x, section)
+    section, oom = _oom_adjust(runs, predictor, section)
+    skipped = [r.index for r in runs.records if r.failed == "error"]
+    if skipped:
+        notes.append(f"runs that failed with an error say nothing about the model and were skipped: {skipped}")
+    summary = {"finished": len(finished), "out_of_memory": sum(r.failed == "oom" for r in runs.records),
+               "error": len(skipped), "with_peak_memory": len(peaks),
+               "instances": sorted(k for k in runs.instances if k is not None)}
+    return Calibration(section, time, memory, tuple(oom), summary, tuple(notes))
+
+
+def _oom_adjust(runs: RunSet, predictor: Predictor, section: dict) -> tuple[dict, list[OomAdjustment]]:
+    """F6: raise memory_overhead[g] to the least value at which every out-of-memory run is
+    predicted not to fit (its stage with the least headroom, on that stage's type g)."""
+    ooms = [r for r in runs.records if r.failed == "oom"]
+    if not ooms:
+        return section, []
+    needed: dict[str, tuple[float, list[int]]] = {}
+    for r, ev in zip(ooms, predictor.evaluations(ooms, section)):
+        inst = apply_calibration(runs.instance_of(r), section)
+        margins = [(inst.device_types[t].capacity - s.memory, t) for s in ev.stages for t in s.device_types]
+        room, t = min(margins)
+        if room >= 0:  # predicted to fit, yet it ran out of memory: the overhead must grow past the room
+            overhead = inst.device_types[t].memory_overhead + room + max(1.0, 1e-6 * inst.device_types[t].memory)
+            value, recs = needed.get(t, (-math.inf, []))
+            needed[t] = (max(value, overhead), recs + [r.index])
+    if not needed:
+        return section, []
+    out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in section.items()}
+    types = out.setdefault("device_types", {})
+    for t, (value, _) in needed.items():
+        types[t] = {**types.get(t, {}), "memory_overhead": value}
+    finished = [r for r in runs.records if r.finished]
+    adjustments = []
+    evs = predictor.evaluations(finished, out)
+    for t, (value, recs) in sorted(needed.items()):
+        conflicts = tuple(r.index for r, ev in zip(finished, evs)
+                          if any(t in s.device_types and not s.fits for s in ev.stages))
+        adjustments.append(OomAdjustment(t, value, tuple(recs), conflicts))
+    return out, adjustments

@@ -1,0 +1,229 @@
+"""``profile``: measure every layer of the instance's model on this machine and write the profiles.
+
+Builds the model's layers as PyTorch modules (:mod:`amp_opt.engine`), times
+forward+backward per layer at each micro-batch size (warm-up, repeats, the median
+kept and the spread written beside it), takes the bytes each layer keeps for
+backward, and writes a copy of the instance whose ``profiles`` hold them for one
+device type, with provenance.  Sizes that run out of memory are listed under
+``measurements.out_of_memory``.  ``--links`` also measures allreduce and p2p
+between local processes and writes the allreduce bandwidth as the intra-node
+bandwidth of that device type's nodes.  ``--runnable`` restricts the search to the plans
+``python -m amp_opt run`` executes.
+
+The copy is made solvable as it stands: when the instance does not say how its
+training stores model state, the engine's own (weights, gradients and two Adam
+moments in the run's dtype) is written, and on CPU a memory reserve of 0; tensor-
+parallel degrees with neither a profile nor FLOPs to estimate from are removed
+from the search.  Each change is listed under ``measurements.notes``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from ..errors import InputError
+from ..model.load import load_instance, load_json, parse_instance
+from .common import positive_int, write_json_document
+
+
+RUNNABLE = {"cp": [1], "sequence_parallel": [False], "recompute": ["none"], "zero_stages": [0],
+            "virtual_stages": [1]}
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    import argparse
+
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return sizes
+
+
+def add_arguments(p) -> None:
+    """The options of the command."""
+    p.add_argument("instance", help="instance JSON file (model given as a preset or a Hugging Face config)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="where to write the profiled instance")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    p.add_argument("--device-type", default=None, metavar="NAME",
+                   help="the instance's device type the profiles are for (default: its only one)")
+    p.add_argument("--micro-batches", type=_sizes, default=(1, 2, 4, 8), metavar="1,2,4,8",
+                   help="micro-batch sizes to measure (default 1,2,4,8)")
+    p.add_argument("--tp", type=_sizes, default=(1,), metavar="1,2",
+                   help="tensor-parallel degrees; tp > 1 runs tp local processes (default 1)")
+    p.add_argument("--warmup", type=positive_int, default=2, help="rounds discarded (default 2)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="rounds kept; the median is written (default 5)")
+    p.add_argument("--statistic", choices=("median", "q1", "min"), default="median",
+                   help="what of the repeats becomes a layer's time (default median; q1 or min on a shared "
+                        "machine whose load comes and goes: interference only adds time)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads per process (CPU default: usable cores / devices per node)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="default: the model's dtype_bytes (4: float32, 2: bfloat16)")
+    p.add_argument("--attention", choices=("eager", "flash"), default=None,
+                   help="attention kernel (default: the model's attention setting)")
+    p.add_argument("--memory-limit", type=positive_int, default=None, metavar="BYTES",
+                   help="bytes one layer may keep for backward before the size counts as out of memory "
+                        "(a CPU stand-in for a device's capacity)")
+    p.add_argument("--links", action="store_true",
+                   help="also measure allreduce and p2p between local processes; the allreduce bandwidth "
+                        "becomes the intra-node bandwidth of the device type's nodes")
+    p.add_argument("--runnable", action="store_true",
+                   help="restrict the written instance's search to plans run executes (no recomputation, ZeRO, "
+                        "context or sequence parallelism, interleaving), for the profile -> solve -> run loop")
+    p.add_argument("--timeout", type=positive_int, default=1800, metavar="S",
+                   help="seconds for the tensor-parallel or link processes (default 1800)")
+
+
+def _device_type(instance, name: str | None) -> str:
+    used = sorted({n.device_type for n in instance.nodes})
+    if name is None:
+        if len(used) != 1:
+            raise InputError("--device-type", f"the instance has device types {', '.join(used)}: name the one "
+                                              "this machine's device stands for")
+        return used[0]
+    if name not in used:
+        raise InputError("--device-type", f"{name!r} is not a device type of the instance's nodes "
+                                          f"({', '.join(used)})")
+    return name
+
+
+def engine_training(dtype_bytes: int) -> dict:
+    """What the engine stores per parameter: weights, gradients and Adam's two moments in the run's dtype."""
+    return {"model_state_bytes_per_param": {"weights": dtype_bytes, "gradients": dtype_bytes,
+                                            "optimizer": 2 * dtype_bytes},
+            "gradient_allreduce_bytes_per_param": dtype_bytes}
+
+
+def run(args) -> int:
+    from ..engine import require_torch
+
+    torch = require_torch()
+    from ..engine.modules import model_shape, torch_dtype
+    from ..engine.profile import merge_profiles, profile_model
+    from ..engine.provenance import check_local, resolve_device, usable_cores
+
+    document = load_json(args.instance, "instance")
+    instance = load_instance(args.instance)
+    base_dir = Path(args.instance).parent
+    shape = model_shape(document, base_dir=base_dir)
+    device = resolve_device(args.device)
+    name = _device_type(instance, args.device_type)
+    check_local([name], device)
+    per_node = max(n.devices for n in instance.nodes if n.device_type == name)
+    available = usable_cores() if device == "cpu" else torch.cuda.device_count()
+    for tp in args.tp:
+        if tp > per_node:
+            raise InputError("--tp", f"tp {tp} is more than the {per_node} devices of a {name} node")
+        if tp > 1 and tp > available:
+            what = "usable cores" if device == "cpu" else "GPUs"
+            raise InputError("--tp", f"tp {tp} needs {tp} processes, this machine has {available} {what}")
+        for what, count in (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("ffn", shape.ffn)):
+            if count % tp:
+                raise InputError("--tp", f"tensor-parallel degree {tp} must divide model.{what} ({count})")
+    dtype = torch_dtype(args.dtype, shape)
+    attention = args.attention or shape.attention
+    threads = args.threads
+    if threads is None and device == "cpu":
+        threads = max(1, usable_cores() // per_node)
+    results = []
+    for tp in sorted(set(args.tp)):
+        results += profile_model(shape, micro_batches=args.micro_batches, device=device, device_type=name,
+                                 dtype=dtype, attention=attention, warmup=args.warmup, repeats=args.repeats,
+                                 threads=threads,
+                                 tp=tp, memory_limit=args.memory_limit, timeout=float(args.timeout),
+                                 statistic=args.statistic)
+    out = merge_profiles(document, results, extras=True)
+    notes = _make_solvable(out, instance, name, device, dtype.itemsize, {r.tp for r in results if not r.oom})
+    if args.runnable:
+        out.setdefault("search", {}).update(RUNNABLE)
+        notes.append("search restricted to what python -m amp_opt run executes: " + json.dumps(RUNNABLE))
+    measurements = copy.deepcopy(out.get("measurements", {}))
+    ooms = [{"device_type": r.device_type, "tp": r.tp, "micro_batch": r.micro_batch, "error": r.error}
+            for r in results if r.oom]
+    keys = {(o["device_type"], o["tp"], o["micro_batch"]) for o in ooms}
+    measured = {(r.device_type, r.tp, r.micro_batch) for r in results if not r.oom}
+    kept = [o for o in measurements.get("out_of_memory", [])
+            if (o["device_type"], o["tp"], o["micro_batch"]) not in keys | measured]
+    if kept or ooms:
+        measurements["out_of_memory"] = kept + ooms
+    if args.links:
+        notes += _links(out, measurements, instance, name, device, per_node, available, float(args.timeout))
+    if notes:
+        measurements["notes"] = list(dict.fromkeys(measurements.get("notes", []) + notes))
+    if measurements:
+        out["measurements"] = measurements
+    parse_instance(out, base_dir=base_dir)  # the written instance loads as it stands
+    write_json_document(out, args.output, source=args.instance)
+    _print_summary(results, shape, name, threads)
+    for note in notes:
+        print(f"note: {note}")
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _make_solvable(out: dict, instance, name: str, device: str, dtype_bytes: int, profiled_tp: set[int]) -> list[str]:
+    """Fill in what the engine does where the instance is silent (see the module docstring)."""
+    notes = []
+    training = out.setdefault("training", {})
+    if "model_state_bytes_per_param" not in training and "gradient_allreduce_bytes_per_param" not in training:
+        training.update(engine_training(dtype_bytes))
+        notes.append(f"training.model_state_bytes_per_param and gradient_allreduce_bytes_per_param set to the "
+                     f"engine's: weights, gradients and two Adam moments of {dtype_bytes} bytes each")
+    if device == "cpu" and "memory_reserve" not in training:
+        training["memory_reserve"] = 0
+        notes.append("training.memory_reserve set to 0: a CPU process has no CUDA context to reserve for")
+    dev = instance.device_types[name]
+    if dev.peak_flops is None or any(layer.flops is None for layer in instance.layers):
+        allowed = sorted(instance.search.tp)
+        keep = [t for t in allowed if t in profiled_tp or _has_profile(instance, name, t)]
+        if keep and keep != allowed:
+            out.setdefault("search", {})["tp"] = keep
+            notes.append(f"search.tp restricted to {keep}: {name} has no peak_flops to estimate other degrees from")
+    return notes
+
+
+def _has_profile(instance, name: str, tp: int) -> bool:
+    return any(p.device_type == name and p.tp == tp for p in instance.profiles)
+
+
+def _links(out: dict, measurements: dict, instance, name: str, device: str, per_node: int, available: int,
+           timeout: float) -> list[str]:
+    from ..engine.links import measure_links
+
+    processes = min(per_node, available)
+    if processes < 2:
+        return [f"links not measured: a {name} node has {per_node} device(s) and this machine runs {available} "
+                "process(es) at once; a link needs two"]
+    links = measure_links(processes=processes, device=device, timeout=timeout)
+    measurements["links"] = {name: links}
+    bandwidth = links["allreduce"][-1]["bandwidth"]
+    for node in out["nodes"]:
+        if node["device_type"] == name:
+            node["intra_bandwidth"] = bandwidth
+    return [f"intra_bandwidth of the {name} nodes set to the measured allreduce bus bandwidth "
+            f"({bandwidth / 1e9:.3g} GB/s at {links['allreduce'][-1]['bytes']} bytes over {processes} processes); "
+            "inter-node links cannot be measured on one machine and were left as given"]
+
+
+def _print_summary(results, shape, name: str, threads) -> None:
+    print(f"profiled {shape.name or shape.preset} ({shape.layers} blocks, hidden {shape.hidden}, seq {shape.seq_len}) "
+          f"as device type {name!r}" + (f", {threads} thread(s) per process" if threads else ""))
+    for r in results:
+        if r.oom:
+            print(f"  tp={r.tp} micro_batch={r.micro_batch}: out of memory ({r.error})")
+            continue
+        total = sum(r.layer_times)
+        blocks = [t for n, t in zip(r.layer_names, r.layer_times) if n.startswith("layer_")]
+        spread = [(hi - lo) for n, lo, hi in zip(r.layer_names, r.spread["min"], r.spread["max"])
+                  if n.startswith("layer_")]
+        line = (f"  tp={r.tp} micro_batch={r.micro_batch}: {total * 1e3:.2f} ms per micro-batch "
+                f"(embedding {r.layer_times[0] * 1e3:.2f}, blocks ")
+        if blocks:
+            line += f"{min(blocks) * 1e3:.2f}..{max(blocks) * 1e3:.2f} (spread up to {max(spread) * 1e3:.2f})"
+        line += f", head {r.layer_times[-1] * 1e3:.2f} ms); saved for backward {sum(r.activation_memory_bytes)} B"
+        print(line)

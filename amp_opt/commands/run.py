@@ -1,0 +1,190 @@
+"""``run``: execute a plan for real on local processes and put the measurements next to the prediction.
+
+The plan runs on ``tp*dp*pp`` local processes (:func:`amp_opt.engine.run_plan`:
+gloo on CPU, NCCL on GPUs; 1F1B pipeline, data-parallel gradient allreduce,
+Megatron tensor parallelism).  Everything is checked before any process starts:
+the plan against the instance, what the engine runs (no recomputation, ZeRO,
+context or sequence parallelism, interleaving), that the plan's device types are
+this machine's, the model's dimensions, and the process count against the usable
+cores.  ``--repeats`` launches the run several times and keeps the one with the
+median iteration time (a loaded machine is noisy).
+
+The report pairs each term of the hetero cost model with what was measured for
+it (:mod:`amp_opt.engine.compare`).  ``-o`` writes the run record as a one-element
+RUNS.json list (``--append`` adds it to an existing list), with ``instance`` set to
+the instance's path relative to that file.  A run that runs out of memory is
+recorded as ``failed: "oom"`` and the command exits with 4.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+
+from ..errors import InputError
+from ..calibrate.fit import peak_of_stage
+from ..model.evaluate import evaluate
+from ..model.load import load_instance, load_json
+from ..model.plan import check_plan
+from .common import load_single_plan, positive_float, positive_int, write_text
+
+EXIT_RUN_FAILED = 6
+
+
+def add_arguments(p) -> None:
+    """The options of the command."""
+    p.add_argument("instance", help="instance JSON file (model given as a preset or a Hugging Face config)")
+    p.add_argument("plan", help="JSON file with one plan object")
+    p.add_argument("-o", "--output", default=None, metavar="RUN.json",
+                   help="write the run record as a one-element RUNS.json list")
+    p.add_argument("--append", action="store_true", help="with -o: add the record to the list already in the file")
+    p.add_argument("--iterations", type=positive_int, default=10, help="measured iterations (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="iterations discarded first (default 2)")
+    p.add_argument("--repeats", type=positive_int, default=1,
+                   help="launch the run this many times and keep the median one (default 1)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads per process (CPU default: usable cores / devices per node)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="default: the model's dtype_bytes")
+    p.add_argument("--attention", choices=("eager", "flash"), default=None,
+                   help="attention kernel (default: the model's attention setting)")
+    p.add_argument("--memory-limit", type=positive_int, default=None, metavar="BYTES",
+                   help="bytes per rank of activations and pipeline buffers before a simulated out-of-memory "
+                        "(a CPU stand-in for a device's capacity)")
+    p.add_argument("--timeout", type=positive_float, default=600.0, metavar="S",
+                   help="seconds for one launch; then every process is stopped (default 600)")
+    p.add_argument("--seed", type=int, default=0, help="model initialisation and synthetic data")
+    p.add_argument("--json", action="store_true", help="print the record and the comparison as JSON")
+
+
+def run(args) -> int:
+    from ..engine import require_torch
+
+    require_torch()
+    from ..engine.compare import compare_run
+    from ..engine.modules import model_shape
+    from ..engine.provenance import check_local, resolve_device, usable_cores
+    from ..engine.run import prepare, run_plan
+
+    if args.warmup < 0:
+        raise InputError("--warmup", f"must be 0 or more, got {args.warmup}")
+    instance = load_instance(args.instance)
+    plan = check_plan(instance, load_single_plan(args.plan))
+    types = sorted({instance.nodes[instance.device_node[d]].device_type
+                    for stage in plan.stages for group in stage for d in group})
+    if len(types) > 1:
+        raise InputError("plan.stages", f"the plan uses device types {', '.join(types)}; one machine runs one kind "
+                                        "of device")
+    device = resolve_device(args.device)
+    check_local(types, device)
+    prepare(args.instance, plan)  # every other check (engine support, model dimensions, processes) before starting
+    shape = model_shape(load_json(args.instance, "instance"), base_dir=Path(args.instance).parent)
+    threads = args.threads
+    if threads is None and device == "cpu":
+        per_node = max(n.devices for n in instance.nodes if n.device_type == types[0])
+        threads = max(1, usable_cores() // per_node)
+    records = []
+    for _ in range(args.repeats):
+        record = run_plan(args.instance, plan, iterations=args.iterations, warmup=args.warmup, device=device,
+                          dtype=args.dtype, attention=args.attention or shape.attention, threads=threads,
+                          seed=args.seed, timeout=args.timeout, memory_limit=args.memory_limit)
+        records.append(record)
+        if record.get("failed"):
+            break
+    record = _median_record(records)
+    evaluation = evaluate(instance, plan, "hetero")
+    comparison = None if record.get("failed") else compare_run(record, evaluation)
+    if args.output:
+        _write_record(record, args.output, args.instance, append=args.append)
+    if args.json:
+        print(json.dumps({"record": record, "predicted": evaluation.to_json(instance),
+                          "comparison": comparison.to_json() if comparison else None}, indent=2))
+    else:
+        print(format_comparison(instance, record, evaluation, comparison), end="")
+        if args.output:
+            print(f"wrote {args.output}")
+    return EXIT_RUN_FAILED if record.get("failed") else 0
+
+
+def _median_record(records: list[dict]) -> dict:
+    """The failed record if any launch failed, else the launch with the median iteration time
+    (the lower median for an even count), with every launch's time under ``measured.repeats``."""
+    failed = [r for r in records if r.get("failed")]
+    if failed:
+        return failed[0]
+    times = [r["iteration_time"] for r in records]
+    chosen = sorted(records, key=lambda r: r["iteration_time"])[(len(records) - 1) // 2]
+    if len(records) > 1:
+        chosen = dict(chosen, measured=dict(chosen["measured"], repeats=times,
+                                            repeats_median=statistics.median(times)))
+    return chosen
+
+
+def _write_record(record: dict, output: str, instance_path: str, *, append: bool) -> None:
+    out = dict(record, instance=os.path.relpath(Path(instance_path), Path(output).parent or "."))
+    records = []
+    if append and Path(output).exists():
+        existing = load_json(output, "runs")
+        if not isinstance(existing, list):
+            raise InputError(output, "--append needs a JSON list of run records in the file")
+        records = existing
+    write_text(json.dumps(records + [out], indent=1) + "\n", output, "--output")
+
+
+def predicted_peak(instance, evaluation) -> float:
+    """Eq. C5': the predicted allocator peak of the fullest device (stage memory less the reserve,
+    plus the calibrated memory overhead of its device types)."""
+    return max(peak_of_stage(instance, s) for s in evaluation.stages)
+
+
+def format_comparison(instance, record: dict, evaluation, comparison) -> str:
+    """Measured next to predicted, term by term (text)."""
+    plan = evaluation.plan
+    head = (f"{instance.name}: tp={plan.tp} dp={plan.dp} pp={plan.pp} micro_batch={plan.micro_batch} "
+            f"({evaluation.n_micro} micro-batches/iteration, partition {list(plan.partition)})")
+    if record.get("failed"):
+        return f"{head}\nrun FAILED ({record['failed']}): {record.get('error', '')}\n"
+    m = record["measured"]
+    prov = m.get("provenance", {})
+    lines = [head, f"ran {plan.tp * plan.dp * plan.pp} processes on {prov.get('device', '?')}, "
+             f"{m.get('threads', '?')} thread(s) each, torch {prov.get('torch', '?')}, {prov.get('dtype', '?')}"]
+    it = comparison.iteration_time
+    repeats = m.get("repeats")
+    spread = f"{min(m['iteration_times']):.4f}..{max(m['iteration_times']):.4f}"
+    lines.append(f"iteration time: measured {it.measured:.4f} s (median of {len(m['iteration_times'])} iterations, "
+                 f"range {spread}" + (f"; launches {', '.join(f'{t:.4f}' for t in repeats)}" if repeats else "")
+                 + f"), predicted {it.predicted:.4f} s, measured/predicted {it.ratio:.2f}")
+    lines.append("")
+    lines.append(f"  {'stage':>5} {'layers':>7}  {'compute/mb ms':>21}  {'allreduce ms':>19}  "
+                 f"{'p2p ms':>19}  {'peak memory MiB':>19}")
+    lines.append(f"  {'':>5} {'':>7}  {'measured':>10} {'predicted':>10}  {'measured':>9} {'predicted':>9}  "
+                 f"{'blocked':>9} {'predicted':>9}  {'measured':>9} {'predicted':>9}")
+    for s, report in zip(comparison.stages, evaluation.stages):
+        lines.append(f"  {s.stage:>5} {f'{s.layers[0]}-{s.layers[1] - 1}':>7}  "
+                     f"{s.compute_per_micro_batch.measured * 1e3:>10.2f} {s.compute_per_micro_batch.predicted * 1e3:>10.2f}  "
+                     f"{s.allreduce.measured * 1e3:>9.2f} {s.allreduce.predicted * 1e3:>9.2f}  "
+                     f"{s.p2p.measured * 1e3:>9.2f} {s.p2p.predicted * 1e3:>9.3f}  "
+                     f"{s.memory.measured / 2**20:>9.2f} {peak_of_stage(instance, report) / 2**20:>9.2f}")
+    n = evaluation.n_micro
+    e_m = [s.compute_per_micro_batch.measured for s in comparison.stages]
+    e_p = [s.compute_per_micro_batch.predicted for s in comparison.stages]
+    pipe_m = (n - 1) * max(e_m) + sum(e_m)
+    pipe_p = (n - 1) * max(e_p) + sum(e_p)
+    ar_m = max(s.allreduce.measured for s in comparison.stages)
+    ar_p = max(s.allreduce.predicted for s in comparison.stages)
+    opt = max(st.get("optimizer", 0.0) for st in m["stages"])
+    rest_m = it.measured - pipe_m - ar_m - opt
+    rest_p = it.predicted - pipe_p - ar_p
+    lines += ["", "  iteration, term by term (s)        measured   predicted",
+              f"  pipeline compute (n-1)max E + sum E {pipe_m:>9.4f} {pipe_p:>11.4f}",
+              f"  gradient allreduce (max)            {ar_m:>9.4f} {ar_p:>11.4f}",
+              f"  optimizer step (not modelled)       {opt:>9.4f} {0.0:>11.4f}",
+              f"  the rest: p2p, bubbles, overheads   {rest_m:>9.4f} {rest_p:>11.4f}",
+              f"  total                               {it.measured:>9.4f} {it.predicted:>11.4f}",
+              f"  peak memory (fullest device, MiB)   {record['peak_memory'] / 2**20:>9.2f} "
+              f"{predicted_peak(instance, evaluation) / 2**20:>11.2f}"
+              + (f"  ({m['memory_kind']})" if m.get("memory_kind") else "")]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,359 @@
+"""Calibration (formulations/calibration.md): RUNS.json, the fit, never worse, leave-one-out, memory,
+the section copied to other instances, and that every solver still optimises the calibrated model."""
+
+import copy
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from amp_opt import InputError, evaluate, parse_instance, parse_plan, solve
+from amp_opt.calibrate.fit import fit_calibration, peak_of_stage
+from amp_opt.calibrate.metrics import errors, spearman
+from amp_opt.calibrate.runs import bind_runs, load_runs, parse_runs
+from amp_opt.commands.cli import main
+from amp_opt.model.calibration import apply_calibration
+
+MODEL = {"preset": "gpt", "hidden": 128, "layers": 4, "heads": 4, "seq_len": 64, "vocab": 512, "dropout": False,
+         "dtype_bytes": 4, "attention": "eager"}
+LAYER_TIMES = [1e-4, 2e-3, 2.1e-3, 1.9e-3, 2e-3, 6e-4]  # one micro-batch of 1 sample
+TRUTH = {"device_types": {"cpu": {"compute_scale": 1.4, "step_overhead": 0.002, "batch_exponent": 0.8}},
+         "links": {"intra": 0.3, "inter": 0.2}}
+
+
+def document(nodes=2, devices=2, global_batch=16, model=MODEL, name="syn", device_type="cpu"):
+    return {"version": 1, "name": name, "model": dict(model),
+            "device_types": [{"name": device_type, "memory": "8 GiB", "peak_flops": 1e11}],
+            "nodes": [{"name": "host", "count": nodes, "device_type": device_type, "devices": devices,
+                       "intra_bandwidth": "200 MB/s", "inter_bandwidth": "100 MB/s"}],
+            "profiles": [{"device_type": device_type, "tp": 1, "micro_batch": 1, "layer_times": LAYER_TIMES}],
+            "training": {"global_batch": global_batch, "memory_reserve": 0,
+                         "model_state_bytes_per_param": {"weights": 4, "gradients": 4, "optimizer": 8},
+                         "gradient_allreduce_bytes_per_param": 4}}
+
+
+def plans():
+    """24 plans of the 6-layer model on 2 nodes x 2 devices: pipelines, replicas, both, several sizes."""
+    out = []
+    for mb in (1, 2, 4):
+        for dp, pp, parts in ((1, 2, [[0, 3, 6], [0, 2, 6]]), (2, 1, [[0, 6]]), (4, 1, [[0, 6]]),
+                              (2, 2, [[0, 3, 6]]), (1, 4, [[0, 2, 3, 4, 6], [0, 1, 3, 5, 6]])):
+            if 16 % (dp * mb) == 0:
+                for p in parts:
+                    out.append({"tp": 1, "dp": dp, "pp": pp, "micro_batch": mb, "partition": p})
+    return out
+
+
+def timed(instance, section, plan_list, noise=0.0, seed=0):
+    truth = apply_calibration(instance, section)
+    rng = np.random.default_rng(seed)
+    return [{"plan": p, "iteration_time": evaluate(truth, parse_plan(p)).predicted_time * math.exp(rng.normal(0, noise))}
+            for p in plan_list] if noise else [{"plan": p, "iteration_time": evaluate(truth, parse_plan(p)).predicted_time}
+                                              for p in plan_list]
+
+
+@pytest.fixture(scope="module")
+def base():
+    return parse_instance(document())
+
+
+def fitted(instance, records, **kw):
+    return fit_calibration(bind_runs(parse_runs(records), instance), **kw)
+
+
+# ---------------------------------------------------------------- the time fit
+
+def test_fit_recovers_known_corrections(base):
+    all_plans = plans()
+    train, held = all_plans[::2] + all_plans[1::4], all_plans[3::4]
+    cal = fitted(base, timed(base, TRUTH, train), loo=False)
+    values = cal.time.values
+    assert set(values) == {"compute_scale[cpu]", "step_overhead[cpu]", "links.intra", "links.inter",
+                           "batch_exponent[cpu]"}
+    assert values["compute_scale[cpu]"] == pytest.approx(1.4, rel=0.05)
+    assert values["step_overhead[cpu]"] == pytest.approx(0.002, rel=0.1)
+    assert values["links.intra"] == pytest.approx(0.3, rel=0.1)
+    assert values["links.inter"] == pytest.approx(0.2, rel=0.1)
+    assert values["batch_exponent[cpu]"] == pytest.approx(0.8, abs=0.03)
+    # Plans the fit never saw are predicted as the truth has them.
+    truth = timed(base, TRUTH, held)
+    model = apply_calibration(base, cal.section)
+    for rec in truth:
+        assert evaluate(model, parse_plan(rec["plan"])).predicted_time == pytest.approx(rec["iteration_time"], rel=0.02)
+    e = cal.time.errors()
+    assert e["calibrated"].median_abs_error < 0.01 < e["uncalibrated"].median_abs_error
+
+
+def test_fit_with_noise_ranks_held_out_plans(base):
+    all_plans = plans()
+    train, held = all_plans[::2], all_plans[1::2]
+    cal = fitted(base, timed(base, TRUTH, train, noise=0.05, seed=1), loo=False)
+    truth = timed(base, TRUTH, held)
+    model = apply_calibration(base, cal.section)
+    predicted = [evaluate(model, parse_plan(r["plan"])).predicted_time for r in truth]
+    measured = [r["iteration_time"] for r in truth]
+    before = [evaluate(base, parse_plan(r["plan"])).predicted_time for r in truth]
+    assert errors(predicted, measured).median_abs_error < 0.05
+    assert spearman(predicted, measured) > 0.95 > spearman(before, measured)
+
+
+def test_few_runs_fit_few_parameters(base):
+    cal = fitted(base, timed(base, TRUTH, plans()[:3]), loo=False)
+    assert len(cal.time.solution.parameters) <= 2
+    cal = fitted(base, timed(base, TRUTH, plans()[:1]), loo=False)
+    assert len(cal.time.solution.parameters) == 1
+
+
+def test_never_worse_in_sample(base):
+    # Two runs exact under the uncalibrated model, one 3x slower for no reason the model has:
+    # any correction that helps the third hurts the two, so the median may not get worse.
+    same = [{"tp": 1, "dp": 1, "pp": 2, "micro_batch": 2, "partition": p} for p in ([0, 3, 6], [0, 2, 6], [0, 4, 6])]
+    records = timed(base, {}, same)
+    records[2]["iteration_time"] *= 3
+    cal = fitted(base, records, loo=False)
+    e = cal.time.errors()
+    assert e["calibrated"].median_abs_error <= e["uncalibrated"].median_abs_error
+    assert e["calibrated"].rms_log_error <= e["uncalibrated"].rms_log_error
+    assert cal.time.solution.shrink < 1
+    # Random times: whatever the fit does, it is never worse on the runs it was given.
+    rng = np.random.default_rng(3)
+    records = [dict(r, iteration_time=r["iteration_time"] * math.exp(rng.normal(0, 0.5))) for r in timed(base, {}, plans())]
+    e = fitted(base, records, loo=False).time.errors()
+    assert e["calibrated"].median_abs_error <= e["uncalibrated"].median_abs_error
+    assert e["calibrated"].rms_log_error <= e["uncalibrated"].rms_log_error
+
+
+def test_leave_one_out_holds_each_run_out(base):
+    records = timed(base, TRUTH, plans()[:10])
+    records[4]["iteration_time"] *= 1.5  # one run off the model
+    part = fitted(base, records).time
+    assert part.loo is not None and len(part.loo) == 10
+    rel = [abs(p / m - 1) for p, m in zip(part.loo, part.measured)]
+    inside = [abs(p / m - 1) for p, m in zip(part.after, part.measured)]
+    assert rel[4] > inside[4]  # predicted without it, the odd run is further off than when fitted with it
+    consistent = fitted(base, timed(base, TRUTH, plans()[:16])).time
+    assert errors(consistent.loo, consistent.measured).median_abs_error < 0.02
+    assert fitted(base, records[:2]).time.loo is None  # too few runs to leave one out
+
+
+def test_fit_is_deterministic(base):
+    records = timed(base, TRUTH, plans()[:8], noise=0.05, seed=2)
+    a, b = fitted(base, records, loo=False), fitted(base, records, loo=False)
+    assert a.section == b.section
+
+
+def test_joint_fit_across_instances_sharing_a_device_type(tmp_path, base):
+    """Small runs on one node say nothing about inter-node links; runs on a second instance (two
+    nodes, another batch) do.  Both feed one fit through the records' "instance" paths."""
+    one = document(nodes=1, devices=2, global_batch=8, name="one")
+    (tmp_path / "two.json").write_text(json.dumps(document(nodes=2, devices=2, global_batch=16, name="two")))
+    small = parse_instance(one)
+    local = [{"tp": 1, "dp": dp, "pp": pp, "micro_batch": mb, "partition": part}
+             for mb in (1, 2, 4) for dp, pp, part in ((1, 2, [0, 3, 6]), (2, 1, [0, 6]), (1, 2, [0, 2, 6]))]
+    remote = [{"tp": 1, "dp": dp, "pp": pp, "micro_batch": mb, "partition": part}
+              for mb in (1, 2) for dp, pp, part in ((4, 1, [0, 6]), (2, 2, [0, 3, 6]), (1, 4, [0, 2, 3, 4, 6]))]
+    records = timed(small, TRUTH, local) + [dict(r, instance="two.json") for r in timed(base, TRUTH, remote)]
+    (tmp_path / "RUNS.json").write_text(json.dumps(records))
+    runs = bind_runs(load_runs(tmp_path / "RUNS.json"), small)
+    assert set(runs.instances) == {None, str(tmp_path / "two.json")}
+    cal = fit_calibration(runs, loo=False)
+    assert cal.time.values["links.inter"] == pytest.approx(0.2, rel=0.15)
+    alone = fitted(small, timed(small, TRUTH, local), loo=False)
+    assert "links.inter" not in alone.time.values  # one node: nothing to learn about inter-node links
+
+
+# ---------------------------------------------------------------- the section applies to any instance with the hardware
+
+def test_section_copied_to_another_instance_calibrates_it_identically(base):
+    cal = fitted(base, timed(base, TRUTH, plans()), loo=False)
+    section = dict(cal.section, device_types=dict(cal.section["device_types"], **{"H100": {"compute_scale": 9.0}}))
+    bigger = document(nodes=4, devices=2, global_batch=32, name="bigger",
+                      model=dict(MODEL, layers=4, hidden=128))
+    copied = parse_instance(dict(bigger, calibration=section))  # H100 is not in this instance: ignored
+    direct = apply_calibration(parse_instance(bigger), cal.section)
+    assert copied.device_types == direct.device_types
+    assert copied.nodes == direct.nodes and copied.training == direct.training
+    # Same hardware, so the same corrections: the bigger cluster's plans come out as the truth has them.
+    truth = apply_calibration(parse_instance(bigger), TRUTH)
+    for raw in ({"tp": 1, "dp": 4, "pp": 2, "micro_batch": 2, "partition": [0, 3, 6]},
+                {"tp": 1, "dp": 2, "pp": 4, "micro_batch": 4, "partition": [0, 2, 3, 4, 6]}):
+        plan = parse_plan(raw)
+        assert evaluate(copied, plan).predicted_time == pytest.approx(evaluate(truth, plan).predicted_time, rel=0.03)
+
+
+def test_every_solver_optimises_the_calibrated_model():
+    """The corrections keep the programs linear: CP-SAT, CBC and the enumerator agree on it."""
+    doc = document(nodes=2, devices=2, global_batch=8)
+    doc["calibration"] = {"device_types": {"cpu": {"compute_scale": 1.3, "step_overhead": 0.004,
+                                                   "memory_overhead": 2**20}},
+                          "links": {"intra": 0.2, "inter": 0.1}, "activation_factor": 1.2,
+                          "gradient_buffer_bytes_per_param": 4}
+    doc["search"] = {"recompute": ["none"], "cp": [1], "virtual_stages": [1], "zero_stages": [0]}
+    instance = parse_instance(doc)
+    found = {s: solve(instance, solver=s) for s in ("enumerate", "cpsat", "cbc")}
+    ref = found["enumerate"].best.predicted_time
+    for name, result in found.items():
+        assert result.best.predicted_time == pytest.approx(ref, rel=1e-5), name
+        assert result.solver.objective == pytest.approx(result.best.predicted_time, rel=1e-5), name
+    # and the calibration changed the answer's price
+    assert ref != pytest.approx(solve(parse_instance(document(nodes=2, devices=2, global_batch=8) | {
+        "search": doc["search"]}), solver="enumerate").best.predicted_time, rel=1e-3)
+
+
+# ---------------------------------------------------------------- memory
+
+def _peaks(instance, section, plan_list):
+    truth = apply_calibration(instance, section)
+    out = []
+    for p in plan_list:
+        ev = evaluate(truth, parse_plan(p))
+        out.append({"plan": p, "iteration_time": ev.predicted_time,
+                    "peak_memory": max(peak_of_stage(truth, s) for s in ev.stages)})
+    return out
+
+
+def test_memory_fit_recovers_activation_factor_and_buffers(base):
+    truth = {"activation_factor": 1.25, "gradient_buffer_bytes_per_param": 4.0}
+    cal = fitted(base, _peaks(base, truth, plans()), loo=False)
+    values = cal.memory.values
+    assert values["activation_factor"] == pytest.approx(1.25, rel=0.02)
+    assert values["gradient_buffer_bytes_per_param"] == pytest.approx(4.0, rel=0.05)
+    e = cal.memory.errors()
+    assert e["calibrated"].max_abs_error < 0.01 < e["uncalibrated"].max_abs_error
+
+
+def test_out_of_memory_runs_are_predicted_not_to_fit():
+    doc = document(nodes=1, devices=2, global_batch=16)
+    roomy = parse_instance(doc)
+
+    def need(p):
+        return max(s.memory for s in evaluate(roomy, parse_plan(p)).stages)
+
+    small, mid, big = ({"tp": 1, "dp": 1, "pp": 2, "micro_batch": b, "partition": [0, 3, 6]} for b in (1, 8, 16))
+    whole = {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 16, "partition": [0, 6]}
+    assert need(small) < need(mid) < need(big) < need(whole)
+    doc["device_types"][0]["memory"] = need(big) + 2**20
+    instance = parse_instance(doc)
+    assert evaluate(instance, parse_plan(big)).feasible  # the model says it fits...
+    records = timed(instance, {}, [small]) + [{"plan": big, "failed": "oom"}]  # ... it did not
+    cal = fitted(instance, records, loo=False)
+    assert [(a.device_type, a.records, a.conflicts) for a in cal.oom] == [("cpu", (1,), ())]
+    calibrated = apply_calibration(instance, cal.section)
+    assert not evaluate(calibrated, parse_plan(big)).feasible
+    assert evaluate(calibrated, parse_plan(mid)).feasible and evaluate(calibrated, parse_plan(small)).feasible
+    # A run that finished although it needs more than the one that failed: reported as a conflict.
+    records += timed(instance, {}, [whole])
+    assert [a.conflicts for a in fitted(instance, records, loo=False).oom] == [(2,)]
+
+
+# ---------------------------------------------------------------- RUNS.json and the command
+
+PLAN = {"tp": 1, "dp": 1, "pp": 2, "micro_batch": 2, "partition": [0, 3, 6]}
+
+
+@pytest.mark.parametrize("records, field", [
+    ([{"plan": PLAN, "iteration_time": 1.0}, {"plan": dict(PLAN, speed=3), "iteration_time": 1.0}],
+     "RUNS.json[1].plan.speed"),
+    ([{"plan": PLAN, "iteration_time": -0.5}], "RUNS.json[0].iteration_time"),
+    ([{"plan": PLAN, "iteration_time": 0}], "RUNS.json[0].iteration_time"),
+    ([{"plan": PLAN, "iteration_time": "fast"}], "RUNS.json[0].iteration_time"),
+    ([{"plan": PLAN, "failed": "timeout"}], "RUNS.json[0].failed"),
+    ([{"plan": PLAN}], "RUNS.json[0]"),
+    ([{"iteration_time": 1.0}], "RUNS.json[0]"),
+    ([{"plan": PLAN, "iteration_time": 1.0, "failed": "oom"}], "RUNS.json[0]"),
+    ([{"plan": PLAN, "iteration_time": 1.0, "peak_memory": -1}], "RUNS.json[0].peak_memory"),
+    ({"plan": PLAN, "iteration_time": 1.0}, "RUNS.json"),
+])
+def test_runs_validation(records, field):
+    with pytest.raises(InputError) as err:
+        parse_runs(records)
+    assert err.value.field == field
+
+
+def run_cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "amp_opt", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_calibrate_command(tmp_path, base):
+    doc = document()
+    doc["calibration"] = {"device_types": {"T4": {"compute_scale": 2.0}, "cpu": {"compute_scale": 5.0}}}
+    (tmp_path / "inst.json").write_text(json.dumps(doc))
+    records = timed(base, TRUTH, plans()[:12])
+    records[0]["instance"] = "inst.json"  # the same file: one instance
+    records.append({"plan": PLAN, "failed": "error", "error": "something", "measured": {"ignored": True}})
+    (tmp_path / "RUNS.json").write_text(json.dumps(records))
+    out = run_cli("calibrate", "inst.json", "RUNS.json", "-o", "sub/cal.json", cwd=tmp_path)
+    assert out.returncode == 2 and "cannot write sub/cal.json" in out.stderr  # the folder does not exist
+    out = run_cli("calibrate", "inst.json", "RUNS.json", "-o", "cal.json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "calibrated from 13 runs (12 finished, 0 out of memory, 1 failed" in out.stdout
+    assert "on 1 instance(s)" in out.stdout and "leave-one-out" in out.stdout
+    section = json.loads((tmp_path / "cal.json").read_text())["calibration"]
+    assert section["device_types"]["T4"] == {"compute_scale": 2.0}  # no run used T4: carried over
+    assert section["device_types"]["cpu"]["compute_scale"] == pytest.approx(1.4, rel=0.1)  # refitted, not 5.0
+    fit = section["fit"]
+    assert fit["runs"]["finished"] == 12 and fit["time"]["leave_one_out"]["runs"] == 12
+    assert fit["time"]["in_sample"]["calibrated"]["median_abs_error"] < 0.02
+    for command in (["solve", "cal.json"], ["evaluate", "cal.json", "plan.json"]):
+        (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+        assert run_cli(*command, cwd=tmp_path).returncode == 0
+
+
+def test_calibrate_command_bad_runs(tmp_path, capsys, monkeypatch):
+    (tmp_path / "inst.json").write_text(json.dumps(document()))
+    (tmp_path / "nan.json").write_text('[{"plan": %s, "iteration_time": 1.0}, {"plan": %s, "iteration_time": NaN}]'
+                                       % (json.dumps(PLAN), json.dumps(PLAN)))
+    (tmp_path / "lost.json").write_text(json.dumps([{"plan": PLAN, "iteration_time": 1.0, "instance": "gone.json"}]))
+    (tmp_path / "wrong.json").write_text(json.dumps([{"plan": dict(PLAN, partition=[0, 3, 7]), "iteration_time": 1.0}]))
+    (tmp_path / "empty.json").write_text("[]")
+    monkeypatch.chdir(tmp_path)
+    for name, expected in (("nan.json", "nan.json[1].iteration_time"), ("lost.json", "lost.json[0].instance"),
+                           ("wrong.json", "wrong.json[0].plan.partition"), ("empty.json", "empty.json: holds no runs"),
+                           ("missing.json", "runs file not found")):
+        code = main(["calibrate", "inst.json", name, "-o", "cal.json"])
+        err = capsys.readouterr().err
+        assert code == 2, (name, err)
+        assert expected in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "cal.json").exists()
+
+
+def test_profiles_measured_on_another_model_are_refused():
+    doc = document()
+    doc["profiles"][0]["layer_names"] = ["embedding", "layer_0", "layer_1", "layer_2", "layer_9", "head"]
+    with pytest.raises(InputError, match=r"profiles\[0\].layer_names.*entry 4 is 'layer_9'"):
+        parse_instance(doc)
+    doc["profiles"][0]["layer_names"][4] = "layer_3"
+    parse_instance(doc)
+
+
+def test_schema_takes_what_the_fit_writes(base):
+    cal = fitted(base, timed(base, TRUTH, plans()[:6]))
+    section = copy.deepcopy(cal.section)
+    section["fit"] = cal.fit_report(date="2026-01-01")
+    json.dumps(section)  # JSON-ready
+    parse_instance(dict(document(), calibration=section))
+
+
+def test_calibrated_copy_elsewhere_keeps_its_hugging_face_config(tmp_path, capsys, monkeypatch):
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64}
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "config.json").write_text(json.dumps(config))
+    doc = document(global_batch=8)
+    doc["model"] = {"hf_config": "models/config.json", "seq_len": 32}
+    doc.pop("profiles")
+    doc["device_types"][0]["peak_flops"] = 1e11
+    (tmp_path / "inst.json").write_text(json.dumps(doc))
+    plan = {"tp": 1, "dp": 1, "pp": 2, "micro_batch": 1, "partition": [0, 2, 4]}
+    (tmp_path / "runs.json").write_text(json.dumps([{"plan": plan, "iteration_time": 0.01}]))
+    (tmp_path / "out").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate", "inst.json", "runs.json", "-o", "out/cal.json"]) == 0, capsys.readouterr().err
+    written = json.loads((tmp_path / "out" / "cal.json").read_text())
+    assert written["model"]["hf_config"] == "../models/config.json"
+    from amp_opt import load_instance
+
+    assert load_instance(tmp_path / "out" / "cal.json").num_layers == 4
