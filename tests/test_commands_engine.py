@@ -125,7 +125,7 @@ def test_a_run_out_of_memory_is_a_record(workflow):
     (tmp / "one.json").write_text(json.dumps({"tp": 1, "dp": 1, "pp": 1, "micro_batch": 2, "partition": [0, 4]}))
     out = cli("run", "profiled.json", "one.json", "-o", "oom.json", "--iterations", "1", "--warmup", "0",
               "--memory-limit", "1000", cwd=tmp)
-    assert out.returncode == 4, out.stderr
+    assert out.returncode == 6, out.stderr
     assert "run FAILED (oom)" in out.stdout
     [record] = json.loads((tmp / "oom.json").read_text())
     assert record["failed"] == "oom" and record["plan"]["micro_batch"] == 2
