@@ -174,3 +174,13 @@ def test_a_bad_plugin_is_one_line_naming_the_module_exit_2(tmp_path, source, pro
         assert len(out.stderr.strip().splitlines()) == 1 and problem in out.stderr, out.stderr
     missing = run("bench", "--plugin", "nosuchplugin", cwd=tmp_path)
     assert missing.returncode == 2 and "module 'nosuchplugin' not found" in missing.stderr
+
+
+def test_highs_keeps_json_output_clean():
+    """highspy prints a banner on stdout when constructed; `--json` must stay parseable."""
+    pytest.importorskip("highspy")
+    import json
+
+    out = run("solve", str(INSTANCES / "amp_het_cluster.json"), "--solver", "highs", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["plan"]["tp"] >= 1

@@ -18,6 +18,9 @@ compares between the prefix and the assignment formulations.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 
 import numpy as np
@@ -70,9 +73,24 @@ def _arrays(lm: LinearModel, scale: float):
             np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value), integrality, unit)
 
 
+@contextlib.contextmanager
+def _quiet_stdout():
+    """Point file descriptor 1 at /dev/null for the block (``--json`` output stays JSON)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _highs(lm: LinearModel, scale: float, relax: bool, seed: int, workers: int, time_limit: float | None):
     highspy = _highspy()
-    h = highspy.Highs()
+    with _quiet_stdout():  # highspy's constructor prints a banner on fd 1 whatever output_flag says
+        h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", int(workers))
     h.setOptionValue("random_seed", int(seed) % 2**31)  # HiGHS takes 0 .. 2^31-1
