@@ -275,3 +275,44 @@ def test_a_program_beyond_64_bit_integers_is_no_crash():
     lm.objective = {x: 1.0, y: 1.0}
     out = solve_cpsat(lm, 1e-8, 1.0, 0, 1)
     assert out.status == "UNKNOWN" and out.values is None and out.rejected
+
+
+def _market_split(rows=5, columns=50, seed=1):
+    """Cornuéjols-Dawande market split: a tiny program that branch and bound takes minutes to close."""
+    import random
+
+    from amp_opt.search.mip.model import BIN, TIME, LinearModel
+
+    rng = random.Random(seed)
+    lm = LinearModel()
+    xs = [lm.var(f"x{j}", 0, 1, BIN) for j in range(columns)]
+    lm.objective = {}
+    for i in range(rows):
+        a = [rng.randint(0, 99) for _ in range(columns)]
+        over, under = lm.var(f"over{i}", 0, 1e4, TIME), lm.var(f"under{i}", 0, 1e4, TIME)
+        lm.add({**{x: float(c) for x, c in zip(xs, a)}, over: 1.0, under: -1.0}, "==", sum(a) // 2, "s", f"split{i}")
+        lm.objective.update({over: 1.0, under: 1.0})
+    return lm
+
+
+@pytest.mark.parametrize("how", ["signal", "deadline"])
+def test_highs_stops_on_a_stop_request_and_at_its_deadline(how):
+    """HiGHS runs in-process: its callbacks and the caller's wait must end it, whatever it is doing."""
+    pytest.importorskip("highspy")
+    import threading
+    import time
+
+    from amp_opt.search import stop
+    from amp_opt.search.mip.highs import solve_highs
+
+    lm = _market_split()
+    start = time.perf_counter()
+    if how == "signal":
+        timer = threading.Timer(0.5, stop.request, args=("SIGINT",))
+        timer.start()
+    try:
+        out = solve_highs(lm, None if how == "signal" else 0.5, 0, 1)
+    finally:
+        stop.clear()
+    assert time.perf_counter() - start < 5.0
+    assert out.status in ("FEASIBLE", "UNKNOWN")

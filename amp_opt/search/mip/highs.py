@@ -21,11 +21,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 
 import numpy as np
 
 from ...errors import InputError
+from .. import stop
 from .backends import Outcome
 from .model import BIN, INT, TIME, LinearModel
 
@@ -127,17 +129,29 @@ def solve_highs(lm: LinearModel, time_limit: float | None, seed: int, workers: i
         vals = np.array([min(max(lm.hint[i], lm.vars[i].lb), lm.vars[i].ub) for i in idx]) / unit[idx]
         h.setSolution(len(idx), idx, vals)
     points = []
+    latest = []  # HiGHS's latest improving solution (its own units), for a run that must be left
 
     def improving(event):
         out = event.data_out
         bound = out.mip_dual_bound
         points.append((time.perf_counter(), out.objective_function_value * scale,
                        bound * scale if np.isfinite(bound) else None))
+        latest[:] = [np.array(out.mip_solution, dtype=float)]
 
     h.cbMipImprovingSolution.subscribe(improving)
+    deadline = None if time_limit is None else start + time_limit
     if time_limit is not None:  # what is left once the model is built
         h.setOptionValue("time_limit", max(0.01, time_limit - (time.perf_counter() - start)))
-    h.run()
+    _stop_when_asked(h, deadline)
+    if not _run(h, deadline):  # HiGHS did not return in time: keep the promise with what it found
+        wall = time.perf_counter() - start
+        if not latest:
+            return Outcome("UNKNOWN", None, None, None, wall, None, points)
+        x = latest[0] * unit
+        values = {i: float(x[i]) for i in range(len(lm.vars))}
+        objective = sum(c * values[i] for i, c in lm.objective.items())
+        bounds = [b for _, _, b in points if b is not None]
+        return Outcome("FEASIBLE", values, objective, bounds[-1] if bounds else None, wall, None, points)
     wall = time.perf_counter() - start
     model_status = h.getModelStatus()
     info = h.getInfo()
@@ -163,9 +177,44 @@ def solve_highs(lm: LinearModel, time_limit: float | None, seed: int, workers: i
     return Outcome("FEASIBLE", values, objective, bound, wall, nodes, points)
 
 
+GRACE = 0.1  # seconds HiGHS may take past its deadline before the caller stops waiting for it
+
+
+def _run(h, deadline: float | None) -> bool:
+    """``h.run()`` in a helper thread; False if it had not returned by the deadline (or a stop).
+
+    The interrupt callbacks stop HiGHS at its next callback; parts of it have none (the presolve
+    of a heuristic's sub-MIP has run 45 s past the limit), so the caller stops waiting at the
+    deadline plus :data:`GRACE` and leaves the thread, a daemon, to end at that next callback.
+    """
+    thread = threading.Thread(target=h.run, name="amp_opt-highs", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(stop.POLL)
+        if stop.requested() or (deadline is not None and time.perf_counter() > deadline + GRACE):
+            thread.join(GRACE)
+            return not thread.is_alive()
+    return True
+
+
+def _stop_when_asked(h, deadline: float | None) -> None:
+    """Interrupt HiGHS from its own callbacks at the deadline or on a stop request (SIGINT/SIGTERM).
+
+    HiGHS's ``time_limit`` alone is not enough: it is checked between phases, and a long
+    simplex solve inside a node has run past it by tens of seconds (bench rows TIMEOUT).
+    """
+    def check(event):
+        if stop.requested() or stop.past(deadline):
+            event.interrupt()
+
+    for callback in (h.cbSimplexInterrupt, h.cbIpmInterrupt, h.cbMipInterrupt):
+        callback.subscribe(check)
+
+
 def solve_lp(lm: LinearModel, scale: float = 1.0, time_limit: float | None = None) -> float | None:
     """The optimum of the program's linear relaxation in seconds (None if HiGHS did not reach it)."""
     highspy, h, _ = _highs(lm, scale, True, 0, 1, time_limit)
+    _stop_when_asked(h, None if time_limit is None else time.perf_counter() + time_limit)
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return None
