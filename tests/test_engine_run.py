@@ -11,7 +11,6 @@ from amp_opt.model.evaluate import evaluate  # noqa: E402
 from amp_opt.engine.accounting import expected_saved_bytes  # noqa: E402
 from amp_opt.engine.compare import compare_run  # noqa: E402
 from amp_opt.engine.modules import model_shape  # noqa: E402
-from amp_opt.engine.pipeline import one_f_one_b  # noqa: E402
 from amp_opt.engine.run import run_plan  # noqa: E402
 from amp_opt.errors import InputError  # noqa: E402
 from amp_opt.model.load import load_instance  # noqa: E402
@@ -66,12 +65,6 @@ def _consistent(record, n):
     assert record["iteration_time"] >= max(s["compute"] for s in m["stages"])
     assert m["memory_kind"] == "tracked" and m["threads"] >= 1
     assert all(loss == pytest.approx(4.85, abs=0.3) for loss in m["losses"])  # ln(128) at init
-
-
-def test_one_f_one_b_order():
-    assert one_f_one_b(1, 2, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
-    order = one_f_one_b(0, 4, 2)
-    assert order == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
 
 
 def test_pipeline_run_is_consistent_and_computes_the_same_loss(single, pipelined):

@@ -17,7 +17,6 @@ from amp_opt.search.kinds.bound import KindSearch, kind_bound
 from amp_opt.search.kinds.construct import construct, multiset_of, polish
 from amp_opt.search.kinds.model import kind_model
 from amp_opt.search.partition import optimal_path
-from amp_opt.model.plan import Plan
 
 
 def small_instance(seed, nodes, devices, types, layers, batch):

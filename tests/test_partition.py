@@ -14,7 +14,6 @@ from amp_opt.search.grouping import candidate_graph
 from amp_opt.model.generate import generate_instance
 from amp_opt.search.grouping import free_graph, groupings, stages_of_path
 from amp_opt.search.partition import brute_force, fixed_placement_graph, make_graph, optimal_path, path_value
-from amp_opt.model.plan import Plan
 
 
 def random_graph(seed: int, L: int, p: int, states: int, n: int):

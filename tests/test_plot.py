@@ -102,6 +102,7 @@ def test_one_f_one_b_order():
     assert one_f_one_b_order(0, 3, 4) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)]
     assert one_f_one_b_order(2, 3, 2) == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
     assert one_f_one_b_order(0, 4, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    assert one_f_one_b_order(1, 2, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
 
 
 @pytest.mark.parametrize("suffix", ["png", "svg"])

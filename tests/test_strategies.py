@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amp_opt import InfeasibleError, InputError, evaluate, parse_instance, parse_plan, solve
+from amp_opt import InfeasibleError, evaluate, parse_instance, parse_plan, solve
 from amp_opt.model.profiles import layer_times
 
 GB = 1e9

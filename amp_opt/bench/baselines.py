@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..model.candidates import allowed_tp
+from ..model.candidates import allowed_tp, even_partition
 from ..model.evaluate import Evaluation, evaluate
 from ..model.plan import Plan
 from ..model.tables import Tables
@@ -99,31 +99,6 @@ class ExpertPlan:
 
     evaluation: Evaluation | None
     reason: str  # how it was chosen, or why there is none
-
-
-def even_partition(instance, pp: int) -> tuple[int, ...] | None:
-    """Megatron's split: transformer layers as evenly as possible over pp stages.
-
-    The layers before the first transformer layer (embedding, ...) join the
-    first stage, those after the last one (head, ...) the last stage.  When the
-    counts do not divide, the first stages get one layer more (numpy's
-    ``array_split`` convention).  Without transformer layers, or with more
-    stages than transformer layers, every layer counts.  None if pp exceeds the
-    layer count.
-    """
-    n = instance.num_layers
-    if pp > n:
-        return None
-    body = [i for i, layer in enumerate(instance.layers) if layer.kind == "transformer"]
-    first, last = (body[0], body[-1] + 1) if body else (0, n)
-    if last - first < pp:
-        first, last = 0, n
-    size, extra = divmod(last - first, pp)
-    bounds = [first]
-    for s in range(pp):
-        bounds.append(bounds[-1] + size + (1 if s < extra else 0))
-    bounds[0], bounds[-1] = 0, n
-    return tuple(bounds)
 
 
 def expert_default(instance) -> ExpertPlan:

@@ -33,10 +33,11 @@ from __future__ import annotations
 import time
 
 from ..model.presets import ModelShape
+from ..model.schedule import pipeline_order
 
 from ._torch import require_torch
 from .memory import SavedTensorTracker, tensor_bytes
-from .modules import Head, TensorParallel, build_model, run_layers, torch_dtype
+from .modules import TensorParallel, build_model, run_layers, torch_dtype
 from .profile import Timer
 from .provenance import provenance, set_threads
 
@@ -49,21 +50,6 @@ def synthetic_batch(shape: ModelShape, global_batch: int, seed: int, iteration: 
     gen = torch.Generator().manual_seed(seed * 7919 + iteration)
     tokens = torch.randint(0, shape.vocab, (global_batch, shape.seq_len + 1), generator=gen)
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-
-def one_f_one_b(stage: int, pp: int, n: int) -> list[tuple[str, int]]:
-    """The non-interleaved 1F1B order of stage ``stage``: [("F", j) | ("B", j), ...].
-
-    Examples
-    --------
-    >>> one_f_one_b(0, 2, 3)
-    [('F', 0), ('F', 1), ('B', 0), ('F', 2), ('B', 1), ('B', 2)]
-    """
-    warm = min(pp - stage - 1, n)
-    order = [("F", j) for j in range(warm)]
-    for i in range(n - warm):
-        order += [("F", warm + i), ("B", i)]
-    return order + [("B", j) for j in range(n - warm, n)]
 
 
 class _Groups:
@@ -169,7 +155,7 @@ def run_worker(task: dict, rank: int, world: int) -> dict:
     flat_bytes = sum(tensor_bytes(p) for p in params) if dp > 1 else 0
     tracker = SavedTensorTracker(exclude=[layers], limit=task.get("memory_limit"))
     buffers = _Buffers(tracker)
-    schedule = one_f_one_b(s, pp, n)
+    schedule = [(kind, j) for kind, j, _ in pipeline_order(s, pp, n)]  # Megatron's 1F1B
     records, losses, grads_dump = [], [], None
     for it in range(task["warmup"] + task["iterations"]):
         inputs, targets = synthetic_batch(shape, task["global_batch"], task["seed"], it)

@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     try:
         from ._torch import require_torch
 
-        torch = require_torch()
+        require_torch()  # a clear error without PyTorch
         import torch.distributed as dist
 
         backend = "nccl" if task.get("device") == "cuda" else "gloo"
