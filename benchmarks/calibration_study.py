@@ -276,7 +276,7 @@ def _score_table(models, primary, held) -> list[str]:
            "| model | Spearman | median abs error | max abs error | top-1 regret | peak memory: median / max abs error |",
            "|---|---|---|---|---|---|"]
     for label, e, regret, pe, _ in rows:
-        out.append(f"| {label} | {_fmt(e.spearman)} | {100 * e.median_abs_error:.1f}% | {100 * e.max_abs_error:.1f}% | "
+        out.append(f"| {label} | {_fmt(e.spearman, 3)} | {100 * e.median_abs_error:.1f}% | {100 * e.max_abs_error:.1f}% | "
                    f"{100 * regret:.1f}% | {100 * pe.median_abs_error:.1f}% / {100 * pe.max_abs_error:.1f}% |")
     out += ["", f"Targets (calibrated, held out, profile {primary}): Spearman >= 0.9 "
             + ("met" if met["spearman"] else "NOT met")
@@ -393,8 +393,8 @@ def _sharing_section(before, records) -> list[str]:
             f"{max(spread):.2f}x (median {np.median(spread):.2f}x)." if spread else ""]
 
 
-def _fmt(value) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _fmt(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _predicted_by_size(instance, pipes) -> dict[int, list[float]]:
