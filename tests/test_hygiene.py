@@ -176,6 +176,7 @@ def test_interrupt_is_clean(tmp_path, solver, sig):
 SIGINT_AFTER = """
 import os, signal, sys, time
 import amp_opt
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if the parent ignores SIGINT
 inst = amp_opt.load_instance(sys.argv[1])
 amp_opt.solve(inst, solver=sys.argv[2])
 try:
