@@ -111,7 +111,7 @@ def solve_mip(search) -> SolveResult:
         raise InfeasibleError(why_empty(instance))
     phase = KindPhase(search) if opts.kinds and runs_kinds(search) else None
     # Without phase 1b, the labelled bound (B3) of every candidate while time allows (about 10 ms
-    # each on 256 GPUs), the cost model's plain bound (B2) once the deadline is near.
+    # each on 256 GPUs); once the deadline has passed, the cost model's plain bound (B2).
     lower = {c: search.lower_bound(c, labelled=phase is None and not search.out_of_time()) for c in cands}
     incumbents, best = _incumbents(search, cands, lower, phase)
     search.trace.update(best if np.isfinite(best) else None, _dual(cands, lower))
