@@ -81,8 +81,16 @@ def resolution_for(scale: float, model: LinearModel | None = None) -> float:
     return delta
 
 
-def _cpsat_model(lm: LinearModel, delta: float, cutoff: float | None):
-    """The LinearModel in CP-SAT's integers: seconds as counts of ``delta``, rows rounded."""
+class _NoTime(Exception):
+    """The deadline passed while a program was being handed to its solver."""
+
+
+def _cpsat_model(lm: LinearModel, delta: float, cutoff: float | None, deadline: float | None = None):
+    """The LinearModel in CP-SAT's integers: seconds as counts of ``delta``, rows rounded.
+
+    Raises :class:`_NoTime` once ``deadline`` (``time.perf_counter()``) has passed: a program of
+    16,384 GPUs takes seconds to hand over, longer than the last second of a time limit.
+    """
     from ortools.sat.python import cp_model  # heavy: imported when a CP-SAT program runs
 
     model = cp_model.CpModel()
@@ -92,7 +100,9 @@ def _cpsat_model(lm: LinearModel, delta: float, cutoff: float | None):
             xs.append(model.new_int_var(math.floor(v.lb / delta), math.ceil(v.ub / delta) + 1, v.name))
         else:
             xs.append(model.new_int_var(int(v.lb), int(v.ub), v.name))
-    for row in lm.rows:
+    for n, row in enumerate(lm.rows):
+        if n % 256 == 0 and stop.past(deadline):
+            raise _NoTime
         terms, rhs = [], row.rhs
         for i, c in row.coeffs.items():
             if i < 0:
@@ -130,7 +140,9 @@ def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: i
 
     start = time.perf_counter()
     try:
-        model, xs = _cpsat_model(lm, delta, cutoff)
+        model, xs = _cpsat_model(lm, delta, cutoff, None if time_limit is None else start + time_limit)
+    except _NoTime:  # no time left to solve it: no plan, no proof
+        return Outcome("UNKNOWN", None, None, None, time.perf_counter() - start)
     except (OverflowError, TypeError) as exc:  # a coefficient beyond CP-SAT's 64-bit integers
         return Outcome("UNKNOWN", None, None, None, time.perf_counter() - start,
                        rejected=f"not representable: {exc}"[:200])

@@ -186,8 +186,10 @@ def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
                 left = min(left, max(0.05, 1.5 * left / max(1, still_open)))
             others = _dual(cands, lower, proofs, skip=c)
             _program(search, c, lower[c], incumbents.get(c), kth, left, proofs, others)
-        best_plan = min([r.value for r in proofs.results] + [x.value for x in incumbents.values()], default=None)
-        search.trace.update(best_plan, _dual(cands, lower, proofs))
+            # Only a program moves the best plan or the bound (a skipped candidate keeps its lower
+            # bound and its incumbent, both counted already): the trace, O(candidates), after it.
+            best_plan = min([r.value for r in proofs.results] + [x.value for x in incumbents.values()], default=None)
+            search.trace.update(best_plan, _dual(cands, lower, proofs))
         if opts.progress is not None:
             opts.progress(i + 1, len(order))
     return proofs
