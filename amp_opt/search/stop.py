@@ -7,7 +7,8 @@ stop is a normal early end: the best plan found so far is returned with status
 FEASIBLE and the bound proven so far.  Solvers that do not run Python code while they
 work are stopped from outside: CP-SAT runs in a helper thread whose waiting caller
 calls its ``stop_search``, CBC is a child process in its own process group, killed
-with the group (:mod:`amp_opt.search.mip.backends`).
+with the group (:mod:`amp_opt.search.mip.backends`), HiGHS is interrupted from its
+callbacks and waited for in a helper thread (:mod:`amp_opt.search.mip.highs`).
 
 The handlers do nothing but record the signal, so they are safe whatever runs; a second
 signal raises KeyboardInterrupt at once (for a user who does not want to wait), and the
