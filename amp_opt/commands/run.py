@@ -13,7 +13,7 @@ The report pairs each term of the hetero cost model with what was measured for
 it (:mod:`amp_opt.engine.compare`).  ``-o`` writes the run record as a one-element
 RUNS.json list (``--append`` adds it to an existing list), with ``instance`` set to
 the instance's path relative to that file.  A run that runs out of memory is
-recorded as ``failed: "oom"`` and the command exits with 4.
+recorded as ``failed: "oom"`` and the command exits with 6.
 """
 
 from __future__ import annotations
