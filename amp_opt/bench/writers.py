@@ -212,6 +212,11 @@ def _pyplot():
     return plt
 
 
+def _style(i: int) -> str:
+    """A line style per ten solvers, so that solvers sharing one of the ten default colours differ."""
+    return ("-", "--", "-.", ":")[(i // 10) % 4]
+
+
 def write_profile(rows: list[dict], path: Path) -> bool:
     """The Dolan-More performance profile of wall times (log2 ratio to the best solver per problem)."""
     plt = _pyplot()
@@ -222,9 +227,10 @@ def write_profile(rows: list[dict], path: Path) -> bool:
     top = max(2.0, max(finite, default=2.0) * 1.5)
     taus = sorted({1.0, top, *finite})
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    for solver, values in ratios.items():
+    for i, (solver, values) in enumerate(ratios.items()):
         ys = [stats.profile_value(values, t) for t in taus]
-        ax.step(taus, ys, where="post", label=f"{solver} ({sum(math.isfinite(v) for v in values)}/{len(values)})")
+        ax.step(taus, ys, where="post", linestyle=_style(i),
+                label=f"{solver} ({sum(math.isfinite(v) for v in values)}/{len(values)})")
     ax.set_xscale("log", base=2)
     ax.set_xlim(1, top)
     ax.set_ylim(0, 1.02)
@@ -251,8 +257,8 @@ def write_primal_plot(rows: list[dict], traces: dict, path: Path) -> bool:
     if not curves:
         return False
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    for solver, ys in curves.items():
-        ax.step(times, ys, where="post", label=solver)
+    for i, (solver, ys) in enumerate(curves.items()):
+        ax.step(times, ys, where="post", linestyle=_style(i), label=solver)
     ax.set_xscale("symlog", linthresh=0.1)
     ax.set_xlim(0, horizon)
     ax.set_ylim(0, 1.02)
