@@ -26,7 +26,7 @@ from ...model.costs.terms import stage_order
 from .grouping import FreeGrouping, class_terms
 from .assignment import AssignmentLayers
 from .layers import PrefixLayers
-from .model import INT, TIME, LinearModel, lin
+from .model import BYTES, TIME, LinearModel, lin
 
 
 @dataclass
@@ -96,7 +96,7 @@ class Program:
                 continue
             key = (s, kind)
             if key not in self.peak:
-                var = self.mdl.var(f"buffer[{s},{kind}]", 0, float(per_layer.max()), INT)
+                var = self.mdl.var(f"buffer[{s},{kind}]", 0, float(per_layer.max()), BYTES)
                 self.peak[key] = (var, per_layer)
                 for l in range(self.L):
                     if per_layer[l]:

@@ -29,7 +29,7 @@ import numpy as np
 from ...errors import InputError
 from .. import stop
 from .backends import Outcome
-from .model import BIN, INT, TIME, LinearModel
+from .model import BIN, BYTES, INT, TIME, LinearModel
 
 ABS_GAP = 1e-8  # HiGHS's absolute MIP gap, in units of the scale (the objective is about 1)
 # Row violations HiGHS accepts (rows are divided by their largest coefficient).  Its defaults
@@ -47,9 +47,10 @@ def _highspy():
 
 
 def _arrays(lm: LinearModel, scale: float):
-    """The model as HiGHS arrays (row-wise), seconds divided by ``scale`` and rows by their largest coefficient."""
+    """The model as HiGHS arrays (row-wise), seconds divided by ``scale``, byte counts by their upper
+    bound (so that they run over [0, 1]) and rows by their largest coefficient."""
     n = len(lm.vars)
-    unit = np.array([scale if v.kind == TIME else 1.0 for v in lm.vars])
+    unit = np.array([scale if v.kind == TIME else (max(1.0, v.ub) if v.kind == BYTES else 1.0) for v in lm.vars])
     lower = np.array([v.lb for v in lm.vars], dtype=float) / unit
     upper = np.array([v.ub for v in lm.vars], dtype=float) / unit
     cost = np.zeros(n)
@@ -62,6 +63,7 @@ def _arrays(lm: LinearModel, scale: float):
         if row.unit == "time":
             coeffs = {i: (c if lm.vars[i].kind == TIME else c / scale) for i, c in coeffs.items()}
             rhs = rhs / scale
+        coeffs = {i: c * unit[i] if lm.vars[i].kind == BYTES else c for i, c in coeffs.items()}
         norm = max((abs(c) for c in coeffs.values()), default=1.0) or 1.0
         for i, c in sorted(coeffs.items()):
             index.append(i)

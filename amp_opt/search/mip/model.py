@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 BIN, INT, TIME = "bin", "int", "time"  # TIME: seconds (an integer count of the resolution in CP-SAT)
+# BYTES: a byte count, such as a stage's largest buffer: an integer in CP-SAT (which has no other
+# kind), continuous for CBC and HiGHS, where an integer of up to 10^10 with tolerances of 1e-9 made
+# HiGHS's presolve call a feasible program infeasible.
+BYTES = "bytes"
 CONST = -1  # key of the constant term in an expression
 
 
