@@ -15,10 +15,11 @@ The interface (``z``, ``e``, ``params``, ``bounds``, ``hint``) is :class:`~.laye
 
 from __future__ import annotations
 
+from .layers import _StageParams
 from .model import BIN, LinearModel, lin
 
 
-class AssignmentLayers:
+class AssignmentLayers(_StageParams):
     """The layer-assignment part of a program over ``L`` layers and ``p`` stages (eq. A1-A4);
     ``fixed`` (stage boundaries) pins it, as interleaving's chunks do."""
 
@@ -46,13 +47,7 @@ class AssignmentLayers:
                     self.b[s, l] = mdl.var(f"b[{s},{l}]", 0, 1, BIN)
                     mdl.add(lin({self.b[s, l]: 1}, (-1.0, self.z(s, l)), self.z(s, l + 1)), ">=", 0, "count",
                             f"last[{s},{l}]")
-        # (M4) a stage holding a layer of a tie group holds its shared tensor once.
-        self.any = {}
-        for s in range(p):
-            for t, (members, _) in enumerate(sums.ties):
-                self.any[s, t] = mdl.var(f"any[{s},{t}]", 0, 1, BIN)
-                for l in members:
-                    mdl.add(lin({self.any[s, t]: 1}, (-1, self.z(s, int(l)))), ">=", 0, "count", f"tie[{s},{t},{l}]")
+        self._tie_rows()
 
     def sigma(self, l: int) -> dict:
         """The stage index of layer l, sum_s s x[l,s]."""
@@ -67,14 +62,6 @@ class AssignmentLayers:
         if l == self.L - 1:
             return self.z(s, l)
         return {self.b[s, l]: 1.0} if (s, l) in self.b else {}
-
-    def params(self, s: int) -> dict:
-        """Parameters per rank of stage s, tied tensors once (M4)."""
-        terms = [(float(self.sums.params[l]), self.z(s, l)) for l in range(self.L)]
-        for t, (members, shared) in enumerate(self.sums.ties):
-            terms += [(-shared, self.z(s, int(l))) for l in members]
-            terms.append((shared, {self.any[s, t]: 1}))
-        return lin(*terms)
 
     def bounds(self, values: dict) -> tuple[int, ...]:
         """The plan's partition: partition[s+1] = number of layers on stages <= s."""

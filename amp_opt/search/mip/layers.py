@@ -11,7 +11,30 @@ from __future__ import annotations
 from .model import BIN, CONST, LinearModel, lin
 
 
-class PrefixLayers:
+class _StageParams:
+    """What both layer formulations write the same way from their ``z(s, l)`` (layer l runs on
+    stage s): the tie rows and a stage's parameter count (M4)."""
+
+    def _tie_rows(self) -> None:
+        """(M4) A stage holding a layer of a tie group holds its shared tensor once."""
+        self.any = {}
+        for s in range(self.p):
+            for t, (members, _) in enumerate(self.sums.ties):
+                self.any[s, t] = self.mdl.var(f"any[{s},{t}]", 0, 1, BIN)
+                for l in members:
+                    self.mdl.add(lin({self.any[s, t]: 1}, (-1, self.z(s, int(l)))), ">=", 0, "count",
+                                 f"tie[{s},{t},{l}]")
+
+    def params(self, s: int) -> dict:
+        """Parameters per rank of stage s, tied tensors once (M4)."""
+        terms = [(float(self.sums.params[l]), self.z(s, l)) for l in range(self.L)]
+        for t, (members, shared) in enumerate(self.sums.ties):
+            terms += [(-shared, self.z(s, int(l))) for l in members]
+            terms.append((shared, {self.any[s, t]: 1}))
+        return lin(*terms)
+
+
+class PrefixLayers(_StageParams):
     """The layer-assignment part of a program over ``L`` layers and ``p`` stages; ``fixed``
     (stage boundaries) pins it, as interleaving's chunks do."""
 
@@ -34,13 +57,7 @@ class PrefixLayers:
                     mdl.add(lin({self.Y[s + 1, l]: 1}, (-1, {self.Y[s, l]: 1})), ">=", 0, "count", f"order[{s},{l}]")
         for s in range(p):
             mdl.add(lin(*[self.z(s, l) for l in range(L)]), ">=", 1, "count", f"nonempty[{s}]")
-        # (M4) a stage holding a layer of a tie group holds its shared tensor once.
-        self.any = {}
-        for s in range(p):
-            for t, (members, _) in enumerate(sums.ties):
-                self.any[s, t] = mdl.var(f"any[{s},{t}]", 0, 1, BIN)
-                for l in members:
-                    mdl.add(lin({self.any[s, t]: 1}, (-1, self.z(s, int(l)))), ">=", 0, "count", f"tie[{s},{t},{l}]")
+        self._tie_rows()
 
     def _Y(self, s: int, l: int) -> dict:
         if s < 0:
@@ -56,14 +73,6 @@ class PrefixLayers:
     def e(self, s: int, l: int) -> dict:
         """Layer l is stage s's last layer."""
         return lin(self._Y(s, l), (-1.0, self._Y(s, l + 1))) if l < self.L - 1 else self._Y(s, l)
-
-    def params(self, s: int) -> dict:
-        """Parameters per rank of stage s, tied tensors once (M4)."""
-        terms = [(float(self.sums.params[l]), self.z(s, l)) for l in range(self.L)]
-        for t, (members, shared) in enumerate(self.sums.ties):
-            terms += [(-shared, self.z(s, int(l))) for l in members]
-            terms.append((shared, {self.any[s, t]: 1}))
-        return lin(*terms)
 
     def bounds(self, values: dict) -> tuple[int, ...]:
         """(M3) The plan's partition: partition[s+1] = sum_l Y[s,l]."""
