@@ -110,6 +110,43 @@ def test_block_recomputation_recomputes_the_first_layers_of_each_stage():
     assert ev.stages[0].compute == pytest.approx(float(t.sum() + t[first] / 3), rel=1e-12)
 
 
+def test_block_counts_searched_are_those_below_a_stage_s_most_layers():
+    from amp_opt.model.candidates import block_counts, candidates
+
+    inst = parse_instance(preset_doc(layers=4, search={"recompute_layers": [1, 2, 3, 4, 9], "recompute": ["full"]}))
+    # four transformer layers and two others: a stage holds at most 4 of them, and with pp = 5
+    # at most 2 (of the 4 other stages, at most 2 hold only the embedding or the head)
+    assert block_counts(inst, 1) == [1, 2, 3]
+    assert block_counts(inst, 5) == [1]
+    assert {c.recompute_layers for c in candidates(inst)} == {0, 1, 2, 3}
+    ds = parse_instance(preset_doc(layers=4, search={"recompute_layers": [1], "engine": "deepspeed"}))
+    assert not any(c.recompute_layers for c in candidates(ds))
+    assert not any(c.recompute_layers and c.virtual_stages > 1
+                   for c in candidates(parse_instance(preset_doc(layers=4, nodes=(("A100-80GB", 2, 4),),
+                                                                 search={"recompute_layers": [1]}))))
+
+
+def test_the_block_method_wins_where_memory_allows_part_of_a_stage_and_every_backend_finds_it():
+    """8 GiB per device: no recomputation does not fit in two stages, recomputing every layer is
+    slower than recomputing the first two of each stage; the programs (no DP incumbents, rows
+    M15) find that plan as the enumerator does."""
+    doc = preset_doc(attention="flash", nodes=(("A100-80GB", 1, 2),), layers=4, global_batch=8,
+                     search={"micro_batches": [4], "tp": [1], "cp": [1], "zero_stages": [0], "virtual_stages": [1],
+                             "recompute": ["none", "full"], "recompute_layers": [1, 2]})
+    doc["model"].update(hidden=2048, seq_len=4096, heads=16, vocab=32000)
+    doc["device_types"] = [{"name": "A100-80GB", "memory": "8 GiB"}]
+    inst = parse_instance(doc)
+    ref = solve(inst, solver="enumerate").best
+    assert (ref.plan.pp, ref.plan.recompute, ref.plan.recompute_layers) == (2, "full", 2)
+    every = evaluate(inst, dataclasses.replace(ref.plan, recompute_layers=None))
+    assert every.predicted_time > ref.predicted_time
+    for solver in ("cpsat-nodp", "cbc-nodp", "cpsat-assign-nokinds") + (("highs-nodp",) if "highs" in OTHER_SOLVERS else ()):
+        got = solve(inst, solver=solver)
+        assert got.solver.status == "OPTIMAL", solver
+        assert got.best.predicted_time == pytest.approx(ref.predicted_time, rel=1e-6), solver
+        assert got.best.plan.recompute_layers == 2, solver
+
+
 # -- sequence parallelism --------------------------------------------------------------------
 def test_sequence_parallelism_splits_norms_and_p2p_at_the_same_compute():
     inst = parse_instance(preset_doc(nodes=(("A100-80GB", 1, 8),)))
@@ -189,6 +226,9 @@ def test_interleaved_schedule_formula_memory_and_p2p():
     ({"cp": 2}, "deepspeed", "cp", "no context parallelism"),
     ({"pp": 2, "partition": [0, 2, 3, 4, 6], "virtual_stages": 2}, "deepspeed", "virtual_stages", "interleaved"),
     ({"recompute": "selective"}, "deepspeed", "recompute", "whole layers"),
+    ({"recompute": "full", "recompute_layers": 1}, "deepspeed", "recompute_layers", "no block method"),
+    ({"pp": 2, "partition": [0, 2, 3, 4, 6], "virtual_stages": 2, "recompute": "full", "recompute_layers": 1},
+     "megatron", "recompute_layers", "virtual_stages 1"),
 ])
 def test_engine_rules_reject_a_given_plan_in_one_line(tmp_path, fields, engine, field, words):
     # five transformer layers (seven with the embedding and the loss) split into no four equal chunks
@@ -322,13 +362,14 @@ def test_a_budget_no_plan_meets_exits_3_with_the_cheapest_plan(tmp_path):
 GPUS = ["A100-80GB", "A100-40GB", "V100-32GB", "T4"]
 
 
-def open_instance(gpus, devices, layers, memory_gib):
+def open_instance(gpus, devices, layers, memory_gib, attention="eager"):
     """A small GPT (hidden 2048, 16 heads, sequences of 4096 tokens: memory matters) on two or
-    three node classes with all decisions open; eager attention, so that selective
-    recomputation pays; memories from 4 to 24 GiB, so that recomputation, ZeRO, sequence and
-    context parallelism and idle GPUs all win somewhere."""
-    doc = preset_doc(attention="eager", nodes=tuple((g, 1, devices) for g in gpus), layers=layers, global_batch=8,
-                     search={"micro_batches": [1, 2, 4], "tp": [1, 2]})
+    three node classes with all decisions open, block counts 1 and 2 included; eager attention,
+    so that selective recomputation pays (flash: so that the block method wins); memories from
+    4 to 24 GiB, so that recomputation, ZeRO, sequence and context parallelism and idle GPUs all
+    win somewhere."""
+    doc = preset_doc(attention=attention, nodes=tuple((g, 1, devices) for g in gpus), layers=layers, global_batch=8,
+                     search={"micro_batches": [1, 2, 4], "tp": [1, 2], "recompute_layers": [1, 2]})
     doc["model"].update(hidden=2048, seq_len=4096, heads=16, vocab=32000)
     doc["device_types"] = [{"name": g, "memory": f"{memory_gib[i]} GiB"} for i, g in enumerate(gpus)]
     return parse_instance(doc)
@@ -337,7 +378,8 @@ def open_instance(gpus, devices, layers, memory_gib):
 open_instances = st.builds(
     open_instance, gpus=st.lists(st.sampled_from(GPUS), min_size=2, max_size=3, unique=True),
     devices=st.sampled_from([1, 2]), layers=st.integers(2, 4),
-    memory_gib=st.lists(st.sampled_from([4, 6, 8, 12, 24]), min_size=3, max_size=3))
+    memory_gib=st.lists(st.sampled_from([4, 6, 8, 12, 24]), min_size=3, max_size=3),
+    attention=st.sampled_from(["eager", "flash"]))
 
 
 # Every backend and the second layer formulation (HiGHS when its optional extra is installed).

@@ -66,7 +66,8 @@ def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: i
     less memory, so the highest of stages 0-2 allowed replaces the lower ones when there
     is more than one replica (ZeRO-3 adds traffic and stays a choice); selective
     recomputation frees nothing when no layer keeps attention scores (FlashAttention) but
-    still costs time, so it is left out then.
+    still costs time, so it is left out then.  Full recomputation also comes with each block
+    count of :func:`block_counts`.
     """
     space, engine = instance.search, engine_of(instance)
     replicas = dp * cp
@@ -80,13 +81,28 @@ def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: i
         zeros += [3] if 3 in allowed and replicas > 1 else []
     scores = any(layer.attention_memory_bytes.replicated + layer.attention_memory_bytes.sharded > 0
                  for layer in instance.layers)
-    modes = [r for r in space.recompute if r != "selective" or scores]
+    modes = [(r, 0) for r in space.recompute if r != "selective" or scores]
+    if "full" in space.recompute:
+        modes += [("full", r) for r in block_counts(instance, pp)]
     out = []
-    for seq, zero, mode, v in itertools.product(sp, zeros, modes, space.virtual_stages):
-        cand = Candidate(tp, dp, pp, micro_batch, cp, seq, mode, 0, zero, v)
+    for seq, zero, (mode, block), v in itertools.product(sp, zeros, modes, space.virtual_stages):
+        cand = Candidate(tp, dp, pp, micro_batch, cp, seq, mode, block, zero, v)
         if model.prices(cand) and engine.rule(instance, cand) is None:
             out.append(cand)
     return out
+
+
+def block_counts(instance, pp: int) -> list[int]:
+    """The block counts r of ``search.recompute_layers`` worth searching at pp stages (Megatron's
+    block method: each stage recomputes its first r transformer layers): those below the most
+    transformer layers one stage can hold, since a larger r recomputes every layer, as plain full
+    recomputation does.  None over coarsened blocks of layers, where a block is not one layer."""
+    if any(layer.members for layer in instance.layers):
+        return []
+    recomputing = sum(layer.recomputes for layer in instance.layers)
+    others = instance.num_layers - recomputing  # stages may hold only such layers
+    most = recomputing - max(0, pp - 1 - others)
+    return [r for r in instance.search.recompute_layers if r < most]
 
 
 def candidates(instance, model=None) -> list[Candidate]:

@@ -28,6 +28,7 @@ class Engine:
     sequence_parallel: bool  # Megatron-style sequence parallelism (with tp > 1)
     selective_recompute: bool
     per_stage_recompute: bool  # stages may recompute differently
+    block_recompute: bool  # full recomputation of only each stage's first r layers (Megatron's block method)
     sharded_zero_with_pipeline: int  # the largest ZeRO stage allowed together with pp > 1
 
     def rule(self, instance, cand) -> tuple[str, str] | None:
@@ -61,6 +62,11 @@ class Engine:
                                           f"divisible by pp ({cand.pp})")
         if cand.recompute == "selective" and not self.selective_recompute:
             return "recompute", f"{self.name} recomputes whole layers only (no selective recomputation)"
+        if cand.recompute_layers and not self.block_recompute:
+            return "recompute_layers", f"{self.name} recomputes all layers of a stage or none (no block method)"
+        if cand.recompute_layers and cand.virtual_stages > 1:
+            return "recompute_layers", ("the block method with interleaving recomputes the first layers of every "
+                                        "virtual stage's chunk, which amp_opt does not price: use virtual_stages 1")
         if cand.zero_stage > self.sharded_zero_with_pipeline and cand.pp > 1:
             return "zero_stage", (f"{self.name} runs ZeRO stage {cand.zero_stage} only without pipeline parallelism "
                                   f"(pp = 1); with pp > 1 at most stage {self.sharded_zero_with_pipeline}")
@@ -120,9 +126,11 @@ def megatron_split(instance, parts: int) -> Split | None:
 
 ENGINES = {
     "megatron": Engine("megatron", interleaving=True, context_parallel=True, sequence_parallel=True,
-                       selective_recompute=True, per_stage_recompute=False, sharded_zero_with_pipeline=1),
+                       selective_recompute=True, per_stage_recompute=False, block_recompute=True,
+                       sharded_zero_with_pipeline=1),
     "deepspeed": Engine("deepspeed", interleaving=False, context_parallel=False, sequence_parallel=False,
-                        selective_recompute=False, per_stage_recompute=True, sharded_zero_with_pipeline=1),
+                        selective_recompute=False, per_stage_recompute=True, block_recompute=False,
+                        sharded_zero_with_pipeline=1),
 }
 
 

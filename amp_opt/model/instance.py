@@ -125,6 +125,7 @@ class SearchSpace:
     cp: tuple[int, ...] = (1,)
     sequence_parallel: tuple[bool, ...] = (False,)
     recompute: tuple[str, ...] = ("none",)
+    recompute_layers: tuple[int, ...] = ()  # block counts searched with full recomputation (Megatron's block method)
     zero_stages: tuple[int, ...] = (0,)
     virtual_stages: tuple[int, ...] = (1,)
     idle: bool = False  # whether a plan may leave node classes idle

@@ -367,6 +367,7 @@ def _parse_search(raw: Mapping, training: Training, num_layers: int) -> SearchSp
         cp=tuple(sorted(set(raw.get("cp", DEFAULT_CP)))),
         sequence_parallel=tuple(sorted(set(raw.get("sequence_parallel", (False, True))))),
         recompute=tuple(r for r in RECOMPUTE if r in raw.get("recompute", RECOMPUTE)),
+        recompute_layers=tuple(sorted(set(raw.get("recompute_layers", ())))),
         zero_stages=tuple(sorted(set(raw.get("zero_stages", (0, 1, 2, 3))))),
         virtual_stages=tuple(sorted(set(raw.get("virtual_stages", DEFAULT_VIRTUAL)))),
         idle=bool(raw.get("idle", True)),

@@ -130,6 +130,8 @@ def describe(plan: Plan) -> str:
         parts.append("sequence_parallel")
     if plan.recompute != "none":
         parts.append(f"recompute={plan.recompute}")
+    if plan.recompute_layers:
+        parts.append(f"recompute_layers={plan.recompute_layers}")
     if plan.zero_stage:
         parts.append(f"zero_stage={plan.zero_stage}")
     return " ".join(parts)

@@ -65,7 +65,9 @@ def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
         entry[0] += c.groups(cand.tp)
         entry[1] = max(entry[1], link)
     ring = _ring_bytes_per_layer(terms)
-    out = [ComputeClass(terms.layer_seconds(t, bw, cand.recompute) + ring / link, g, inst.device_types[t].capacity,
+    # Per layer, the base mode's times: exact for a whole-stage mode, a lower bound under the
+    # block method (whose first layers recompute on top).
+    out = [ComputeClass(terms.layer_seconds(t, bw, terms.base_mode(0)) + ring / link, g, inst.device_types[t].capacity,
                         link, inst.device_types[t].step_overhead) for (t, bw), (g, link) in info.items()]
     return sorted(out, key=lambda c: float(c.times.sum()))
 
@@ -77,7 +79,7 @@ def _ring_bytes_per_layer(terms: CandidateTerms) -> np.ndarray:
     params = terms.sums.params.copy()
     for members, shared in terms.sums.ties:
         params[members] -= shared
-    return terms.comm_layer_bytes(0) + terms.comm_param_bytes() * np.maximum(params, 0.0)
+    return terms.comm_layer_bytes(terms.base_mode(0)) + terms.comm_param_bytes() * np.maximum(params, 0.0)
 
 
 class HeteroModel(CostModel):
@@ -131,6 +133,12 @@ def fits_somewhere(terms: CandidateTerms, capacity: float) -> bool:
     for every later stage.  A stage's memory only grows as its range grows, so if any partition
     fits, this greedy one does (each greedy boundary is at least the fitting partition's)."""
     p, L = terms.pp, terms.instance.num_layers
+    if terms.block:  # the block method's memory is not monotone in a stage's start: a DP over ranges
+        g, reach = grid(L), start_row(L) == 0
+        for s in range(p):
+            fit = stage_room(L, p, s) & (terms.memory(s, g.start, g.stop) <= capacity)
+            reach = np.any(reach[:, None] & fit, axis=0)
+        return bool(reach[L])
     k = 0
     for s in range(p):
         last = L - (p - 1 - s)

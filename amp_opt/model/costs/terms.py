@@ -132,9 +132,22 @@ class CandidateTerms:
         end = np.searchsorted(self._count, self._count[k] + self.cand.recompute_layers)
         return np.minimum(l, end)
 
+    def block_start(self) -> np.ndarray:
+        """Per layer l in stage order (block method): the latest start a stage holding l may have for l
+        to be among its first ``recompute_layers`` recomputing layers (a layer that does not recompute: 0).
+        A stage starting at k recomputes l exactly when k >= block_start()[l]; the MIPs use this."""
+        r, c = self.cand.recompute_layers, self._count
+        latest = np.searchsorted(c, c[1:] - r, side="left")  # count of recomputing layers in [k, l] <= r
+        return np.where(self.recomputes, latest, 0)
+
+    def base_mode(self, s: int) -> str:
+        """The mode every layer of stage s is priced in before the block method's first layers: the
+        stage's mode, or "none" when only a block of its first layers recomputes."""
+        return "none" if self.modes[s] == "full" and self.block else self.modes[s]
+
     def layer_bytes(self, s: int) -> np.ndarray:
-        """Bytes kept per sample by each layer on stage s (its recomputation mode, all layers)."""
-        return self.kept[self.modes[s]]
+        """Bytes kept per sample by each layer on stage s in its base mode (:meth:`base_mode`)."""
+        return self.kept[self.base_mode(s)]
 
     def memory(self, s: int, k, l):
         """Bytes per device of stage s for layers [k, l) in stage order (eq. H5, H7, H9)."""
@@ -174,14 +187,15 @@ class CandidateTerms:
     def estimated(self, device_type: str, intra: float) -> bool:
         return self.tables.layer_times(device_type, intra, self.tp, self.micro_batch).estimated
 
-    def comm_layer_bytes(self, s: int) -> np.ndarray:
-        """Per layer, the bytes per rank stage s's context-parallel ring moves per micro-batch (eq. H10):
-        (cp-1)/cp of the layer's K and V, forward, twice in backward (K/V and their gradients), once
-        more when full recomputation repeats the forward."""
+    def comm_layer_bytes(self, mode: str) -> np.ndarray:
+        """Per layer, the bytes per rank a context-parallel ring moves per micro-batch in recomputation
+        ``mode`` (eq. H10): (cp-1)/cp of the layer's K and V, forward, twice in backward (K/V and
+        their gradients), once more when full recomputation repeats the layer's forward."""
         cp = self.cand.cp
         if cp == 1:
             return np.zeros(len(self.kv))
-        return (4 if self.modes[s] == "full" else 3) * (cp - 1) * self.kv
+        again = self.recomputes if mode == "full" else np.zeros(len(self.kv), dtype=bool)
+        return (3 + again) * (cp - 1) * self.kv
 
     def comm_param_bytes(self) -> float:
         """Bytes per parameter ZeRO-3 moves per micro-batch on the ring (eq. H10): the weights
@@ -195,8 +209,9 @@ class CandidateTerms:
         """Bytes per rank stage s moves on its data-parallel ring per micro-batch, on top of its
         compute (eq. H10): :meth:`comm_layer_bytes` over [k, l) plus :meth:`comm_param_bytes` per parameter."""
         k, l = np.asarray(k), np.asarray(l)
-        kv = _prefix(self.comm_layer_bytes(s))
-        return kv[l] - kv[k] + self.comm_param_bytes() * self.sums.params_in(k, l)
+        mid = self.split(s, k, l)
+        kv, rest = _prefix(self.comm_layer_bytes(self.modes[s])), _prefix(self.comm_layer_bytes(self.base_mode(s)))
+        return kv[mid] - kv[k] + rest[l] - rest[mid] + self.comm_param_bytes() * self.sums.params_in(k, l)
 
     def allreduce_bytes_per_param(self) -> float:
         """Bytes per parameter a stage's gradient synchronisation moves once per iteration, as a ring
@@ -325,9 +340,17 @@ class StageCosts:
 
     # -- per-layer coefficients, for the MIPs (sums of these are the terms above) ----
     def layer_times(self, s: int) -> list[np.ndarray]:
-        """Per compute class present in stage s: seconds of each layer for one micro-batch (every
-        layer in the stage's recomputation mode: a block of recomputed layers is not per-layer)."""
-        return [np.diff(mode) for mode, _, _ in self._compute_prefixes[s]]
+        """Per compute class present in stage s: seconds of each layer for one micro-batch in the
+        stage's base mode (:meth:`CandidateTerms.base_mode`)."""
+        block = self.terms.base_mode(s) != self.terms.modes[s]
+        return [np.diff(none if block else mode) for mode, none, _ in self._compute_prefixes[s]]
+
+    def recompute_times(self, s: int) -> list[np.ndarray]:
+        """Per compute class (as :meth:`layer_times`): the seconds a layer adds when it is among the
+        first layers the block method recomputes on stage s (zeros without the block method)."""
+        block = self.terms.base_mode(s) != self.terms.modes[s]
+        return [np.diff(mode) - np.diff(none) if block else np.zeros(len(mode) - 1)
+                for mode, none, _ in self._compute_prefixes[s]]
 
     def step_overheads(self, s: int) -> list[float]:
         """Per compute class of stage s (as :meth:`layer_times`): its fixed seconds per micro-batch."""

@@ -90,9 +90,12 @@ class KindModel:
         L = self.L
         g = grid(L)
         ranges = []
+        mid = terms.split(0, g.start, g.stop)  # every stage recomputes alike: the block method's first layers end here
         for c in self.classes:
-            prefix = np.concatenate([[0.0], np.cumsum(terms.layer_seconds(c.device_type, c.intra, self.cand.recompute))])
-            ranges.append((prefix[g.stop] - prefix[g.start]) + self.instance.device_types[c.device_type].step_overhead)
+            own, base = (np.concatenate([[0.0], np.cumsum(terms.layer_seconds(c.device_type, c.intra, mode))])
+                         for mode in (self.cand.recompute, terms.base_mode(0)))
+            ranges.append((own[mid] - own[g.start]) + (base[g.stop] - base[mid])
+                          + self.instance.device_types[c.device_type].step_overhead)
         params = terms.sums.params_in(g.start, g.stop)
         traffic = terms.stage_comm_bytes(0, g.start, g.stop)  # every stage recomputes alike
         sync = terms.allreduce_bytes_per_param()

@@ -10,7 +10,7 @@ non-empty stages, as with the prefix variables of :mod:`.layers`, so the two for
 have the same optimum; what differs is the linear relaxation and the branching: the prefix
 rows Y[s,l] >= Y[s,l+1], Y[s+1,l] >= Y[s,l] are a network matrix (every vertex of the
 layer polytope is a partition), while the aggregated rows A2 admit fractional vertices.
-The interface (``z``, ``e``, ``params``, ``bounds``, ``hint``) is :class:`~.layers.PrefixLayers`'s.
+The interface (``z``, ``e``, ``before``, ``params``, ``bounds``, ``hint``) is :class:`~.layers.PrefixLayers`'s.
 """
 
 from __future__ import annotations
@@ -56,6 +56,10 @@ class AssignmentLayers(_StageParams):
     def z(self, s: int, l: int) -> dict:
         """Layer l runs on stage s."""
         return {self.x[l, s]: 1.0} if (l, s) in self.x else {}
+
+    def before(self, s: int, l: int) -> dict:
+        """Layer l runs on a stage before s."""
+        return lin(*[self.z(t, l) for t in range(s)])
 
     def e(self, s: int, l: int) -> dict:
         """Layer l is stage s's last layer (an upper bound the p2p rows push down to it)."""

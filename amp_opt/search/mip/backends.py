@@ -35,7 +35,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from .. import stop
-from .model import BIN, INT, TIME, LinearModel
+from .model import BIN, BYTES, INT, TIME, LinearModel
 
 CBC_WRITE_S = 1.0  # seconds (at most a tenth of its budget) CBC stops early to write its solution
 
@@ -229,20 +229,27 @@ def _cbc_command():
         return pulp.PULP_CBC_CMD(msg=False)
 
 
+def _unit(v, scale: float) -> float:
+    """What one unit of a variable is worth in CBC's program: ``scale`` seconds for a time, the
+    largest value for a byte count (scaled to [0, 1]: as an unscaled column beside coefficients of
+    10^9 bytes, CBC's probing proved a feasible program infeasible), 1 otherwise."""
+    return scale if v.kind == TIME else (max(1.0, v.ub) if v.kind == BYTES else 1.0)
+
+
 def _pulp_problem(lm: LinearModel, scale: float):
-    """The LinearModel as a PuLP problem: seconds divided by ``scale``, every row by its largest
-    coefficient, the hint as initial values."""
+    """The LinearModel as a PuLP problem: seconds divided by ``scale``, byte counts by their upper
+    bound, every row by its largest coefficient, the hint as initial values."""
     import pulp  # imported when a CBC program runs
 
     prob = pulp.LpProblem("amp_opt", pulp.LpMinimize)
     xs = []
+    units = [_unit(v, scale) for v in lm.vars]
     for i, v in enumerate(lm.vars):
         # Binaries as bounded integers: PuLP's LpBinary resets the bounds to 0..1, losing fixings.
         cat = pulp.LpInteger if v.kind in (BIN, INT) else pulp.LpContinuous
-        unit = scale if v.kind == TIME else 1.0
-        xs.append(prob.add_variable(f"v{i}", lowBound=v.lb / unit, upBound=v.ub / unit, cat=cat))
+        xs.append(prob.add_variable(f"v{i}", lowBound=v.lb / units[i], upBound=v.ub / units[i], cat=cat))
     for k, row in enumerate(lm.rows):
-        coeffs = {i: c for i, c in row.coeffs.items() if i >= 0}
+        coeffs = {i: c * units[i] if lm.vars[i].kind == BYTES else c for i, c in row.coeffs.items() if i >= 0}
         rhs = row.rhs
         if row.unit == "time":  # the row in units of scale: time variables keep their coefficients
             coeffs = {i: (c if lm.vars[i].kind == TIME else c / scale) for i, c in coeffs.items()}
@@ -258,8 +265,7 @@ def _pulp_problem(lm: LinearModel, scale: float):
     prob += pulp.lpSum(c * xs[i] for i, c in lm.objective.items())
     for i, value in lm.hint.items():
         v = lm.vars[i]
-        unit = scale if v.kind == TIME else 1.0
-        xs[i].setInitialValue(min(max(value, v.lb), v.ub) / unit)
+        xs[i].setInitialValue(min(max(value, v.lb), v.ub) / units[i])
     return prob
 
 
@@ -325,7 +331,7 @@ def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int
         if not (head.startswith("optimal") or (head.startswith("stopped") and "no integer solution" not in head)):
             return Outcome("UNKNOWN", None, None, _lower_bound(log, scale), wall, nodes, points)
         _, values, *_ = solver.readsol_MPS(sol, prob, vs, var_names, con_names)
-    result = {i: float(values[f"v{i}"]) * (scale if lm.vars[i].kind == TIME else 1.0) for i in range(len(lm.vars))}
+    result = {i: float(values[f"v{i}"]) * _unit(lm.vars[i], scale) for i in range(len(lm.vars))}
     obj = sum(c * result[i] for i, c in lm.objective.items())
     if head.startswith("optimal"):
         return Outcome("OPTIMAL", result, obj, obj, wall, nodes, points)

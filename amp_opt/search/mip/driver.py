@@ -34,7 +34,7 @@ import numpy as np
 from ...errors import InfeasibleError, NoPlanFound
 from ...model.candidates import candidates, why_empty
 from ...model.costs.terms import stage_order
-from ...model.plan import Candidate, rank_order_stages
+from ...model.plan import Candidate, describe, rank_order_stages
 from .. import stop
 from ..diagnose import infeasible_reason, least_overfull_rank_order
 from ..kinds.refine import KindPhase, runs_kinds
@@ -248,7 +248,7 @@ def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: flo
     if inc is not None and inc.value < found:
         proofs.results.append(inc)  # the program stopped without beating its warm start
     proofs.programs.append({
-        "candidate": f"tp={c.tp} dp={c.dp} pp={c.pp} mb={c.micro_batch}", "status": out.status,
+        "candidate": describe(c.plan(())), "status": out.status,
         "objective": out.objective, "bound": out.bound, "plan_time": found if np.isfinite(found) else None,
         "seconds": time.perf_counter() - started, "solver_seconds": out.wall_time, "nodes": out.nodes,
         "variables": form.model.size["variables"], "constraints": form.model.size["constraints"],

@@ -26,7 +26,7 @@ from ...model.costs.terms import stage_order
 from .grouping import FreeGrouping, class_terms
 from .assignment import AssignmentLayers
 from .layers import PrefixLayers
-from .model import BYTES, TIME, LinearModel, lin
+from .model import BIN, BYTES, TIME, LinearModel, lin
 
 
 @dataclass
@@ -60,20 +60,59 @@ class Program:
         self.ub = {"E": 0.0, "P": 0.0, "AR": 0.0}
         self.vol = self.terms.volume
         self.peak = {}  # per (stage, buffer kind): (a variable at least the largest per-layer buffer (H7, H9), the buffers)
+        self.w = {}  # (M15) w[s,l] = 1 when layer l is among the first recompute_layers of stage s (block method)
+        if self.terms.block:
+            self._block_rows()
+
+    def _block_rows(self) -> None:
+        """(M15) The block method: a recomputing layer l of stage s is among the stage's first r
+        recomputing layers exactly when the stage starts at q(l) or later, i.e. when layer q(l)-1
+        sits on an earlier stage: w[s,l] = z[s,l] AND before[s,q(l)-1], three rows."""
+        mdl, z, before = self.mdl, self.layers.z, self.layers.before
+        q = self.terms.block_start()
+        for s in range(1, self.cand.pp):
+            for l in np.flatnonzero(self.terms.recomputes & (q > 0)):
+                l = int(l)
+                on, early = z(s, l), before(s, int(q[l]) - 1)
+                if not on or not early:
+                    continue
+                w = self.w[s, l] = mdl.var(f"w[{s},{l}]", 0, 1, BIN)
+                mdl.add(lin({w: 1}, (-1, on)), "<=", 0, "count", f"block_on[{s},{l}]")
+                mdl.add(lin({w: 1}, (-1, early)), "<=", 0, "count", f"block_early[{s},{l}]")
+                mdl.add(lin({w: 1}, (-1, on), (-1, early)), ">=", -1, "count", f"block_both[{s},{l}]")
+
+    def recomputed(self, s: int, l: int) -> dict:
+        """Layer l runs on stage s and recomputes its forward there in full (linear)."""
+        terms = self.terms
+        if terms.modes[s] != "full" or not terms.recomputes[l]:
+            return {}
+        if not terms.block or terms.block_start()[l] == 0:  # every layer, or one the first r whatever the start
+            return self.layers.z(s, l)
+        return {self.w[s, l]: 1.0} if (s, l) in self.w else {}
+
+    def stage_sum(self, s: int, base, extra=None) -> dict:
+        """sum_l base[l] z[s,l] (+ extra[l] for the layers the block method recomputes): a stage
+        term that is a sum over its layers, in the stage's base mode (M15)."""
+        z = self.layers.z
+        out = lin(*[(float(base[l]), z(s, l)) for l in range(self.L) if base[l]])
+        if extra is not None and self.terms.base_mode(s) != self.terms.modes[s]:
+            out = lin(out, *[(float(extra[l]), self.recomputed(s, l)) for l in range(self.L) if extra[l]])
+        return out
 
     def comm_bytes(self, s: int) -> dict:
         """(H10) bytes stage s moves on its ring per micro-batch, linear in the assignment."""
-        z, kv = self.layers.z, self.terms.comm_layer_bytes(s)
-        return lin(*[(float(kv[l]), z(s, l)) for l in range(self.L) if kv[l]],
-                   (self.terms.comm_param_bytes(), self.layers.params(s)))
+        terms = self.terms
+        base = terms.comm_layer_bytes(terms.base_mode(s))
+        return lin(self.stage_sum(s, base, terms.comm_layer_bytes(terms.modes[s]) - base),
+                   (terms.comm_param_bytes(), self.layers.params(s)))
 
     def memory_row(self, s: int, capacity: float, guard: dict, big_m, name: str) -> None:
         """(M8) bytes per device of stage s <= capacity (+ big-M slack when guarded)."""
-        terms, z = self.terms, self.layers.z
+        terms = self.terms
         kept = terms.layer_bytes(s)
         inflight = terms.in_flight(s) * terms.micro_batch
         expr = lin((terms.state_bytes_per_param, self.layers.params(s)),
-                   *[(float(inflight * kept[l]), z(s, l)) for l in range(self.L)], self._peak(s))
+                   (inflight, self.stage_sum(s, kept, terms.kept["full"] - kept)), self._peak(s))
         rhs = capacity - self.instance.training.memory_reserve
         if guard:
             expr = lin(expr, (big_m, guard))  # + M * has  <=  cap + M
@@ -87,11 +126,11 @@ class Program:
         terms, tr = self.terms, self.instance.training
         buffers = []
         if terms.modes[s] == "full":
-            buffers.append(("recompute", terms.micro_batch * terms.recomputed_activations))
+            buffers.append(("recompute", terms.micro_batch * terms.recomputed_activations, self.recomputed))
         if self.cand.zero_stage >= 3:
-            buffers.append(("gathered", terms.largest_params * (tr.weight_bytes + tr.gradient_bytes)))
+            buffers.append(("gathered", terms.largest_params * (tr.weight_bytes + tr.gradient_bytes), self.layers.z))
         out = {}
-        for kind, per_layer in buffers:
+        for kind, per_layer, holds in buffers:
             if not per_layer.any():
                 continue
             key = (s, kind)
@@ -99,8 +138,8 @@ class Program:
                 var = self.mdl.var(f"buffer[{s},{kind}]", 0, float(per_layer.max()), BYTES)
                 self.peak[key] = (var, per_layer)
                 for l in range(self.L):
-                    if per_layer[l]:
-                        self.mdl.add(lin({var: 1}, (-float(per_layer[l]), self.layers.z(s, l))), ">=", 0,
+                    if per_layer[l] and holds(s, l):
+                        self.mdl.add(lin({var: 1}, (-float(per_layer[l]), holds(s, l))), ">=", 0,
                                      "bytes", f"buffer[{s},{kind},{l}]")
             out[self.peak[key][0]] = 1.0
         return out
@@ -111,10 +150,11 @@ class Program:
         self.vol = vol = costs.p2p_volume()
         for s in range(self.cand.pp):
             ring = (costs.ring_factor(s), self.comm_bytes(s))  # (H10)
-            for times, step in zip(costs.layer_times(s), costs.step_overheads(s)):
-                mdl.add(lin({self.E[s]: 1}, *[(-float(times[l]), z(s, l)) for l in range(L)], (-ring[0], ring[1])),
+            for times, extra, step in zip(costs.layer_times(s), costs.recompute_times(s), costs.step_overheads(s)):
+                mdl.add(lin({self.E[s]: 1}, (-1.0, self.stage_sum(s, times, extra)), (-ring[0], ring[1])),
                         ">=", step, "time", f"compute[{s}]")
-                ub["E"] = max(ub["E"], float(times.sum()) + step + ring[0] * sum(abs(c) for c in ring[1].values()))
+                ub["E"] = max(ub["E"], float(times.sum() + extra.sum()) + step
+                              + ring[0] * sum(abs(c) for c in ring[1].values()))
             if s < self.cand.pp - 1:
                 phi = costs.p2p_factor(s)
                 mdl.add(lin({self.P[s]: 1}, *[(-float(vol[l] * phi), e(s, l)) for l in range(L)]), ">=", 0, "time",
@@ -152,8 +192,12 @@ class Program:
                 hint[self.P[s]] = float(costs.p2p(s, bounds[s + 1]))
         hint[self.Emax] = max(hint[self.E[s]] for s in range(p))
         hint[self.ARmax] = max(float(costs.allreduce(s, bounds[s], bounds[s + 1])) for s in range(p))
-        for (s, _), (var, per_layer) in self.peak.items():
-            hint[var] = float(np.ceil(per_layer[bounds[s]:bounds[s + 1]].max()))
+        for (s, kind), (var, per_layer) in self.peak.items():
+            k, l = bounds[s], bounds[s + 1]
+            held = per_layer[k:int(self.terms.split(s, k, l)) if kind == "recompute" else l]
+            hint[var] = float(np.ceil(held.max())) if len(held) else 0.0
+        for (s, l), var in self.w.items():
+            hint[var] = float(bounds[s] <= l < self.terms.split(s, bounds[s], bounds[s + 1]))
 
 
 def build(search, cand, fixed_stages=None) -> Formulation:

@@ -28,6 +28,7 @@ class ClassTerms:
     times: np.ndarray  # seconds per layer for one micro-batch on a group of this class
     per_node: bool  # a whole stage fits in one node: modelled node by node (eq. M11)
     step: float = 0.0  # seconds per micro-batch a stage of this class spends beyond its layers (calibration C3)
+    extra: np.ndarray | None = None  # seconds a layer adds when the block method recomputes it (M15)
 
     @property
     def index(self) -> int:
@@ -40,13 +41,17 @@ class ClassTerms:
 
 def class_terms(terms) -> list[ClassTerms]:
     """Every node class of the instance at a candidate (eq. M10, M11), with its effective layer
-    times (eq. H8: the candidate's recomputation and context parallelism)."""
+    times (eq. H8: the candidate's recomputation and context parallelism; under the block method,
+    without recomputation and what a recomputed layer adds, M15)."""
     inst, cand = terms.instance, terms.cand
-    return [ClassTerms(c, c.groups_per_node(cand.tp), inst.device_types[c.device_type].capacity,
-                       terms.layer_seconds(c.device_type, c.intra, cand.recompute),
-                       per_node=c.groups_per_node(cand.tp) >= cand.replicas,
-                       step=inst.device_types[c.device_type].step_overhead)
-            for c in node_classes(inst)]
+    out = []
+    for c in node_classes(inst):
+        base = terms.layer_seconds(c.device_type, c.intra, terms.base_mode(0))
+        extra = terms.layer_seconds(c.device_type, c.intra, cand.recompute) - base if terms.block else None
+        out.append(ClassTerms(c, c.groups_per_node(cand.tp), inst.device_types[c.device_type].capacity, base,
+                              per_node=c.groups_per_node(cand.tp) >= cand.replicas,
+                              step=inst.device_types[c.device_type].step_overhead, extra=extra))
+    return out
 
 
 class FreeGrouping:
@@ -162,8 +167,9 @@ class FreeGrouping:
         for s in range(prog.cand.pp):
             ring = {self.X[s]: 1.0} if s in self.X else {}
             for c in self.classes:
-                M = 1.001 * (float(c.times.sum()) + c.step)  # slack so that rounded coefficients never bind when unused
-                prog.mdl.add(lin({prog.E[s]: 1}, *[(-float(c.times[l]), prog.layers.z(s, l)) for l in range(prog.L)],
+                work = float(c.times.sum()) + (0.0 if c.extra is None else float(c.extra.sum()))
+                M = 1.001 * (work + c.step)  # slack so that rounded coefficients never bind when unused
+                prog.mdl.add(lin({prog.E[s]: 1}, (-1.0, prog.stage_sum(s, c.times, c.extra)),
                                  (-M, {self.u[s, c.index]: 1}), (-1.0, ring)), ">=", c.step - M, "time",
                              f"compute[{s},{c.index}]")
                 prog.ub["E"] = max(prog.ub["E"], M + (prog.mdl.vars[self.X[s]].ub if ring else 0.0))

@@ -74,6 +74,10 @@ class PrefixLayers(_StageParams):
         """Layer l is stage s's last layer."""
         return lin(self._Y(s, l), (-1.0, self._Y(s, l + 1))) if l < self.L - 1 else self._Y(s, l)
 
+    def before(self, s: int, l: int) -> dict:
+        """Layer l runs on a stage before s."""
+        return self._Y(s - 1, l)
+
     def bounds(self, values: dict) -> tuple[int, ...]:
         """(M3) The plan's partition: partition[s+1] = sum_l Y[s,l]."""
         return (0, *(int(round(sum(values[self.Y[s, l]] for l in range(self.L)))) for s in range(self.p - 1)),

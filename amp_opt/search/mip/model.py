@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 BIN, INT, TIME = "bin", "int", "time"  # TIME: seconds (an integer count of the resolution in CP-SAT)
 # BYTES: a byte count, such as a stage's largest buffer: an integer in CP-SAT (which has no other
-# kind), continuous for CBC and HiGHS, where an integer of up to 10^10 with tolerances of 1e-9 made
-# HiGHS's presolve call a feasible program infeasible.
+# kind), continuous and scaled to [0, 1] for CBC and HiGHS, where an integer of up to 10^10 with
+# tolerances of 1e-9 made HiGHS's presolve, and an unscaled column CBC's probing, call a feasible
+# program infeasible.
 BYTES = "bytes"
 CONST = -1  # key of the constant term in an expression
 
