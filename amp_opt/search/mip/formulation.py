@@ -146,7 +146,7 @@ class Program:
 
     def fixed_rows(self, costs) -> None:
         """(M5-M8) on a fixed placement: every stage's classes, link and capacity are known."""
-        mdl, z, e, L, ub = self.mdl, self.layers.z, self.layers.e, self.L, self.ub
+        mdl, e, L, ub = self.mdl, self.layers.e, self.L, self.ub
         self.vol = vol = costs.p2p_volume()
         for s in range(self.cand.pp):
             ring = (costs.ring_factor(s), self.comm_bytes(s))  # (H10)
