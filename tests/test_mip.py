@@ -196,3 +196,13 @@ def test_auto_hands_large_free_grouping_to_cpsat():
     result = solve(inst, time_limit=60)
     assert result.solver.name == "cpsat" and "chosen up front" in result.solver.extra["auto"]
     assert result.best.feasible and result.solver.status == "OPTIMAL"
+
+
+def test_cbc_runs_serially_with_one_worker():
+    """'-threads 1' starts CBC's parallel code, which stalled 10 s after a MIP start (CBC 2.10.3)."""
+    from amp_opt.search.mip.backends import _cbc_args
+
+    one = _cbc_args("cbc", "m.mps", "m.sol", "m.mst", 0, 1, None, None, 0.0)
+    two = _cbc_args("cbc", "m.mps", "m.sol", "m.mst", 0, 2, None, None, 0.0)
+    assert "-threads" not in one
+    assert two[two.index("-threads") + 1] == "2"
