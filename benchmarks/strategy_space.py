@@ -4,12 +4,14 @@ Usage (from the project root):
 
     python benchmarks/strategy_space.py > benchmarks/results/strategy_space.md
     python benchmarks/strategy_space.py --time-limit 20 --only llama3_405b_h100_16k
+    python benchmarks/strategy_space.py --spaces today,block > benchmarks/results/strategy_space_block.md
 
 Runs ``python -m amp_opt solve INSTANCE --time-limit S --json`` as a whole process on the
 bundled Llama 3 405B instances and the scale ladder (`instances/suite/scale`), each instance
 once with its search space as it is (every decision open, idle GPUs allowed) and once with
 the decisions of 2022 only (no cp, sequence parallelism, recomputation or interleaving, ZeRO
-as the instance says, no idle GPUs), and records wall time, peak memory, the plan, its
+as the instance says, no idle GPUs), or (``--spaces``) also with Megatron's block
+recomputation searched (``search.recompute_layers`` 1, 2, 4, 8), and records wall time, peak memory, the plan, its
 predicted time and MFU, and the proven gap.  Timings depend on the machine's load, which is
 recorded next to each run.
 """
@@ -31,6 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 INSTANCES = [ROOT / "instances" / "llama3_405b_h100_16k.json", ROOT / "instances" / "llama3_405b_mixed_16k.json"]
 INSTANCES += sorted((ROOT / "instances" / "suite" / "scale").glob("*.json"), key=lambda p: p.name)
 OLD_SPACE = {"cp": [1], "sequence_parallel": [False], "recompute": ["none"], "virtual_stages": [1], "idle": False}
+BLOCK_COUNTS = [1, 2, 4, 8]
+SPACES = {"today": "the instance's search space (every decision open, idle GPUs allowed)",
+          "2022": "cp 1, no sequence parallelism, no recomputation, no interleaving, no idle GPUs",
+          "block": f"today's, and Megatron's block recomputation with r in {BLOCK_COUNTS} (search.recompute_layers)"}
 
 
 def describe(plan: dict) -> str:
@@ -41,16 +47,18 @@ def describe(plan: dict) -> str:
     if plan.get("sequence_parallel"):
         parts.append("SP")
     if plan.get("recompute", "none") != "none":
-        parts.append(f"rc-{plan['recompute']}")
+        parts.append(f"rc-{plan['recompute']}" + (f"/{plan['recompute_layers']}" if plan.get("recompute_layers") else ""))
     parts.append(f"Z{plan.get('zero_stage', 0)}")
     return " ".join(parts)
 
 
-def run(path: Path, limit: float, old: bool) -> dict:
+def run(path: Path, limit: float, space: str) -> dict:
     """One whole-process solve; the result record."""
     doc = json.loads(path.read_text())
-    if old:
+    if space == "2022":
         doc.setdefault("search", {}).update(OLD_SPACE, zero_stages=[doc.get("training", {}).get("zero_stage", 0)])
+    elif space == "block":
+        doc.setdefault("search", {})["recompute_layers"] = BLOCK_COUNTS
     with tempfile.TemporaryDirectory() as tmp:
         inst = Path(tmp) / path.name
         inst.write_text(json.dumps(doc))
@@ -64,7 +72,7 @@ def run(path: Path, limit: float, old: bool) -> dict:
         wall = time.perf_counter() - t0
         stdout, stderr = out_path.read_text(), err_path.read_text()
     code = os.waitstatus_to_exitcode(status)
-    record = {"instance": path.stem, "space": "2022" if old else "today", "exit": code, "wall": wall,
+    record = {"instance": path.stem, "space": space, "exit": code, "wall": wall,
               "peak_mib": usage.ru_maxrss / 1024, "load": load}
     try:
         result = json.loads(stdout)
@@ -85,22 +93,30 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (default 60)")
     ap.add_argument("--only", default=None, help="instance names (comma-separated stems) to run")
+    ap.add_argument("--spaces", default="today,2022", help=f"search spaces to run, of {', '.join(SPACES)} "
+                                                           "(default today,2022)")
     args = ap.parse_args()
+    spaces = args.spaces.split(",")
+    unknown = [s for s in spaces if s not in SPACES]
+    if unknown:
+        ap.error(f"--spaces: unknown space {unknown[0]!r} (known: {', '.join(SPACES)})")
     paths = [p for p in INSTANCES if args.only is None or p.stem in args.only.split(",")]
     rows = []
     for path in paths:
-        for old in (False, True):
-            rows.append(run(path, args.time_limit, old))
+        for space in spaces:
+            rows.append(run(path, args.time_limit, space))
             print(f"{path.stem} ({rows[-1]['space']}): {rows[-1].get('plan', rows[-1].get('error'))}", file=sys.stderr)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     print("# Today's strategy space at scale\n")
-    print(f"Command: `python benchmarks/strategy_space.py --time-limit {args.time_limit:g}`  ")
+    command = f"python benchmarks/strategy_space.py --time-limit {args.time_limit:g}"
+    command += "" if args.spaces == "today,2022" else f" --spaces {args.spaces}"
+    command += "" if args.only is None else f" --only {args.only}"
+    print(f"Command: `{command}`  ")
     print(f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}; commit {commit}; {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ")
     print("Each row is one whole process (`solve --time-limit S --json`); wall time and peak memory are the "
           "process's, load is the 1-minute load average when it started (2 cores: above 2 the runs shared "
-          "the machine). \"today\": the instance's search space (every decision open, idle GPUs allowed); "
-          "\"2022\": cp 1, no sequence parallelism, no recomputation, no interleaving, no idle GPUs.\n")
+          "the machine). " + "; ".join(f"\"{s}\": {SPACES[s]}" for s in spaces) + ".\n")
     print("| instance | space | plan | time s | MFU | GPUs used | status | gap | wall s | peak MiB | load |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
