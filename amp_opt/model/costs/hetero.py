@@ -128,24 +128,21 @@ HETERO = HeteroModel()
 
 
 def fits_somewhere(terms: CandidateTerms, capacity: float) -> bool:
-    """Whether some partition puts every stage within ``capacity`` bytes per device (the largest
-    any device has): stage by stage, each takes the longest range that fits and leaves a layer
-    for every later stage.  A stage's memory only grows as its range grows, so if any partition
-    fits, this greedy one does (each greedy boundary is at least the fitting partition's)."""
+    """Whether some partition may put every stage within ``capacity`` bytes per device (the largest
+    any device has): stage by stage, each takes the longest range whose memory floor
+    (:meth:`CandidateTerms.memory_floor`) fits and leaves a layer for every later stage.  The floor
+    only grows as a range grows, so if any partition fits, this greedy one fits its floor (each
+    greedy boundary is at least the fitting partition's).  The floor is the memory itself except
+    under the block method, so the answer is exact, and under the block method a necessary
+    condition (enough for a bound)."""
     p, L = terms.pp, terms.instance.num_layers
-    if terms.block:  # the block method's memory is not monotone in a stage's start: a DP over ranges
-        g, reach = grid(L), start_row(L) == 0
-        for s in range(p):
-            fit = stage_room(L, p, s) & (terms.memory(s, g.start, g.stop) <= capacity)
-            reach = np.any(reach[:, None] & fit, axis=0)
-        return bool(reach[L])
     k = 0
     for s in range(p):
         last = L - (p - 1 - s)
         if s == p - 1:
-            return bool(terms.memory(s, k, L) <= capacity)
+            return bool(terms.memory_floor(s, k, L) <= capacity)
         ends = np.arange(k + 1, last + 1)
-        fit = np.flatnonzero(terms.memory(s, np.full(len(ends), k), ends) <= capacity)
+        fit = np.flatnonzero(terms.memory_floor(s, np.full(len(ends), k), ends) <= capacity)
         if len(fit) == 0:
             return False
         k = int(ends[fit[-1]])

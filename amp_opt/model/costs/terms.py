@@ -166,6 +166,22 @@ class CandidateTerms:
             out = out + self._range_max("params", k, l) * (tr.weight_bytes + tr.gradient_bytes)
         return out
 
+    def memory_floor(self, s: int, k, l):
+        """Bytes per device stage s needs at least for layers [k, l), growing with the range: its
+        memory (:meth:`memory`), except under the block method, whose memory is not monotone in
+        the stage's start: there every recomputing layer counted as keeping only its input
+        (H7's full mode, which keeps no more than none) and the rebuilt buffer left out."""
+        if not (self.block and self.modes[s] == "full"):
+            return self.memory(s, k, l)
+        k, l = np.asarray(k), np.asarray(l)
+        kept = _prefix(self.kept["full"])
+        out = (self.sums.params_in(k, l) * self.state_bytes_per_param
+               + self.in_flight(s) * self.micro_batch * (kept[l] - kept[k]) + self.instance.training.memory_reserve)
+        if self.cand.zero_stage >= 3:
+            tr = self.instance.training
+            out = out + self._range_max("params", k, l) * (tr.weight_bytes + tr.gradient_bytes)
+        return out
+
     def _range_max(self, what: str, k, l):
         """max of a per-layer array over [k, l) for every pair of the broadcast ranges (0 when empty)."""
         if what not in self._max:
