@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from amp_opt.calibrate.fit import peak_of_stage
+from amp_opt.calibrate.predict import peak_of_stage
 from amp_opt.calibrate.metrics import errors, spearman
 from amp_opt.model.evaluate import evaluate
 from amp_opt.model.load import load_instance

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from amp_opt import InputError, evaluate, parse_instance, parse_plan, solve
-from amp_opt.calibrate.fit import fit_calibration, peak_of_stage
+from amp_opt.calibrate.fit import fit_calibration
+from amp_opt.calibrate.predict import peak_of_stage
 from amp_opt.calibrate.metrics import errors, spearman
 from amp_opt.calibrate.runs import bind_runs, load_runs, parse_runs
 from amp_opt.commands.cli import main

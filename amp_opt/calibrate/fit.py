@@ -33,9 +33,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..model.calibration import apply_calibration
-from ..model.evaluate import evaluate
-from ..model.tables import Tables
 from .metrics import Errors, errors
+from .predict import COST_MODEL, Predictor
 from .runs import RunRecord, RunSet
 
 TIME_NOISE = 0.05  # F2: relative noise of one run's iteration time (sigma)
@@ -44,7 +43,6 @@ SHRINK_STEPS = (1.0, 0.75, 0.5, 0.25, 0.0)  # F4
 FD_STEP = 1e-4  # finite-difference step in the unitless parameters
 MAX_ITERATIONS = 100
 TOLERANCE = 1e-4  # stop when a step lowers the objective by less than this many prior units (lam)
-COST_MODEL = "hetero"
 
 
 @dataclass(frozen=True)
@@ -98,67 +96,6 @@ def section_of(parameters: Sequence[Parameter], x: Sequence[float], base: Mappin
         else:
             out[p.key[0]] = value
     return out
-
-
-# ---------------------------------------------------------------- predictions (the one evaluator)
-
-class Predictor:
-    """Predicts runs under a calibration section with the one evaluator: every instance
-    calibrated once per section.
-
-    Examples
-    --------
-    >>> from amp_opt.calibrate.runs import bind_runs, load_uncalibrated, parse_runs
-    >>> inst = load_uncalibrated("instances/amp_het_cluster.json")[1]
-    >>> plan = {"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}
-    >>> runs = bind_runs(parse_runs([{"plan": plan, "iteration_time": 1.0}]), inst)
-    >>> slow = {"device_types": {"T4": {"compute_scale": 2.0}, "V100-16GB": {"compute_scale": 2.0}}}
-    >>> t = Predictor(runs).times(runs.records, {})
-    >>> bool(Predictor(runs).times(runs.records, slow)[0] > 1.5 * t[0])
-    True
-    """
-
-    def __init__(self, runs: RunSet):
-        self.runs = runs
-
-    def _calibrated(self, section):
-        return {key: (lambda inst: (inst, Tables(inst)))(apply_calibration(base, section))
-                for key, base in self.runs.instances.items()}
-
-    def evaluations(self, records: Sequence[RunRecord], section) -> list:
-        cal = self._calibrated(section)
-        return [evaluate(cal[r.instance][0], r.plan, COST_MODEL, tables=cal[r.instance][1]) for r in records]
-
-    def times(self, records: Sequence[RunRecord], section) -> np.ndarray:
-        """Predicted seconds per iteration (eq. H6) of each record's plan."""
-        return np.array([e.predicted_time for e in self.evaluations(records, section)])
-
-    def peaks(self, records: Sequence[RunRecord], section) -> np.ndarray:
-        """Predicted peak bytes of each record's fullest device (eq. C5'): max over stages of
-        M_s - reserve + the largest memory overhead among the stage's device types."""
-        cal = self._calibrated(section)
-        out = []
-        for r in records:
-            inst, tables = cal[r.instance]
-            ev = evaluate(inst, r.plan, COST_MODEL, tables=tables)
-            out.append(max(peak_of_stage(inst, s) for s in ev.stages))
-        return np.array(out)
-
-
-def peak_of_stage(instance, stage) -> float:
-    """Eq. C5': the allocator peak a stage's devices are predicted to reach (bytes): the stage's
-    memory (eq. H5) less the reserve, plus the largest memory overhead among its device types.
-
-    Examples
-    --------
-    >>> from amp_opt import load_instance, parse_plan
-    >>> inst = load_instance("instances/amp_het_cluster.json")
-    >>> ev = evaluate(inst, parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}))
-    >>> peak_of_stage(inst, ev.stages[0]) == ev.stages[0].memory - inst.training.memory_reserve
-    True
-    """
-    overhead = max(instance.device_types[t].memory_overhead for t in stage.device_types)
-    return stage.memory - instance.training.memory_reserve + overhead
 
 
 # ---------------------------------------------------------------- the least-squares core
@@ -498,7 +435,7 @@ def fit_calibration(runs: RunSet, *, loo: bool = True, max_parameters: int | Non
     Examples
     --------
     >>> from amp_opt.calibrate.runs import bind_runs, load_uncalibrated, parse_runs
-    >>> from amp_opt.model.plan import parse_plan
+    >>> from amp_opt import evaluate, parse_plan
     >>> doc, inst = load_uncalibrated("instances/amp_het_cluster.json")
     >>> plans = [{"tp": 1, "dp": 4, "pp": 4, "micro_batch": b, "partition": [0, 7, 14, 20, 30]} for b in (1, 2, 4)]
     >>> slow_t4 = apply_calibration(inst, {"device_types": {"T4": {"compute_scale": 1.3}}})  # the "truth"

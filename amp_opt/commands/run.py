@@ -24,7 +24,7 @@ import statistics
 from pathlib import Path
 
 from ..errors import InputError
-from ..calibrate.fit import peak_of_stage
+from ..calibrate.predict import peak_of_stage
 from ..model.evaluate import evaluate
 from ..model.load import load_instance, load_json
 from ..model.plan import check_plan
