@@ -59,6 +59,20 @@ def test_infeasible_plan(tmp_path):
             assert amp_opt.evaluate(inst, parse_plan(a["plan"])).feasible
 
 
+def test_block_method_alternative_is_the_fastest_count_that_fits(tmp_path):
+    inst = amp_opt.load_instance(shrunk(tmp_path, "4 GiB"))
+    doc = explain_plan(inst, parse_plan(PLAN))
+    block = [a for a in doc["alternatives"] if "block method" in a["change"]]
+    assert len(block) == 1 and block[0]["fits"]
+    scored = {r: amp_opt.evaluate(inst, parse_plan(dict(PLAN, recompute="full", recompute_layers=r))) for r in range(1, 8)}
+    fitting = {r: ev.predicted_time for r, ev in scored.items() if ev.feasible}
+    best = min(fitting, key=fitting.get)
+    assert block[0]["plan"]["recompute_layers"] == best
+    assert block[0]["predicted_time"] == pytest.approx(fitting[best])
+    full = next(a for a in doc["alternatives"] if a["change"] == "recompute full")
+    assert block[0]["predicted_time"] < full["predicted_time"]  # fewer layers run twice
+
+
 def test_smaller_micro_batch_alternative(tmp_path):
     inst = amp_opt.load_instance(shrunk(tmp_path, "4 GiB"))
     plan = dict(PLAN, micro_batch=2)

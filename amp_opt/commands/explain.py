@@ -105,9 +105,24 @@ def _changed(instance, plan, cost_model: str, change: str, **fields) -> list[Alt
     return [_evaluated(change, instance, other, cost_model)]
 
 
+def _block_method(instance, plan, cost_model: str) -> list[Alternative]:
+    """Megatron's block method: the fastest count r of first layers recomputed on every stage that
+    fits (below the most transformer layers a stage of the plan holds), else the largest r."""
+    if not isinstance(plan.recompute, str):
+        return []
+    most = max(sum(instance.layers[i].recomputes for i in plan.stage_layers(s)) for s in range(plan.pp))
+    tried = [a for r in range(1, most) if r != plan.recompute_layers
+             for a in _changed(instance, plan, cost_model, f"recompute full, first {r} layers of each stage (block method)",
+                               recompute="full", recompute_layers=r)]
+    fitting = [a for a in tried if a.fits]
+    if fitting:
+        return [min(fitting, key=lambda a: a.predicted_time)]
+    return tried[-1:]
+
+
 def plan_alternatives(instance, plan, cost_model: str) -> list[Alternative]:
-    """Smaller micro-batch; more memory-saving settings (ZeRO, sequence parallelism, recomputation);
-    more pipeline stages (same tp); larger tp: each scored."""
+    """Smaller micro-batch; more memory-saving settings (ZeRO, sequence parallelism, recomputation,
+    the block method); more pipeline stages (same tp); larger tp: each scored."""
     out = []
     batch, L = instance.training.global_batch, instance.num_layers
     for b in sorted({m for m in instance.search.micro_batches if m < plan.micro_batch} | {
@@ -123,6 +138,7 @@ def plan_alternatives(instance, plan, cost_model: str) -> list[Alternative]:
         for mode in ("selective", "full"):
             if mode != plan.recompute:
                 out += _changed(instance, plan, cost_model, f"recompute {mode}", recompute=mode, recompute_layers=None)
+        out += _block_method(instance, plan, cost_model)
     cand = plan.candidate
     devices = cand.devices
     for pp in range(plan.pp + 1, min(L, devices // (plan.tp * plan.cp)) + 1):
