@@ -126,6 +126,31 @@ def test_block_counts_searched_are_those_below_a_stage_s_most_layers():
                                                                  search={"recompute_layers": [1]}))))
 
 
+def test_block_memory_floor_is_below_the_memory_and_grows_with_the_range():
+    """The candidate bound's feasibility check (a greedy) needs a floor that only grows with a
+    stage's range; the block method's own memory need not (dropping a stage's first layer moves
+    the block one layer on)."""
+    from amp_opt.model.costs import CandidateTerms
+    from amp_opt.model.plan import Candidate
+    from amp_opt.model.tables import Tables
+
+    doc = preset_doc(attention="eager", layers=6, global_batch=8)
+    doc["model"].update(hidden=2048, seq_len=4096, heads=16, vocab=32000)
+    inst = parse_instance(doc)
+    L = inst.num_layers
+    for r, zero in ((1, 0), (2, 0), (3, 3)):
+        terms = CandidateTerms(Tables(inst), Candidate(1, 1, 2, 2, recompute="full", recompute_layers=r, zero_stage=zero))
+        for s in (0, 1):
+            for k in range(L):
+                for l in range(k + 1, L + 1):
+                    floor = float(terms.memory_floor(s, k, l))
+                    assert floor <= float(terms.memory(s, k, l)) * (1 + 1e-12)
+                    if l < L:
+                        assert floor <= float(terms.memory_floor(s, k, l + 1))
+                    if k > 0:
+                        assert floor <= float(terms.memory_floor(s, k - 1, l))
+
+
 def test_the_block_method_wins_where_memory_allows_part_of_a_stage_and_every_backend_finds_it():
     """8 GiB per device: no recomputation does not fit in two stages, recomputing every layer is
     slower than recomputing the first two of each stage; the programs (no DP incumbents, rows
