@@ -61,6 +61,7 @@ class Program:
         self.vol = self.terms.volume
         self.peak = {}  # per (stage, buffer kind): (a variable at least the largest per-layer buffer (H7, H9), the buffers)
         self.w = {}  # (M15) w[s,l] = 1 when layer l is among the first recompute_layers of stage s (block method)
+        self.q = self.terms.block_start() if self.terms.block else None
         if self.terms.block:
             self._block_rows()
 
@@ -68,8 +69,7 @@ class Program:
         """(M15) The block method: a recomputing layer l of stage s is among the stage's first r
         recomputing layers exactly when the stage starts at q(l) or later, i.e. when layer q(l)-1
         sits on an earlier stage: w[s,l] = z[s,l] AND before[s,q(l)-1], three rows."""
-        mdl, z, before = self.mdl, self.layers.z, self.layers.before
-        q = self.terms.block_start()
+        mdl, z, before, q = self.mdl, self.layers.z, self.layers.before, self.q
         for s in range(1, self.cand.pp):
             for l in np.flatnonzero(self.terms.recomputes & (q > 0)):
                 l = int(l)
@@ -86,7 +86,7 @@ class Program:
         terms = self.terms
         if terms.modes[s] != "full" or not terms.recomputes[l]:
             return {}
-        if not terms.block or terms.block_start()[l] == 0:  # every layer, or one the first r whatever the start
+        if not terms.block or self.q[l] == 0:  # every layer, or one among the first r whatever the start
             return self.layers.z(s, l)
         return {self.w[s, l]: 1.0} if (s, l) in self.w else {}
 
