@@ -230,38 +230,49 @@ def _cbc_command():
 
 
 def _unit(v, scale: float) -> float:
-    """What one unit of a variable is worth in CBC's program: ``scale`` seconds for a time, the
-    largest value for a byte count (scaled to [0, 1]: as an unscaled column beside coefficients of
-    10^9 bytes, CBC's probing proved a feasible program infeasible), 1 otherwise."""
+    """What one unit of a variable is worth in CBC's and HiGHS's programs: ``scale`` seconds for a
+    time, the largest value for a byte count (scaled to [0, 1]: as unscaled columns beside
+    coefficients of 10^9 bytes, HiGHS's presolve and CBC's probing proved feasible programs
+    infeasible), 1 otherwise."""
     return scale if v.kind == TIME else (max(1.0, v.ub) if v.kind == BYTES else 1.0)
 
 
+def scaled_rows(lm: LinearModel, scale: float) -> tuple[list[float], list[tuple[dict, str, float]]]:
+    """What CBC and HiGHS take: per variable its unit (:func:`_unit`), and every row as (coefficients,
+    sense, right-hand side) in those units (a time row in units of ``scale``: time variables keep
+    their coefficients), divided by its largest coefficient."""
+    units = [_unit(v, scale) for v in lm.vars]
+    rows = []
+    for row in lm.rows:
+        coeffs = {i: c * units[i] if lm.vars[i].kind == BYTES else c for i, c in row.coeffs.items() if i >= 0}
+        rhs = row.rhs
+        if row.unit == "time":
+            coeffs = {i: (c if lm.vars[i].kind == TIME else c / scale) for i, c in coeffs.items()}
+            rhs = rhs / scale
+        norm = max((abs(c) for c in coeffs.values()), default=1.0) or 1.0
+        rows.append(({i: c / norm for i, c in coeffs.items()}, row.sense, rhs / norm))
+    return units, rows
+
+
 def _pulp_problem(lm: LinearModel, scale: float):
-    """The LinearModel as a PuLP problem: seconds divided by ``scale``, byte counts by their upper
-    bound, every row by its largest coefficient, the hint as initial values."""
+    """The LinearModel as a PuLP problem (:func:`scaled_rows`), the hint as initial values."""
     import pulp  # imported when a CBC program runs
 
     prob = pulp.LpProblem("amp_opt", pulp.LpMinimize)
     xs = []
-    units = [_unit(v, scale) for v in lm.vars]
+    units, rows = scaled_rows(lm, scale)
     for i, v in enumerate(lm.vars):
         # Binaries as bounded integers: PuLP's LpBinary resets the bounds to 0..1, losing fixings.
         cat = pulp.LpInteger if v.kind in (BIN, INT) else pulp.LpContinuous
         xs.append(prob.add_variable(f"v{i}", lowBound=v.lb / units[i], upBound=v.ub / units[i], cat=cat))
-    for k, row in enumerate(lm.rows):
-        coeffs = {i: c * units[i] if lm.vars[i].kind == BYTES else c for i, c in row.coeffs.items() if i >= 0}
-        rhs = row.rhs
-        if row.unit == "time":  # the row in units of scale: time variables keep their coefficients
-            coeffs = {i: (c if lm.vars[i].kind == TIME else c / scale) for i, c in coeffs.items()}
-            rhs = rhs / scale
-        norm = max((abs(c) for c in coeffs.values()), default=1.0) or 1.0
-        expr = pulp.lpSum((c / norm) * xs[i] for i, c in coeffs.items())
-        if row.sense == "<=":
-            prob += expr <= rhs / norm, f"r{k}"
-        elif row.sense == ">=":
-            prob += expr >= rhs / norm, f"r{k}"
+    for k, (coeffs, sense, rhs) in enumerate(rows):
+        expr = pulp.lpSum(c * xs[i] for i, c in coeffs.items())
+        if sense == "<=":
+            prob += expr <= rhs, f"r{k}"
+        elif sense == ">=":
+            prob += expr >= rhs, f"r{k}"
         else:
-            prob += expr == rhs / norm, f"r{k}"
+            prob += expr == rhs, f"r{k}"
     prob += pulp.lpSum(c * xs[i] for i, c in lm.objective.items())
     for i, value in lm.hint.items():
         v = lm.vars[i]

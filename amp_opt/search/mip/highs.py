@@ -28,8 +28,8 @@ import numpy as np
 
 from ...errors import InputError
 from .. import stop
-from .backends import Outcome
-from .model import BIN, BYTES, INT, TIME, LinearModel
+from .backends import Outcome, scaled_rows
+from .model import BIN, INT, LinearModel
 
 ABS_GAP = 1e-8  # HiGHS's absolute MIP gap, in units of the scale (the objective is about 1)
 # Row violations HiGHS accepts (rows are divided by their largest coefficient).  Its defaults
@@ -47,31 +47,23 @@ def _highspy():
 
 
 def _arrays(lm: LinearModel, scale: float):
-    """The model as HiGHS arrays (row-wise), seconds divided by ``scale``, byte counts by their upper
-    bound (so that they run over [0, 1]) and rows by their largest coefficient."""
+    """The model as HiGHS arrays (row-wise), in the units and scaling of :func:`.backends.scaled_rows`."""
     n = len(lm.vars)
-    unit = np.array([scale if v.kind == TIME else (max(1.0, v.ub) if v.kind == BYTES else 1.0) for v in lm.vars])
+    units, rows = scaled_rows(lm, scale)
+    unit = np.array(units)
     lower = np.array([v.lb for v in lm.vars], dtype=float) / unit
     upper = np.array([v.ub for v in lm.vars], dtype=float) / unit
     cost = np.zeros(n)
     for i, c in lm.objective.items():
         cost[i] = c  # objective in seconds over time variables: in units of scale it keeps its coefficients
     starts, index, value, row_lo, row_hi = [0], [], [], [], []
-    for row in lm.rows:
-        coeffs = {i: c for i, c in row.coeffs.items() if i >= 0}
-        rhs = row.rhs
-        if row.unit == "time":
-            coeffs = {i: (c if lm.vars[i].kind == TIME else c / scale) for i, c in coeffs.items()}
-            rhs = rhs / scale
-        coeffs = {i: c * unit[i] if lm.vars[i].kind == BYTES else c for i, c in coeffs.items()}
-        norm = max((abs(c) for c in coeffs.values()), default=1.0) or 1.0
+    for coeffs, sense, rhs in rows:
         for i, c in sorted(coeffs.items()):
             index.append(i)
-            value.append(c / norm)
+            value.append(c)
         starts.append(len(index))
-        rhs /= norm
-        row_lo.append(rhs if row.sense in (">=", "==") else -np.inf)
-        row_hi.append(rhs if row.sense in ("<=", "==") else np.inf)
+        row_lo.append(rhs if sense in (">=", "==") else -np.inf)
+        row_hi.append(rhs if sense in ("<=", "==") else np.inf)
     integrality = np.array([1 if v.kind in (BIN, INT) else 0 for v in lm.vars], dtype=np.int32)
     return (n, len(lm.rows), len(index), cost, lower, upper, np.array(row_lo), np.array(row_hi),
             np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value), integrality, unit)
