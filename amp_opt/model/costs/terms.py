@@ -152,31 +152,29 @@ class CandidateTerms:
     def memory(self, s: int, k, l):
         """Bytes per device of stage s for layers [k, l) in stage order (eq. H5, H7, H9)."""
         k, l = np.asarray(k), np.asarray(l)
-        mid = self.split(s, k, l)
-        mode = self.modes[s]
-        kept = _prefix(self.kept[mode])
+        return self._bytes(s, k, l, self.split(s, k, l), rebuilt=self.modes[s] == "full")
+
+    def memory_floor(self, s: int, k, l):
+        """Bytes per device stage s needs at least for layers [k, l), growing with the range: its
+        memory (:meth:`memory`), except under the block method, whose memory need not grow with
+        the range: there every layer counted in full mode (H7: a recomputing layer keeps only its
+        input, no more than without recomputation) and the rebuilt buffer left out."""
+        if not (self.block and self.modes[s] == "full"):
+            return self.memory(s, k, l)
+        k, l = np.asarray(k), np.asarray(l)
+        return self._bytes(s, k, l, l, rebuilt=False)
+
+    def _bytes(self, s: int, k, l, mid, *, rebuilt: bool):
+        """Eq. H5 for layers [k, l) of stage s: model state, the layers [k, mid) kept in the stage's
+        mode and [mid, l) without recomputation, the reserve; with ``rebuilt`` the largest layer
+        rebuilt in [k, mid) (H7); under ZeRO-3 one layer's gathered weights and gradients (H9)."""
+        kept = _prefix(self.kept[self.modes[s]])
         rest = _prefix(self.kept["none"])
         out = (self.sums.params_in(k, l) * self.state_bytes_per_param
                + self.in_flight(s) * self.micro_batch * ((kept[mid] - kept[k]) + (rest[l] - rest[mid]))
                + self.instance.training.memory_reserve)
-        if mode == "full":  # the recomputed layer's activations while its backward runs
+        if rebuilt:  # the recomputed layer's activations while its backward runs
             out = out + self.micro_batch * self._range_max("recomputed", k, mid)
-        if self.cand.zero_stage >= 3:  # one layer's gathered weights and gradients (H9)
-            tr = self.instance.training
-            out = out + self._range_max("params", k, l) * (tr.weight_bytes + tr.gradient_bytes)
-        return out
-
-    def memory_floor(self, s: int, k, l):
-        """Bytes per device stage s needs at least for layers [k, l), growing with the range: its
-        memory (:meth:`memory`), except under the block method, whose memory is not monotone in
-        the stage's start: there every recomputing layer counted as keeping only its input
-        (H7's full mode, which keeps no more than none) and the rebuilt buffer left out."""
-        if not (self.block and self.modes[s] == "full"):
-            return self.memory(s, k, l)
-        k, l = np.asarray(k), np.asarray(l)
-        kept = _prefix(self.kept["full"])
-        out = (self.sums.params_in(k, l) * self.state_bytes_per_param
-               + self.in_flight(s) * self.micro_batch * (kept[l] - kept[k]) + self.instance.training.memory_reserve)
         if self.cand.zero_stage >= 3:
             tr = self.instance.training
             out = out + self._range_max("params", k, l) * (tr.weight_bytes + tr.gradient_bytes)
