@@ -5,13 +5,15 @@ Usage (from the project root):
     python benchmarks/strategy_space.py > benchmarks/results/strategy_space.md
     python benchmarks/strategy_space.py --time-limit 20 --only llama3_405b_h100_16k
     python benchmarks/strategy_space.py --spaces today,block > benchmarks/results/strategy_space_block.md
+    python benchmarks/strategy_space.py --spaces deepspeed-uniform,deepspeed > benchmarks/results/strategy_space_deepspeed.md
 
 Runs ``python -m amp_opt solve INSTANCE --time-limit S --json`` as a whole process on the
 bundled Llama 3 405B instances and the scale ladder (`instances/suite/scale`), each instance
 once with its search space as it is (every decision open, idle GPUs allowed) and once with
 the decisions of 2022 only (no cp, sequence parallelism, recomputation or interleaving, ZeRO
 as the instance says, no idle GPUs), or (``--spaces``) also with Megatron's block
-recomputation searched (``search.recompute_layers`` 1, 2, 4, 8), and records wall time, peak memory, the plan, its
+recomputation searched (``search.recompute_layers`` 1, 2, 4, 8), or on DeepSpeed's rules with
+each stage choosing its recomputation or one mode for all stages, and records wall time, peak memory, the plan, its
 predicted time and MFU, and the proven gap.  Timings depend on the machine's load, which is
 recorded next to each run.
 """
@@ -36,7 +38,11 @@ OLD_SPACE = {"cp": [1], "sequence_parallel": [False], "recompute": ["none"], "vi
 BLOCK_COUNTS = [1, 2, 4, 8]
 SPACES = {"today": "the instance's search space (every decision open, idle GPUs allowed)",
           "2022": "cp 1, no sequence parallelism, no recomputation, no interleaving, no idle GPUs",
-          "block": f"today's, and Megatron's block recomputation with r in {BLOCK_COUNTS} (search.recompute_layers)"}
+          "block": f"today's, and Megatron's block recomputation with r in {BLOCK_COUNTS} (search.recompute_layers)",
+          "deepspeed": "DeepSpeed's rules (no cp, sequence parallelism, selective recomputation or interleaving; ZeRO "
+                       "2-3 only with pp 1), each stage choosing full recomputation or none",
+          "deepspeed-uniform": "DeepSpeed's rules, one recomputation mode for every stage (search.per_stage_recompute "
+                               "false)"}
 
 
 def describe(plan: dict) -> str:
@@ -46,8 +52,11 @@ def describe(plan: dict) -> str:
         parts.append(f"v{plan['virtual_stages']}")
     if plan.get("sequence_parallel"):
         parts.append("SP")
-    if plan.get("recompute", "none") != "none":
-        parts.append(f"rc-{plan['recompute']}" + (f"/{plan['recompute_layers']}" if plan.get("recompute_layers") else ""))
+    modes = plan.get("recompute", "none")
+    if isinstance(modes, list):  # per stage: how many stages recompute
+        parts.append(f"rc-full {modes.count('full')}/{len(modes)} stages")
+    elif modes != "none":
+        parts.append(f"rc-{modes}" + (f"/{plan['recompute_layers']}" if plan.get("recompute_layers") else ""))
     parts.append(f"Z{plan.get('zero_stage', 0)}")
     return " ".join(parts)
 
@@ -59,6 +68,8 @@ def run(path: Path, limit: float, space: str) -> dict:
         doc.setdefault("search", {}).update(OLD_SPACE, zero_stages=[doc.get("training", {}).get("zero_stage", 0)])
     elif space == "block":
         doc.setdefault("search", {})["recompute_layers"] = BLOCK_COUNTS
+    elif space.startswith("deepspeed"):
+        doc.setdefault("search", {}).update(engine="deepspeed", per_stage_recompute=space == "deepspeed")
     with tempfile.TemporaryDirectory() as tmp:
         inst = Path(tmp) / path.name
         inst.write_text(json.dumps(doc))

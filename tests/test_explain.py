@@ -73,6 +73,23 @@ def test_block_method_alternative_is_the_fastest_count_that_fits(tmp_path):
     assert block[0]["predicted_time"] < full["predicted_time"]  # fewer layers run twice
 
 
+def test_per_stage_alternative_recomputes_only_the_stages_that_need_it(tmp_path):
+    """On DeepSpeed, stages 0 and 1 of the plan are over 4 GiB and stages 2 and 3 are not: the
+    per-stage alternative recomputes on the first two only, fits, and beats recomputing on all."""
+    doc = json.loads(shrunk(tmp_path, "4 GiB").read_text())
+    doc["search"]["engine"] = "deepspeed"
+    path = tmp_path / "deepspeed.json"
+    path.write_text(json.dumps(doc))
+    inst = amp_opt.load_instance(path)
+    out = explain_plan(inst, parse_plan(PLAN))
+    chosen = [a for a in out["alternatives"] if a["change"].startswith("recompute per stage")]
+    assert len(chosen) == 1 and chosen[0]["fits"]
+    assert chosen[0]["plan"]["recompute"] == ["full", "full", "none", "none"]
+    full = next(a for a in out["alternatives"] if a["change"] == "recompute full")
+    assert chosen[0]["predicted_time"] < full["predicted_time"]
+    assert chosen[0]["predicted_time"] == pytest.approx(amp_opt.evaluate(inst, parse_plan(chosen[0]["plan"])).predicted_time)
+
+
 def test_smaller_micro_batch_alternative(tmp_path):
     inst = amp_opt.load_instance(shrunk(tmp_path, "4 GiB"))
     plan = dict(PLAN, micro_batch=2)

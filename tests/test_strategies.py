@@ -172,6 +172,58 @@ def test_the_block_method_wins_where_memory_allows_part_of_a_stage_and_every_bac
         assert got.best.plan.recompute_layers == 2, solver
 
 
+def per_stage_instance(memory_gib, recompute=("none", "full"), engine="deepspeed"):
+    """Two A100s with ``memory_gib`` GiB each, a 4-layer GPT whose activations matter (flash)."""
+    doc = preset_doc(attention="flash", nodes=(("A100-80GB", 1, 2),), layers=4, global_batch=8,
+                     search={"micro_batches": [4], "tp": [1], "cp": [1], "zero_stages": [0], "virtual_stages": [1],
+                             "recompute": list(recompute), "engine": engine})
+    doc["model"].update(hidden=2048, seq_len=4096, heads=16, vocab=32000)
+    doc["device_types"] = [{"name": "A100-80GB", "memory": f"{memory_gib} GiB"}]
+    return parse_instance(doc)
+
+
+def test_per_stage_candidates_replace_the_uniform_ones_where_the_engine_allows_them():
+    from amp_opt.model.candidates import candidates
+    from amp_opt.model.engines import ENGINES
+    from amp_opt.model.plan import Candidate
+
+    ds = candidates(per_stage_instance(8))
+    assert ds and all(c.per_stage and c.recompute == "full" for c in ds)
+    assert not any(c.per_stage for c in candidates(per_stage_instance(8, engine="megatron")))
+    assert not any(c.per_stage for c in candidates(per_stage_instance(8, recompute=("full",))))
+    uniform = dataclasses.replace(per_stage_instance(8), search=dataclasses.replace(per_stage_instance(8).search,
+                                                                                    per_stage_recompute=False))
+    assert {c.recompute for c in candidates(uniform)} == {"none", "full"} and not any(c.per_stage for c in candidates(uniform))
+    rule = ENGINES["megatron"].rule(per_stage_instance(8), Candidate(1, 1, 2, 4, recompute="full", per_stage=True))
+    assert rule is not None and rule[0] == "recompute"
+
+
+@pytest.mark.parametrize("memory_gib, modes", [(7, ("full", "none")), (8, ("none", "full"))])
+def test_per_stage_recomputation_wins_where_one_stage_fits_without_it_and_every_backend_finds_it(memory_gib, modes):
+    """DeepSpeed lets each stage recompute or not.  At 7 and 8 GiB per device one stage of the best
+    plan fits without recomputation and the other does not: that plan beats recomputing on both
+    stages and not recomputing at all; the programs (rows M16, no DP incumbents) find it as the
+    enumerator does, and their plans list the modes."""
+    inst = per_stage_instance(memory_gib)
+    ref = solve(inst, solver="enumerate").best
+    assert (ref.plan.pp, ref.plan.recompute) == (2, modes)
+    uniform = []
+    for mode in ("none", "full"):
+        try:
+            uniform.append(solve(per_stage_instance(memory_gib, recompute=(mode,)), solver="enumerate").best.predicted_time)
+        except InfeasibleError:
+            uniform.append(np.inf)
+    assert ref.predicted_time < min(uniform)
+    assert evaluate(inst, ref.plan).predicted_time == ref.predicted_time
+    solvers = ("cpsat-nodp", "cbc-nodp", "cpsat-assign-nokinds", "cpsat", "cbc") + (
+        ("highs-nodp",) if "highs" in OTHER_SOLVERS else ())
+    for solver in solvers:
+        got = solve(inst, solver=solver)
+        assert got.solver.status == "OPTIMAL", solver
+        assert got.best.predicted_time == pytest.approx(ref.predicted_time, rel=1e-6), solver
+        assert got.best.plan.recompute == modes, solver
+
+
 # -- sequence parallelism --------------------------------------------------------------------
 def test_sequence_parallelism_splits_norms_and_p2p_at_the_same_compute():
     inst = parse_instance(preset_doc(nodes=(("A100-80GB", 1, 8),)))
@@ -387,14 +439,14 @@ def test_a_budget_no_plan_meets_exits_3_with_the_cheapest_plan(tmp_path):
 GPUS = ["A100-80GB", "A100-40GB", "V100-32GB", "T4"]
 
 
-def open_instance(gpus, devices, layers, memory_gib, attention="eager"):
+def open_instance(gpus, devices, layers, memory_gib, attention="eager", engine="megatron"):
     """A small GPT (hidden 2048, 16 heads, sequences of 4096 tokens: memory matters) on two or
     three node classes with all decisions open, block counts 1 and 2 included; eager attention,
     so that selective recomputation pays (flash: so that the block method wins); memories from
     4 to 24 GiB, so that recomputation, ZeRO, sequence and context parallelism and idle GPUs all
-    win somewhere."""
+    win somewhere; on Megatron or on DeepSpeed (whose stages each choose their recomputation)."""
     doc = preset_doc(attention=attention, nodes=tuple((g, 1, devices) for g in gpus), layers=layers, global_batch=8,
-                     search={"micro_batches": [1, 2, 4], "tp": [1, 2], "recompute_layers": [1, 2]})
+                     search={"micro_batches": [1, 2, 4], "tp": [1, 2], "recompute_layers": [1, 2], "engine": engine})
     doc["model"].update(hidden=2048, seq_len=4096, heads=16, vocab=32000)
     doc["device_types"] = [{"name": g, "memory": f"{memory_gib[i]} GiB"} for i, g in enumerate(gpus)]
     return parse_instance(doc)
@@ -404,7 +456,7 @@ open_instances = st.builds(
     open_instance, gpus=st.lists(st.sampled_from(GPUS), min_size=2, max_size=3, unique=True),
     devices=st.sampled_from([1, 2]), layers=st.integers(2, 4),
     memory_gib=st.lists(st.sampled_from([4, 6, 8, 12, 24]), min_size=3, max_size=3),
-    attention=st.sampled_from(["eager", "flash"]))
+    attention=st.sampled_from(["eager", "flash"]), engine=st.sampled_from(["megatron", "deepspeed"]))
 
 
 # Every backend and the second layer formulation (HiGHS when its optional extra is installed).

@@ -21,7 +21,9 @@ from ..model.costs import cost_model as get_cost_model
 from ..model.engines import engine_of
 from ..model.evaluate import MemoryParts, evaluate, memory_parts
 from ..model.load import DEFAULT_TP, RECOMPUTE, load_instance
-from ..model.plan import Candidate, check_plan
+from ..model.costs import plan_of
+from ..model.plan import Candidate, check_plan, rank_order_stages
+from ..model.tables import Tables
 from ..search.context import Search
 from ..search.grouping import candidate_graph
 from ..search.options import solve_options
@@ -120,6 +122,20 @@ def _block_method(instance, plan, cost_model: str) -> list[Alternative]:
     return tried[-1:]
 
 
+def _per_stage(instance, plan, cost_model: str) -> list[Alternative]:
+    """On an engine whose stages may recompute differently (DeepSpeed): each stage in its faster
+    mode that fits, full recomputation or none (what the search chooses per stage)."""
+    if not engine_of(instance).per_stage_recompute or plan.pp == 1:
+        return []
+    cand = dataclasses.replace(plan.candidate, recompute="full", recompute_layers=0, per_stage=True)
+    stages = plan.stages or rank_order_stages(plan.tp, plan.dp, plan.pp, plan.cp)
+    chosen = plan_of(get_cost_model(cost_model), Tables(instance), cand, plan.partition, stages)
+    if isinstance(chosen.recompute, str):
+        return []  # one mode for every stage: listed with the uniform modes
+    return _changed(instance, plan, cost_model, f"recompute per stage: {', '.join(chosen.recompute)}",
+                    recompute=chosen.recompute, recompute_layers=None)
+
+
 def plan_alternatives(instance, plan, cost_model: str) -> list[Alternative]:
     """Smaller micro-batch; more memory-saving settings (ZeRO, sequence parallelism, recomputation,
     the block method); more pipeline stages (same tp); larger tp: each scored."""
@@ -139,6 +155,7 @@ def plan_alternatives(instance, plan, cost_model: str) -> list[Alternative]:
             if mode != plan.recompute:
                 out += _changed(instance, plan, cost_model, f"recompute {mode}", recompute=mode, recompute_layers=None)
         out += _block_method(instance, plan, cost_model)
+        out += _per_stage(instance, plan, cost_model)
     cand = plan.candidate
     devices = cand.devices
     for pp in range(plan.pp + 1, min(L, devices // (plan.tp * plan.cp)) + 1):

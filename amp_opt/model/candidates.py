@@ -67,7 +67,9 @@ def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: i
     is more than one replica (ZeRO-3 adds traffic and stays a choice); selective
     recomputation frees nothing when no layer keeps attention scores (FlashAttention) but
     still costs time, so it is left out then.  Full recomputation also comes with each block
-    count of :func:`block_counts`.
+    count of :func:`block_counts`.  On an engine whose stages may recompute differently
+    (DeepSpeed), one candidate whose stages each choose full recomputation or none replaces
+    the two uniform ones: it holds both, and each stage's faster fitting mode.
     """
     space, engine = instance.search, engine_of(instance)
     replicas = dp * cp
@@ -81,12 +83,18 @@ def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: i
         zeros += [3] if 3 in allowed and replicas > 1 else []
     scores = any(layer.attention_memory_bytes.replicated + layer.attention_memory_bytes.sharded > 0
                  for layer in instance.layers)
-    modes = [(r, 0) for r in space.recompute if r != "selective" or scores]
+    modes = [(r, 0, False) for r in space.recompute if r != "selective" or scores]
     if "full" in space.recompute:
-        modes += [("full", r) for r in block_counts(instance, pp)]
+        modes += [("full", r, False) for r in block_counts(instance, pp)]
+    if (engine.per_stage_recompute and space.per_stage_recompute and model.enforces_memory
+            and {"none", "full"} <= set(space.recompute)
+            and any(layer.recomputes for layer in instance.layers)):
+        modes = [("full", 0, True)] + [m for m in modes if m[:2] not in (("none", 0), ("full", 0))]
     out = []
-    for seq, zero, (mode, block), v in itertools.product(sp, zeros, modes, space.virtual_stages):
-        cand = Candidate(tp, dp, pp, micro_batch, cp, seq, mode, block, zero, v)
+    for seq, zero, (mode, block, per_stage), v in itertools.product(sp, zeros, modes, space.virtual_stages):
+        if per_stage and v > 1:
+            continue
+        cand = Candidate(tp, dp, pp, micro_batch, cp, seq, mode, block, zero, v, per_stage)
         if model.prices(cand) and engine.rule(instance, cand) is None:
             out.append(cand)
     return out

@@ -62,6 +62,8 @@ class Engine:
                                           f"divisible by pp ({cand.pp})")
         if cand.recompute == "selective" and not self.selective_recompute:
             return "recompute", f"{self.name} recomputes whole layers only (no selective recomputation)"
+        if cand.per_stage and not self.per_stage_recompute:
+            return "recompute", f"{self.name} recomputes the same way on every stage"
         if cand.recompute_layers and not self.block_recompute:
             return "recompute_layers", f"{self.name} recomputes all layers of a stage or none (no block method)"
         if cand.recompute_layers and cand.virtual_stages > 1:

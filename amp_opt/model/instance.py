@@ -129,6 +129,7 @@ class SearchSpace:
     zero_stages: tuple[int, ...] = (0,)
     virtual_stages: tuple[int, ...] = (1,)
     idle: bool = False  # whether a plan may leave node classes idle
+    per_stage_recompute: bool = False  # whether stages choose their recomputation (where the engine allows it)
     engine: str = "megatron"
 
 

@@ -371,5 +371,6 @@ def _parse_search(raw: Mapping, training: Training, num_layers: int) -> SearchSp
         zero_stages=tuple(sorted(set(raw.get("zero_stages", (0, 1, 2, 3))))),
         virtual_stages=tuple(sorted(set(raw.get("virtual_stages", DEFAULT_VIRTUAL)))),
         idle=bool(raw.get("idle", True)),
+        per_stage_recompute=bool(raw.get("per_stage_recompute", True)),
         engine=raw.get("engine", "megatron"),
     )

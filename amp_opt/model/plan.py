@@ -32,6 +32,8 @@ class Candidate:
 
     ``recompute_layers`` (with ``recompute == "full"``): how many transformer layers of
     each stage recompute, the first ones (Megatron's block method); 0 means all of them.
+    ``per_stage`` (with ``recompute == "full"``, on engines that allow it): each stage
+    recomputes in full or not at all, the search choosing per stage (its plans list the modes).
     """
 
     tp: int
@@ -44,6 +46,7 @@ class Candidate:
     recompute_layers: int = 0
     zero_stage: int = 0
     virtual_stages: int = 1
+    per_stage: bool = False
 
     @property
     def replicas(self) -> int:
@@ -58,10 +61,14 @@ class Candidate:
         """Micro-batches per iteration and replica: global batch / (dp * micro-batch)."""
         return instance.training.global_batch // (self.dp * self.micro_batch)
 
-    def plan(self, partition, stages: Stages | None = None) -> "Plan":
-        """The plan of this candidate with a layer partition and, optionally, its device groups."""
+    def plan(self, partition, stages: Stages | None = None, *, modes: tuple[str, ...] | None = None) -> "Plan":
+        """The plan of this candidate with a layer partition and, optionally, its device groups and
+        (``per_stage``) each stage's recomputation mode; one mode when they agree."""
+        recompute: str | tuple[str, ...] = self.recompute
+        if modes is not None:
+            recompute = modes[0] if len(set(modes)) == 1 else tuple(modes)
         return Plan(self.tp, self.dp, self.pp, self.micro_batch, tuple(partition), stages, cp=self.cp,
-                    sequence_parallel=self.sequence_parallel, recompute=self.recompute,
+                    sequence_parallel=self.sequence_parallel, recompute=recompute,
                     recompute_layers=self.recompute_layers or None, zero_stage=self.zero_stage,
                     virtual_stages=self.virtual_stages)
 
@@ -129,12 +136,19 @@ def describe(plan: Plan) -> str:
     if plan.sequence_parallel:
         parts.append("sequence_parallel")
     if plan.recompute != "none":
-        parts.append(f"recompute={plan.recompute}")
+        modes = plan.recompute if isinstance(plan.recompute, str) else ",".join(plan.recompute)
+        parts.append(f"recompute={modes}")
     if plan.recompute_layers:
         parts.append(f"recompute_layers={plan.recompute_layers}")
     if plan.zero_stage:
         parts.append(f"zero_stage={plan.zero_stage}")
     return " ".join(parts)
+
+
+def describe_candidate(cand: Candidate) -> str:
+    """A candidate's degrees and settings in one line (:func:`describe` of its plans)."""
+    text = describe(cand.plan(()))
+    return text.replace("recompute=full", "recompute=per-stage") if cand.per_stage else text
 
 
 def rank_order_stages(tp: int, dp: int, pp: int, cp: int = 1) -> Stages:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 
 from ..model.candidates import even_partition
-from ..model.costs.terms import stage_order
+from ..model.costs.terms import plan_of, stage_order
 from ..model.evaluate import Evaluation, evaluate
 from ..model.plan import Candidate, Plan
 from ..model.tables import Tables
@@ -97,6 +97,10 @@ class Search:
 
     def stage_costs(self, cand: Candidate, stages):
         return self.model.stage_costs(self.tables, cand, stages, chunks=self.chunks(cand))
+
+    def plan(self, cand: Candidate, partition, stages) -> Plan:
+        """A candidate's plan at a partition and device groups (:func:`~amp_opt.model.costs.plan_of`)."""
+        return plan_of(self.model, self.tables, cand, partition, stages, chunks=self.chunks(cand))
 
     def evaluate(self, plan: Plan) -> Evaluation:
         """The one evaluator, with this search's cost model and tables."""

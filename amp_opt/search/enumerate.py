@@ -59,7 +59,7 @@ def solve_enumerate(search) -> SolveResult:
                 tightest = least_overfull(graph, to_plan, tightest)
         elif best[0] < kth:
             plan = to_plan(best[1])
-            found.append(Incumbent(best[0], cand, plan.partition, plan.stages))
+            found.append(Incumbent.of_plan(best[0], cand, plan))
             found.sort(key=Incumbent.key)
             del found[opts.top_k:]
         # Explored candidates are solved exactly; the others are bounded by the next one's bound.

@@ -17,14 +17,14 @@ instead; tests use it as an independent check on small instances.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import numpy as np
 
 from ..errors import SearchTooLarge
 from ..model.classes import class_of_node
-from ..model.costs import HETERO, StageCosts, hetero_link
+from ..model.costs import HETERO, StageCosts, hetero_link, plan_of
 from ..model.costs.terms import stage_order
 from ..model.plan import Candidate, Plan, Stages, rank_order_stages
 from .partition import Path, StageGraph, fixed_placement_graph, make_graph, memory_ratio, range_tables
@@ -113,10 +113,10 @@ def candidate_graph(tables, cand: Candidate, model, placement: str, chunks=None,
         stages = rank_order_stages(cand.tp, cand.dp, cand.pp, cand.cp)
         costs = model.stage_costs(tables, cand, stages, chunks=chunks)
         graph = fixed_placement_graph(costs, tables.instance.num_layers, _stage_bounds(cand, chunks))
-        return graph, lambda path: cand.plan(chunks or path.bounds, stages)
+        return graph, lambda path: plan_of(model, tables, cand, chunks or path.bounds, stages, chunks=chunks)
     fg = free_graph(tables, cand, chunks, stop=stop)
-    return fg.graph, lambda path: cand.plan(chunks or path.bounds,
-                                            stages_of_path(tables.instance, cand, fg, path.transitions))
+    return fg.graph, lambda path: plan_of(model, tables, cand, chunks or path.bounds,
+                                          stages_of_path(tables.instance, cand, fg, path.transitions), chunks=chunks)
 
 
 def _stage_bounds(cand: Candidate, chunks):
@@ -162,7 +162,9 @@ def free_graph(tables, cand: Candidate, chunks=None, max_transitions: int = MAX_
 
 class _StateWalk:
     """The free-grouping states of one candidate, expanded stage by stage; identical nodes are
-    kept in a canonical order, and each distinct stage kind gets its StageCosts once."""
+    kept in a canonical order, and each distinct stage kind gets its StageCosts once.  For a
+    ``per_stage`` candidate a kind is a set of devices and a recomputation mode (none or full):
+    every move comes once per mode, and the DP takes each stage's faster mode that fits."""
 
     def __init__(self, tables, cand: Candidate, chunks=None):
         instance = tables.instance
@@ -179,6 +181,7 @@ class _StateWalk:
         self.tied_with_prev = [pos > 0 and class_of[pos] == class_of[pos - 1] for pos in range(len(self.order))]
         self.kinds: dict[tuple, int] = {}
         self.kind_costs: list[StageCosts] = []
+        self.modes = [replace(cand, recompute=m, per_stage=False) for m in ("none", "full")] if cand.per_stage else [cand]
 
     def expand(self, s: int, layer: dict, prev_of: dict, limit: int, stop: Callable[[], bool] | None = None):
         """Every transition of stage s from the states in ``layer``: the next states, their
@@ -196,8 +199,8 @@ class _StateWalk:
                 used = tuple(order[pos] for pos in positions)
                 key = _kind_key(self.instance, used)
                 if key not in self.kinds:
-                    self.kinds[key] = len(self.kinds)
-                    self.kind_costs.append(_kind_costs(self.tables, self.cand, y, order, self.chunks))
+                    self.kinds[key] = len(self.kind_costs)
+                    self.kind_costs += [_kind_costs(self.tables, mode, y, order, self.chunks) for mode in self.modes]
                 # H3 (H11: an interleaved boundary is crossed v times)
                 factor = self.cand.virtual_stages / hetero_link(self.instance, prev + used) if s > 0 else 0.0
                 single = len(positions) == 1
@@ -208,7 +211,8 @@ class _StateWalk:
                     nxt[target] = len(nxt)
                     where = {old: new for new, old in enumerate(perm)}
                     nxt_prev[target] = tuple(sorted(where[pos] for pos in positions))
-                step.append(((sid, self.kinds[key], factor, nxt[target]), y, tuple(perm)))
+                for m in range(len(self.modes)):
+                    step.append(((sid, self.kinds[key] + m, factor, nxt[target]), y, tuple(perm)))
                 if len(step) > limit:
                     return nxt, nxt_prev, None
                 if stop is not None and len(step) % STOP_EVERY == 0 and stop():

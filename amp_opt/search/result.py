@@ -20,6 +20,7 @@ class Incumbent:
 
     ``objective`` is the solver's own value of the plan when it differs from ``value``
     (a program's value of a plan it stopped at may keep slack that re-scoring removes).
+    ``modes``: each stage's recomputation mode, for a ``per_stage`` candidate.
     """
 
     value: float
@@ -27,10 +28,17 @@ class Incumbent:
     bounds: tuple[int, ...]
     stages: Stages
     objective: float | None = None
+    modes: tuple[str, ...] | None = None
+
+    @classmethod
+    def of_plan(cls, value: float, cand: Candidate, plan: Plan, objective: float | None = None) -> "Incumbent":
+        """The incumbent of a candidate's plan (its partition, devices and stage modes)."""
+        modes = tuple(plan.recompute_of(s) for s in range(plan.pp)) if cand.per_stage else None
+        return cls(value, cand, plan.partition, plan.stages, objective, modes)
 
     @property
     def plan(self) -> Plan:
-        return self.candidate.plan(self.bounds, self.stages)
+        return self.candidate.plan(self.bounds, self.stages, modes=self.modes)
 
     def key(self) -> tuple:
         """Order of preference: value, then a fixed order of the layouts (deterministic ties)."""

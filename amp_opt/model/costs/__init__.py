@@ -11,7 +11,7 @@ from __future__ import annotations
 from ...errors import InputError
 from .amp import AMP
 from .hetero import HETERO
-from .terms import CandidateTerms, CostModel, StageCosts, allreduce_factor, hetero_link, iteration_time
+from .terms import CandidateTerms, CostModel, StageCosts, allreduce_factor, hetero_link, iteration_time, plan_of
 
 COST_MODELS: dict[str, CostModel] = {model.name: model for model in (HETERO, AMP)}
 
@@ -32,4 +32,4 @@ def cost_model(model: str | CostModel, field: str = "--cost-model") -> CostModel
 
 
 __all__ = ["AMP", "HETERO", "COST_MODELS", "CostModel", "StageCosts", "CandidateTerms", "cost_model", "iteration_time",
-           "hetero_link", "allreduce_factor"]
+           "hetero_link", "allreduce_factor", "plan_of"]

@@ -65,7 +65,9 @@ class CandidateTerms:
     and the communication a stage adds to its compute per micro-batch (H10).
 
     Per-layer arrays are in stage order (:func:`stage_order`; the layer order itself
-    without interleaving).  ``modes`` overrides the recomputation of each stage.
+    without interleaving).  ``modes`` overrides the recomputation of each stage.  A
+    ``per_stage`` candidate's stages each recompute in full or not at all: which one is
+    decided by the search (per range, the faster mode that fits: ``capacity`` arguments).
     """
 
     def __init__(self, tables, cand: Candidate, *, chunks=None, modes: tuple[str, ...] | None = None):
@@ -123,10 +125,21 @@ class CandidateTerms:
         """Whether only the first ``recompute_layers`` transformer layers of a stage recompute."""
         return self.cand.recompute_layers > 0
 
-    def split(self, s: int, k, l):
+    @property
+    def per_stage(self) -> bool:
+        """Whether each stage recomputes in full or not at all, as the search decides."""
+        return self.cand.per_stage and self.modes[0] == "full"
+
+    def split(self, s: int, k, l, capacity: float | None = None):
         """Where stage s's recomputed layers end in [k, l): after the first ``recompute_layers``
-        transformer layers from k (Megatron's block method), l when all recompute, k when none do."""
+        transformer layers from k (Megatron's block method), l when all recompute, k when none do.
+        Per stage (:attr:`per_stage`): k where the range fits ``capacity`` bytes without
+        recomputation (the faster mode), else l."""
         k, l = np.asarray(k), np.asarray(l)
+        if self.per_stage:
+            if capacity is None:
+                raise ValueError("a per-stage recomputation choice needs the stage's capacity")
+            return np.where(self._bytes(s, k, l, k, rebuilt=False) <= capacity, k, l)
         if self.modes[s] != "full" or not self.block:
             return l if self.modes[s] != "none" else k
         end = np.searchsorted(self._count, self._count[k] + self.cand.recompute_layers)
@@ -143,23 +156,37 @@ class CandidateTerms:
     def base_mode(self, s: int) -> str:
         """The mode every layer of stage s is priced in before the block method's first layers: the
         stage's mode, or "none" when only a block of its first layers recomputes."""
-        return "none" if self.modes[s] == "full" and self.block else self.modes[s]
+        return "none" if self.modes[s] == "full" and (self.block or self.per_stage) else self.modes[s]
 
     def layer_bytes(self, s: int) -> np.ndarray:
         """Bytes kept per sample by each layer on stage s in its base mode (:meth:`base_mode`)."""
         return self.kept[self.base_mode(s)]
 
-    def memory(self, s: int, k, l):
-        """Bytes per device of stage s for layers [k, l) in stage order (eq. H5, H7, H9)."""
+    def memory(self, s: int, k, l, capacity: float | None = None):
+        """Bytes per device of stage s for layers [k, l) in stage order (eq. H5, H7, H9).  Per stage
+        (:attr:`per_stage`): in the mode :meth:`split` picks for ``capacity``; without it, the
+        least of the two modes (whether some mode fits)."""
         k, l = np.asarray(k), np.asarray(l)
-        return self._bytes(s, k, l, self.split(s, k, l), rebuilt=self.modes[s] == "full")
+        if self.per_stage and capacity is None:
+            return np.minimum(self.memory_in(s, k, l, "none"), self.memory_in(s, k, l, "full"))
+        return self._bytes(s, k, l, self.split(s, k, l, capacity), rebuilt=self.modes[s] == "full")
+
+    def memory_in(self, s: int, k, l, mode: str):
+        """Bytes per device of stage s for layers [k, l) with every layer in ``mode``: "none", or
+        the stage's own mode (all of its layers, not a block of them)."""
+        k, l = np.asarray(k), np.asarray(l)
+        if mode == "none":
+            return self._bytes(s, k, l, k, rebuilt=False)
+        assert mode == self.modes[s], (mode, self.modes[s])
+        return self._bytes(s, k, l, l, rebuilt=mode == "full")
 
     def memory_floor(self, s: int, k, l):
         """Bytes per device stage s needs at least for layers [k, l), growing with the range: its
-        memory (:meth:`memory`), except under the block method, whose memory need not grow with
-        the range: there every layer counted in full mode (H7: a recomputing layer keeps only its
-        input, no more than without recomputation) and the rebuilt buffer left out."""
-        if not (self.block and self.modes[s] == "full"):
+        memory (:meth:`memory`), except under the block method and per-stage choice, whose memory
+        need not grow with the range: there every layer counted in full mode (H7: a recomputing
+        layer keeps only its input, no more than without recomputation) and the rebuilt buffer
+        left out."""
+        if not ((self.block or self.per_stage) and self.modes[s] == "full"):
             return self.memory(s, k, l)
         k, l = np.asarray(k), np.asarray(l)
         return self._bytes(s, k, l, l, rebuilt=False)
@@ -219,11 +246,12 @@ class CandidateTerms:
         tr, R = self.instance.training, self.cand.replicas
         return (R - 1) / R * (2 * tr.weight_bytes + tr.gradient_bytes)
 
-    def stage_comm_bytes(self, s: int, k, l):
+    def stage_comm_bytes(self, s: int, k, l, mid=None):
         """Bytes per rank stage s moves on its data-parallel ring per micro-batch, on top of its
-        compute (eq. H10): :meth:`comm_layer_bytes` over [k, l) plus :meth:`comm_param_bytes` per parameter."""
+        compute (eq. H10): :meth:`comm_layer_bytes` over [k, l) plus :meth:`comm_param_bytes` per
+        parameter; the layers [k, mid) recompute (default :meth:`split`)."""
         k, l = np.asarray(k), np.asarray(l)
-        mid = self.split(s, k, l)
+        mid = self.split(s, k, l) if mid is None else mid
         kv, rest = _prefix(self.comm_layer_bytes(self.modes[s])), _prefix(self.comm_layer_bytes(self.base_mode(s)))
         return kv[mid] - kv[k] + rest[l] - rest[mid] + self.comm_param_bytes() * self.sums.params_in(k, l)
 
@@ -324,17 +352,30 @@ class StageCosts:
         return self.terms.in_flight(s)
 
     # -- the terms ----------------------------------------------------------
+    def split(self, s: int, k, l):
+        """Where stage s's recomputed layers end in [k, l) (:meth:`CandidateTerms.split`, at the
+        stage's capacity)."""
+        return self.terms.split(s, k, l, self.capacity[s])
+
+    def modes_of(self, bounds) -> tuple[str, ...]:
+        """Each stage's recomputation mode in a plan with these stage boundaries (stage order):
+        the candidate's, or per stage the faster one that fits (:meth:`split`)."""
+        if not self.terms.per_stage:
+            return tuple(self.terms.modes)
+        return tuple("full" if int(self.split(s, bounds[s], bounds[s + 1])) > bounds[s] else "none"
+                     for s in range(self.pp))
+
     def compute(self, s: int, k, l):
         """E_s: seconds of one micro-batch through layers [k, l) on stage s (slowest replica),
         with the communication the stage adds per micro-batch (H10)."""
         k, l = np.asarray(k), np.asarray(l)
-        mid = self.terms.split(s, k, l)
+        mid = self.split(s, k, l)
         out = None
         for mode, none, step in self._compute_prefixes[s]:
             time = (mode[mid] - mode[k]) + (none[l] - none[mid]) + step
             out = time if out is None else np.maximum(out, time)
         if self._ring_factor[s]:
-            out = out + self.terms.stage_comm_bytes(s, k, l) * self._ring_factor[s]
+            out = out + self.terms.stage_comm_bytes(s, k, l, mid) * self._ring_factor[s]
         return out
 
     def p2p(self, s: int, l):
@@ -347,7 +388,7 @@ class StageCosts:
 
     def memory(self, s: int, k, l):
         """Bytes per device of stage s for layers [k, l) (eq. H5)."""
-        return self.terms.memory(s, k, l)
+        return self.terms.memory(s, k, l, self.capacity[s])
 
     def fits(self, s: int, k, l):
         return self.memory(s, k, l) <= self.capacity[s]
@@ -383,6 +424,16 @@ class StageCosts:
 
     def allreduce_factor(self, s: int) -> float:
         return self._allreduce_factor[s]
+
+
+def plan_of(model, tables, cand: Candidate, partition, stages: Stages, *, chunks=None):
+    """The plan of a candidate at a partition and device groups.  A ``per_stage`` candidate's
+    plan lists each stage's faster recomputation mode that fits (:meth:`StageCosts.modes_of`),
+    the choice every search makes for it."""
+    if not cand.per_stage:
+        return cand.plan(partition, stages)
+    bounds = tuple(partition) if chunks is None else stage_order(chunks, cand.pp)[1]
+    return cand.plan(partition, stages, modes=model.stage_costs(tables, cand, stages, chunks=chunks).modes_of(bounds))
 
 
 class CostModel:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...model.costs import HETERO
+from ...model.costs import HETERO, plan_of
 from ...model.evaluate import evaluate
 from ...model.ranges import INF, backtrack
 from ..grouping import assign_groups
@@ -77,7 +77,9 @@ def realise(model: KindModel, counts: np.ndarray):
 def multiset_of(model: KindModel, stages) -> dict[int, int] | None:
     """Kind -> number of stages of a placement (None if a stage's kind is not in the model)."""
     cls = {j: c for c, nc in enumerate(model.classes) for j in nc.nodes}
-    index = {S: i for i, S in enumerate(model.kinds)}
+    index: dict[tuple, int] = {}
+    for i, S in enumerate(model.kinds):
+        index.setdefault(S, i)  # the first of the set's kinds: the multiset DP tries each mode
     node_of = model.instance.device_node
     out: dict[int, int] = {}
     for stage in stages:
@@ -103,6 +105,7 @@ def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float
     merged: dict[int, int] = {}
     members: dict[int, list[int]] = {}
     for k, count in sorted(multiset.items()):
+        k = int(model.canonical[k])  # the stage's mode is the DP's choice (siblings)
         rep = int(model.representative[k])
         merged[rep] = merged.get(rep, 0) + count
         members.setdefault(rep, []).extend([k] * count)
@@ -111,7 +114,8 @@ def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float
     kept, spent = [], 0.0
     for T, U in thresholds:
         for k in merged:
-            usable = (model.compute[k] <= T) & (model.allreduce[k] <= U) & model.fitting[k]
+            usable = np.any([(model.compute[j] <= T) & (model.allreduce[j] <= U) & model.fitting[j]
+                             for j in model.siblings[k]], axis=0)
             first, last = np.nonzero(usable)
             spent += states * len(model.links) * window * (int((last - first).max()) if len(first) else 1)
         if spent > work:
@@ -132,9 +136,10 @@ def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float
             continue
         placed = realise(model, counts)
         partition = model.chunks or found[1].bounds
-        ev = evaluate(model.instance, c.plan(partition, placed), HETERO, tables=model.tables)
+        plan = plan_of(HETERO, model.tables, c, partition, placed, chunks=model.chunks)
+        ev = evaluate(model.instance, plan, HETERO, tables=model.tables)
         if ev.feasible and (best is None or ev.predicted_time < best.value):
-            best = Incumbent(ev.predicted_time, c, partition, placed)
+            best = Incumbent.of_plan(ev.predicted_time, c, plan)
     return best
 
 
@@ -155,17 +160,19 @@ def _multiset_states(need: np.ndarray):
 
 def _kind_arcs(model: KindModel, kinds, T: np.ndarray, U: np.ndarray):
     """Per kind of the multiset and micro-batches in flight: its compute on every usable range
-    under each threshold pair, stored by (end l, length - 1) up to the longest it can use."""
+    under each threshold pair, stored by (end l, length - 1) up to the longest it can use; the
+    least over the kind's siblings (a per-stage recomputation mode: the faster that fits)."""
     pos = np.arange(model.L + 1)
     tables, layout = {}, []
     for a, k in enumerate(kinds):
-        ok = {f: fits[k][None] & (model.compute[k][None] <= T[:, None, None]) & (model.allreduce[k][None] <= U[:, None, None])
-              for f, fits in model.fits.items()}
+        ok = {(f, j): fits[j][None] & (model.compute[j][None] <= T[:, None, None])
+              & (model.allreduce[j][None] <= U[:, None, None]) for f, fits in model.fits.items() for j in model.siblings[k]}
         starts, valid = band_layout(np.any([x.any(axis=0) for x in ok.values()], axis=0))
         layout.append(starts)
         for f in model.fits:
-            tables[f, a] = np.where(ok[f][:, starts, pos[:, None]] & valid,
-                                    model.compute[k][starts, pos[:, None]][None] * model.fill, INF)
+            tables[f, a] = np.min([np.where(ok[f, j][:, starts, pos[:, None]] & valid,
+                                            model.compute[j][starts, pos[:, None]][None] * model.fill, INF)
+                                   for j in model.siblings[k]], axis=0)
     return tables, layout
 
 

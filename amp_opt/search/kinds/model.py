@@ -51,7 +51,10 @@ class KindModel:
 
     Tables are indexed [kind, k, l] over layer ranges [k, l): ``compute`` (seconds of one
     micro-batch, the slowest class of the kind), ``allreduce`` (seconds), ``fits[f]`` (bool:
-    the range fits the kind's capacity with f micro-batches in flight).
+    the range fits the kind's capacity with f micro-batches in flight).  For a ``per_stage``
+    candidate a kind is a class set and a recomputation mode (``mode``: none or full; the
+    stage takes the faster that fits); ``siblings[i]`` lists the kinds of kind i's class set,
+    ``canonical[i]`` the first of them.
     """
 
     def __init__(self, tables, cand, chunks=None):
@@ -63,8 +66,13 @@ class KindModel:
         self.classes = node_classes(instance)
         C, self.L = len(self.classes), instance.num_layers
         self.supply = np.array([c.groups(m) for c in self.classes], dtype=float)
-        self.kinds = [S for r in range(1, min(C, d) + 1) for S in itertools.combinations(range(C), r)
-                      if sum(self.supply[c] for c in S) >= d]
+        sets = [S for r in range(1, min(C, d) + 1) for S in itertools.combinations(range(C), r)
+                if sum(self.supply[c] for c in S) >= d]
+        modes = ("none", "full") if cand.per_stage else (cand.recompute,)
+        self.kinds = [S for S in sets for _ in modes]
+        self.mode = [m for _ in sets for m in modes]
+        self.canonical = np.array([i - i % len(modes) for i in range(len(self.kinds))])
+        self.siblings = [list(range(int(c), int(c) + len(modes))) for c in self.canonical]
         terms = CandidateTerms(tables, cand, chunks=chunks)
         params = self._tables(terms)
         self._memory(terms)
@@ -72,7 +80,8 @@ class KindModel:
         # multiset DP only needs to tell behaviours apart.
         seen: dict[tuple, int] = {}
         self.representative = np.array([
-            seen.setdefault((self.compute[i].tobytes(), self.allreduce[i].tobytes(), self.capacity[i], self.ring(S)), i)
+            seen.setdefault((tuple(self.compute[j].tobytes() for j in self.siblings[i]), self.allreduce[i].tobytes(),
+                             self.capacity[i], self.ring(S), self.mode[i]), i)
             for i, S in enumerate(self.kinds)])
         # K3: a boundary at position k costs volume[k] over the slower of its two stages' links,
         # so the DP remembers the link level of the previous stage.
@@ -89,15 +98,19 @@ class KindModel:
         (eq. K1, K2), layers in stage order; returns the parameters per range."""
         L = self.L
         g = grid(L)
-        ranges = []
-        mid = terms.split(0, g.start, g.stop)  # every stage recomputes alike: the block method's first layers end here
-        for c in self.classes:
-            own, base = (np.concatenate([[0.0], np.cumsum(terms.layer_seconds(c.device_type, c.intra, mode))])
-                         for mode in (self.cand.recompute, terms.base_mode(0)))
-            ranges.append((own[mid] - own[g.start]) + (base[g.stop] - base[mid])
-                          + self.instance.device_types[c.device_type].step_overhead)
+        ranges, traffic = {}, {}
+        for mode in sorted(set(self.mode)):
+            # Where the recomputed layers end: every stage recomputes alike (the block method's first
+            # layers), or per stage in the kind's mode (all of them, or none).
+            mid = terms.split(0, g.start, g.stop) if not terms.per_stage else g.stop if mode == "full" else g.start
+            ranges[mode] = []
+            for c in self.classes:
+                own, base = (np.concatenate([[0.0], np.cumsum(terms.layer_seconds(c.device_type, c.intra, m))])
+                             for m in (self.cand.recompute, terms.base_mode(0)))
+                ranges[mode].append((own[mid] - own[g.start]) + (base[g.stop] - base[mid])
+                                    + self.instance.device_types[c.device_type].step_overhead)
+            traffic[mode] = terms.stage_comm_bytes(0, g.start, g.stop, mid)
         params = terms.sums.params_in(g.start, g.stop)
-        traffic = terms.stage_comm_bytes(0, g.start, g.stop)  # every stage recomputes alike
         sync = terms.allreduce_bytes_per_param()
         K = len(self.kinds)
         self.compute = np.full((K, L + 1, L + 1), INF)
@@ -106,7 +119,9 @@ class KindModel:
         for i, S in enumerate(self.kinds):
             link = self.ring(S)
             # The factors as the evaluator forms them (StageCosts), so that both give the same floats.
-            self.compute[i] = np.where(g.nonempty, np.max([ranges[c] for c in S], axis=0) + traffic * (1.0 / link), INF)
+            mode = self.mode[i]
+            self.compute[i] = np.where(g.nonempty, np.max([ranges[mode][c] for c in S], axis=0)
+                                       + traffic[mode] * (1.0 / link), INF)
             self.allreduce[i] = np.where(g.nonempty, params * (sync / link), INF)
             self.capacity[i] = min(self.instance.device_types[self.classes[c].device_type].capacity for c in S)
         return params
@@ -125,8 +140,12 @@ class KindModel:
         self.fits = {}
         for s, f in enumerate(self.in_flight):
             if f not in self.fits:
-                need = terms.memory(s, g.start, g.stop)
-                self.fits[f] = allowed[None] & (need[None] <= self.capacity[:, None, None])
+                if terms.per_stage:
+                    need = {m: terms.memory_in(s, g.start, g.stop, m) for m in set(self.mode)}
+                    need = np.stack([need[m] for m in self.mode])
+                else:
+                    need = terms.memory(s, g.start, g.stop)[None]
+                self.fits[f] = allowed[None] & (need <= self.capacity[:, None, None])
         self.fitting = np.any(list(self.fits.values()), axis=0)  # (K, k, l): fits at some stage
 
     def _ceiling(self, params: np.ndarray) -> float:

@@ -34,7 +34,7 @@ import numpy as np
 from ...errors import InfeasibleError, NoPlanFound
 from ...model.candidates import candidates, why_empty
 from ...model.costs.terms import stage_order
-from ...model.plan import Candidate, describe, rank_order_stages
+from ...model.plan import Candidate, describe_candidate, rank_order_stages
 from .. import stop
 from ..diagnose import infeasible_reason, least_overfull_rank_order
 from ..kinds.refine import KindPhase, runs_kinds
@@ -79,9 +79,11 @@ def heuristic(search, cand: Candidate) -> Incumbent | None:
         if i > 0 and search.out_of_time():
             break
         stages = stages_in_order(search.instance, cand, order)
-        found = good_path(fixed_placement_graph(search.stage_costs(cand, stages), search.instance.num_layers, fixed))
+        costs = search.stage_costs(cand, stages)
+        found = good_path(fixed_placement_graph(costs, search.instance.num_layers, fixed))
         if found and (best is None or found[0] < best.value):
-            best = Incumbent(found[0], cand, search.partition(cand, found[1].bounds), stages)
+            plan = cand.plan(search.partition(cand, found[1].bounds), stages, modes=costs.modes_of(found[1].bounds))
+            best = Incumbent.of_plan(found[0], cand, plan)
     return best
 
 
@@ -240,16 +242,17 @@ def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: flo
     if out.values is not None:
         bounds, stages = form.decode(out.values)
         bounds = search.partition(c, bounds)
-        ev = search.evaluate(c.plan(bounds, stages))
+        plan = search.plan(c, bounds, stages)
+        ev = search.evaluate(plan)
         if ev.feasible:
             found = ev.predicted_time
             # A solution stopped short of optimality may leave slack (a class marked in use that
             # is not); re-scoring tightens it, so the program's value of this plan is the score.
-            proofs.results.append(Incumbent(found, c, bounds, stages, min(out.objective, found)))
+            proofs.results.append(Incumbent.of_plan(found, c, plan, min(out.objective, found)))
     if inc is not None and inc.value < found:
         proofs.results.append(inc)  # the program stopped without beating its warm start
     proofs.programs.append({
-        "candidate": describe(c.plan(())), "status": out.status,
+        "candidate": describe_candidate(c), "status": out.status,
         "objective": out.objective, "bound": out.bound, "plan_time": found if np.isfinite(found) else None,
         "seconds": time.perf_counter() - started, "solver_seconds": out.wall_time, "nodes": out.nodes,
         "variables": form.model.size["variables"], "constraints": form.model.size["constraints"],

@@ -60,10 +60,13 @@ class Program:
         self.ub = {"E": 0.0, "P": 0.0, "AR": 0.0}
         self.vol = self.terms.volume
         self.peak = {}  # per (stage, buffer kind): (a variable at least the largest per-layer buffer (H7, H9), the buffers)
-        self.w = {}  # (M15) w[s,l] = 1 when layer l is among the first recompute_layers of stage s (block method)
+        self.w = {}  # (M15, M16) w[s,l] = 1 when layer l runs on stage s and recomputes there
+        self.rec = {}  # (M16) rec[s] = 1 when stage s recomputes (a per-stage choice)
         self.q = self.terms.block_start() if self.terms.block else None
         if self.terms.block:
             self._block_rows()
+        if self.terms.per_stage:
+            self._choice_rows()
 
     def _block_rows(self) -> None:
         """(M15) The block method: a recomputing layer l of stage s is among the stage's first r
@@ -81,11 +84,29 @@ class Program:
                 mdl.add(lin({w: 1}, (-1, early)), "<=", 0, "count", f"block_early[{s},{l}]")
                 mdl.add(lin({w: 1}, (-1, on), (-1, early)), ">=", -1, "count", f"block_both[{s},{l}]")
 
+    def _choice_rows(self) -> None:
+        """(M16) A per-stage choice: stage s recomputes in full (rec[s] = 1) or not at all, and
+        a recomputing layer l recomputes on s exactly when it runs there and s recomputes:
+        w[s,l] = z[s,l] AND rec[s], three rows."""
+        mdl, z = self.mdl, self.layers.z
+        for s in range(self.cand.pp):
+            self.rec[s] = mdl.var(f"rec[{s}]", 0, 1, BIN)
+            for l in np.flatnonzero(self.terms.recomputes):
+                l, on = int(l), z(s, int(l))
+                if not on:
+                    continue
+                w = self.w[s, l] = mdl.var(f"w[{s},{l}]", 0, 1, BIN)
+                mdl.add(lin({w: 1}, (-1, on)), "<=", 0, "count", f"choice_on[{s},{l}]")
+                mdl.add(lin({w: 1}, (-1, {self.rec[s]: 1})), "<=", 0, "count", f"choice_stage[{s},{l}]")
+                mdl.add(lin({w: 1}, (-1, on), (-1, {self.rec[s]: 1})), ">=", -1, "count", f"choice_both[{s},{l}]")
+
     def recomputed(self, s: int, l: int) -> dict:
         """Layer l runs on stage s and recomputes its forward there in full (linear)."""
         terms = self.terms
         if terms.modes[s] != "full" or not terms.recomputes[l]:
             return {}
+        if terms.per_stage:
+            return {self.w[s, l]: 1.0} if (s, l) in self.w else {}
         if not terms.block or self.q[l] == 0:  # every layer, or one among the first r whatever the start
             return self.layers.z(s, l)
         return {self.w[s, l]: 1.0} if (s, l) in self.w else {}
@@ -194,10 +215,12 @@ class Program:
         hint[self.ARmax] = max(float(costs.allreduce(s, bounds[s], bounds[s + 1])) for s in range(p))
         for (s, kind), (var, per_layer) in self.peak.items():
             k, l = bounds[s], bounds[s + 1]
-            held = per_layer[k:int(self.terms.split(s, k, l)) if kind == "recompute" else l]
+            held = per_layer[k:int(costs.split(s, k, l)) if kind == "recompute" else l]
             hint[var] = float(np.ceil(held.max())) if len(held) else 0.0
         for (s, l), var in self.w.items():
-            hint[var] = float(bounds[s] <= l < self.terms.split(s, bounds[s], bounds[s + 1]))
+            hint[var] = float(bounds[s] <= l < costs.split(s, bounds[s], bounds[s + 1]))
+        for s, var in self.rec.items():
+            hint[var] = float(costs.split(s, bounds[s], bounds[s + 1]) > bounds[s])
 
 
 def build(search, cand, fixed_stages=None) -> Formulation:
@@ -223,7 +246,8 @@ def build(search, cand, fixed_stages=None) -> Formulation:
             grouping.hint(stages, prog.mdl.hint)
             costs = search.stage_costs(cand, stages)
             for s, var in grouping.X.items():
-                prog.mdl.hint[var] = float(costs.terms.stage_comm_bytes(s, bounds[s], bounds[s + 1])
+                prog.mdl.hint[var] = float(costs.terms.stage_comm_bytes(s, bounds[s], bounds[s + 1],
+                                                                        costs.split(s, bounds[s], bounds[s + 1]))
                                            * costs.ring_factor(s))
 
     return Formulation(prog.mdl, decode, hint_from, terms,

@@ -28,7 +28,7 @@ class ClassTerms:
     times: np.ndarray  # seconds per layer for one micro-batch on a group of this class
     per_node: bool  # a whole stage fits in one node: modelled node by node (eq. M11)
     step: float = 0.0  # seconds per micro-batch a stage of this class spends beyond its layers (calibration C3)
-    extra: np.ndarray | None = None  # seconds a layer adds when the block method recomputes it (M15)
+    extra: np.ndarray | None = None  # seconds a layer adds when the program has it recompute (M15, M16)
 
     @property
     def index(self) -> int:
@@ -41,13 +41,14 @@ class ClassTerms:
 
 def class_terms(terms) -> list[ClassTerms]:
     """Every node class of the instance at a candidate (eq. M10, M11), with its effective layer
-    times (eq. H8: the candidate's recomputation and context parallelism; under the block method,
-    without recomputation and what a recomputed layer adds, M15)."""
+    times (eq. H8: the candidate's recomputation and context parallelism; under the block method
+    or a per-stage choice, without recomputation and what a recomputed layer adds, M15, M16)."""
     inst, cand = terms.instance, terms.cand
     out = []
     for c in node_classes(inst):
         base = terms.layer_seconds(c.device_type, c.intra, terms.base_mode(0))
-        extra = terms.layer_seconds(c.device_type, c.intra, cand.recompute) - base if terms.block else None
+        varies = terms.base_mode(0) != cand.recompute  # the program decides which layers recompute
+        extra = terms.layer_seconds(c.device_type, c.intra, cand.recompute) - base if varies else None
         out.append(ClassTerms(c, c.groups_per_node(cand.tp), inst.device_types[c.device_type].capacity, base,
                               per_node=c.groups_per_node(cand.tp) >= cand.replicas,
                               step=inst.device_types[c.device_type].step_overhead, extra=extra))
