@@ -344,6 +344,7 @@ def test_the_search_never_proposes_what_the_engine_cannot_run():
         assert cands
         assert all(ENGINES[engine].rule(inst, c) is None for c in cands)
         assert not any(c.sequence_parallel and c.tp == 1 for c in cands)
+        assert any(c.tp > 1 for c in cands)  # DeepSpeed has no sequence parallelism, and still tensor parallelism
     assert any(c.virtual_stages > 1 for c in candidates(parse_instance(preset_doc(nodes=(("A100-80GB", 2, 4),)))))
 
 

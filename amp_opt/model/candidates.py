@@ -61,7 +61,7 @@ def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: i
     search space, the engine and the cost model allow, less the dominated ones.
 
     Dominance (``formulations/hetero.md``, "Decisions"): sequence parallelism with tp > 1
-    keeps less memory and sends fewer p2p bytes at the same compute, so it replaces no
+    (where the engine has it) keeps less memory and sends fewer p2p bytes at the same compute, so it replaces no
     sequence parallelism; ZeRO-1 and -2 move as many bytes as a plain allreduce and keep
     less memory, so the highest of stages 0-2 allowed replaces the lower ones when there
     is more than one replica (ZeRO-3 adds traffic and stays a choice); selective
@@ -73,7 +73,8 @@ def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: i
     """
     space, engine = instance.search, engine_of(instance)
     replicas = dp * cp
-    sp = [True] if tp > 1 and True in space.sequence_parallel else [s for s in space.sequence_parallel if not s or tp > 1]
+    can_sp = tp > 1 and engine.sequence_parallel  # sequence parallelism splits the tp group's activations
+    sp = [True] if can_sp and True in space.sequence_parallel else [s for s in space.sequence_parallel if not s or can_sp]
     if not model.enforces_memory:  # the ZeRO stage only moves memory the model ignores
         zeros = [instance.training.zero_stage]
     else:
