@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from amp_opt import InfeasibleError, evaluate, parse_instance, parse_plan, solve
@@ -474,6 +474,8 @@ def outcome(instance, solver):
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instance=open_instances)
+# CP-SAT's symmetry handling (OR-Tools 9.15) called this program infeasible under a cutoff:
+@example(instance=open_instance(["V100-32GB", "A100-80GB", "T4"], 1, 2, [8, 4, 6], "eager", "deepspeed"))
 def test_all_solvers_equal_the_enumerator_with_all_decisions_open(instance):
     found = {s: outcome(instance, s) for s in ("enumerate",) + OTHER_SOLVERS}
     assert len({r is None for r in found.values()}) == 1, {s: r is None for s, r in found.items()}

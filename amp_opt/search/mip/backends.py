@@ -153,6 +153,11 @@ def solve_cpsat(lm: LinearModel, delta: float, time_limit: float | None, seed: i
     params.random_seed = seed
     if workers == 1:
         params.interleave_search = False
+    # CP-SAT's own symmetry handling off: in OR-Tools 9.15 it declared a feasible program
+    # infeasible under an objective cutoff (a DeepSpeed per-stage program whose plan every other
+    # backend and the enumerator found; right with symmetry_level 0, wrong with 1 and 2; see
+    # or-tools issues 3483 and 5274).  The programs break their node symmetries themselves (M12).
+    params.symmetry_level = 0
     if time_limit is not None:  # what is left of it once the model is built
         params.max_time_in_seconds = max(0.01, time_limit - (time.perf_counter() - start))
     if gap > 0:
