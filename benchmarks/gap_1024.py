@@ -86,8 +86,8 @@ def main() -> None:
                           f"{row['message']} |", flush=True)
     solved = [r for r in rows if r["exit"] == 0]
     within = [r for r in solved if r["gap"] <= 0.01]
-    timed_out = [r for r in rows if r["exit"] != 0 and "within the time limit" in r["message"]]
-    proven = [r for r in rows if r["exit"] != 0 and r not in timed_out]
+    proven = [r for r in rows if r["exit"] == 3]  # infeasible (exit 3); exit 4: no plan in time, nothing proven
+    timed_out = [r for r in rows if r["exit"] not in (0, 3)]
     optimal = [r for r in solved if r["status"] == "OPTIMAL"]
     print(f"\n{len(within)} of {len(solved)} runs with a plan have a gap of at most 1% ({len(optimal)} proven "
           f"optimal); {len(proven)} of {len(rows)} runs proved the instance infeasible (exit 3), and "

@@ -12,6 +12,7 @@ import amp_opt
 from amp_opt.errors import InputError
 from amp_opt.export.deepspeed import deepspeed_config_only, export_deepspeed
 from amp_opt.export.megatron import export_megatron, megatron_layout, megatron_split_args, transformer_split
+from amp_opt.model.engines import ENGINES
 from amp_opt.model.generate import generate_instance
 from amp_opt.model.plan import Plan, check_plan, parse_plan
 
@@ -79,7 +80,14 @@ def check_torchrun(instance, launch):
 
 
 def check_exports(instance, plan):
+    """Both exports of a plan; a plan DeepSpeed cannot run (interleaving, cp, ...) gets an
+    InputError naming the field instead of a DeepSpeed config (None)."""
     plan = check_plan(instance, plan)
+    broken = ENGINES["deepspeed"].rule(instance, plan.candidate)
+    if broken is not None:
+        with pytest.raises(InputError, match=f"plan.{broken[0]}"):
+            export_deepspeed(instance, plan)
+        return None, export_megatron(instance, plan)
     ds = export_deepspeed(instance, plan)
     cfg = deepspeed_config_only(ds)
     assert cfg["train_batch_size"] == instance.training.global_batch
@@ -127,8 +135,8 @@ def test_paper_instances(paper_instances, exp):
 def test_free_grouping_plan_reorders_nodes(small_free):
     inst, plan = small_free
     assert plan.stages != check_plan(inst, Plan(plan.tp, plan.dp, plan.pp, plan.micro_batch, plan.partition)).stages
-    ds, _ = check_exports(inst, plan)
-    launch = ds["amp_opt"]["launch"]
+    _, mg = check_exports(inst, plan)  # sequence parallelism: a Megatron-LM plan
+    launch = mg["launch"]
     assert launch["torchrun_compatible"]
     # stage 0 runs on the last node, so that node gets node_rank 0 and hosts rank 0
     assert launch["nodes"][0]["hostname"] == inst.nodes[int(inst.device_node[plan.stages[0][0][0]])].name
@@ -352,3 +360,24 @@ def test_deepspeed_exports_zero_stage_and_per_stage_recomputation():
     config = export_deepspeed(inst, plan)
     assert config["zero_optimization"] == {"stage": 1}
     assert config["amp_opt"]["pipeline"]["recompute"] == ["full", "full", "none", "none"]
+
+
+def test_each_export_refuses_what_its_engine_cannot_run(tmp_path):
+    """A plan recomputing per stage (DeepSpeed) has no Megatron-LM flags, and an interleaved plan
+    no DeepSpeed config: one line naming the field and the rule, exit 2, never a silent export."""
+    instance_path = tmp_path / "i.json"
+    doc = json.loads((INSTANCES / "amp_het_cluster.json").read_text())
+    doc.setdefault("search", {})["engine"] = "deepspeed"
+    instance_path.write_text(json.dumps(doc))
+    inst = amp_opt.load_instance(instance_path)
+    per_stage = parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30],
+                            "recompute": ["full", "full", "none", "none"]})
+    assert export_deepspeed(inst, per_stage)["amp_opt"]["pipeline"]["recompute"] == ["full", "full", "none", "none"]
+    with pytest.raises(InputError, match="plan.recompute.*megatron"):
+        export_megatron(inst, per_stage)
+    plan_path = tmp_path / "p.json"
+    plan_path.write_text(json.dumps(per_stage.to_json()))
+    run = subprocess.run([sys.executable, "-m", "amp_opt", "export", str(instance_path), str(plan_path), "--format", "megatron"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "plan.recompute" in run.stderr

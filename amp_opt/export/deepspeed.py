@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..model.engines import ENGINES
 from ..model.plan import Plan, check_plan
 from .ranks import batch_sizes, launch_layout, stage_layers
 
@@ -20,8 +21,10 @@ SECTION = "amp_opt"  # the one key of the exported file that is not DeepSpeed's
 
 
 def export_deepspeed(instance, plan: Plan) -> dict[str, Any]:
-    """A DeepSpeed config whose ``amp_opt`` key holds the pipeline layout and the launch mapping."""
+    """A DeepSpeed config whose ``amp_opt`` key holds the pipeline layout and the launch mapping.
+    A plan DeepSpeed cannot run (e.g. context parallelism) is an InputError."""
     plan = check_plan(instance, plan)
+    ENGINES["deepspeed"].check(instance, plan)
     batch, micro, gas = batch_sizes(instance, plan)
     config: dict[str, Any] = {
         "train_batch_size": batch,

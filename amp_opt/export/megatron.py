@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model.engines import megatron_split
+from ..model.engines import ENGINES, megatron_split
 from ..model.plan import Plan, check_plan
 from .ranks import batch_sizes, launch_layout, stage_layers
 
@@ -148,8 +148,10 @@ def split_args(instance, plan: Plan, counts: list[int]) -> tuple[list[str], dict
 
 
 def export_megatron(instance, plan: Plan) -> dict[str, Any]:
-    """Megatron-LM command-line arguments for the plan, the layer split and the launch mapping."""
+    """Megatron-LM command-line arguments for the plan, the layer split and the launch mapping.
+    A plan Megatron-LM cannot run (e.g. a recomputation mode per stage) is an InputError."""
     plan = check_plan(instance, plan)
+    ENGINES["megatron"].check(instance, plan)
     batch, micro, _ = batch_sizes(instance, plan)
     counts, problems, notes = transformer_split(instance, plan)
     args = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp),

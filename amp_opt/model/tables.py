@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .profiles import LayerTimes, layer_times
+from .ranges import grid
 
 
 class LayerSums:
@@ -34,10 +35,20 @@ class LayerSums:
                     layers[i].tied_params / tp if layers[i].tied_params is not None else self.params[i] for i in members
                 )
                 self.ties.append((np.array(members), min(shared, *(self.params[i] for i in members))))
+        self._grid = grid(len(layers))
+        self._on_grid: np.ndarray | None = None
 
     def params_in(self, k, l):
-        """Parameters per rank held by a stage of layers [k, l); tied tensors once."""
-        k, l = np.asarray(k), np.asarray(l)
+        """Parameters per rank held by a stage of layers [k, l); tied tensors once.  Over every
+        range of the model (:func:`~amp_opt.model.ranges.grid`) the table is computed once."""
+        if k is self._grid.start and l is self._grid.stop:
+            if self._on_grid is None:
+                self._on_grid = self._params_in(np.asarray(k), np.asarray(l))
+                self._on_grid.flags.writeable = False
+            return self._on_grid
+        return self._params_in(np.asarray(k), np.asarray(l))
+
+    def _params_in(self, k: np.ndarray, l: np.ndarray):
         total = self._params_prefix[l] - self._params_prefix[k]
         for members, shared in self.ties:
             inside = ((k[..., None] <= members) & (members < l[..., None])).sum(axis=-1)

@@ -7,7 +7,7 @@ memory-over-capacity ratio of every stage (:func:`amp_opt.search.partition.min_m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -19,10 +19,12 @@ from .partition import StageGraph, min_max_path
 
 @dataclass(frozen=True)
 class Overfull:
-    """A plan's largest memory over capacity among its stages (1.0 = exactly full)."""
+    """A plan's largest memory over capacity among its stages (1.0 = exactly full); ``partial``
+    when the search for it stopped at the time limit (the tightest of the candidates examined)."""
 
     ratio: float
     plan: Plan
+    partial: bool = False
 
 
 def least_overfull(graph: StageGraph, to_plan, tightest: Overfull | None) -> Overfull | None:
@@ -34,9 +36,13 @@ def least_overfull(graph: StageGraph, to_plan, tightest: Overfull | None) -> Ove
 
 
 def least_overfull_rank_order(search) -> Overfull | None:
-    """The least overfull plan over every candidate in AMP's rank order."""
+    """The least overfull plan over every candidate in AMP's rank order; once the search is out of
+    time, over the candidates examined so far (until one has a plan: a time limit is kept to
+    within a candidate's DP or so, and the message still has its example)."""
     tightest = None
     for cand in candidates(search.instance, search.model):
+        if tightest is not None and search.out_of_time():
+            return replace(tightest, partial=True)
         graph, to_plan = candidate_graph(search.tables, cand, search.model, "rank-order", search.chunks(cand))
         tightest = least_overfull(graph, to_plan, tightest)
     return tightest
@@ -53,6 +59,8 @@ def infeasible_reason(search, tightest: Overfull | None, example: str = "") -> s
     ev = search.evaluate(plan)
     worst = max(ev.stages, key=lambda r: r.memory / r.capacity)
     gib = 2**30
+    if tightest.partial:
+        example += " among the candidates examined before the time limit"
     return (
         f"no plan fits in device memory. The tightest{example} is {describe(plan)} "
         f"with partition {list(plan.partition)}: stage {worst.index} "

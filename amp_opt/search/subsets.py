@@ -202,8 +202,8 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         if bound[part.classes] < best() * (1 - 1e-6):
             attempt(part, whole.remaining(), None)
     if not found:
-        if stopped:
-            raise stopped[0]
+        if stopped:  # a subset's search ran out of its share: say so with the caller's time limit
+            raise NoPlanFound(whole.stopped_why())
         if any(p.classes not in ran for p in allowed) and whole.out_of_time():
             raise NoPlanFound(whole.stopped_why())
         whole_cluster = reasons[0] if reasons else "no plan fits"
