@@ -417,6 +417,45 @@ def test_idle_node_classes_when_slow_gpus_only_drag():
     assert forced.best.predicted_time > result.best.predicted_time
 
 
+def test_a_subset_that_runs_out_of_its_share_is_reported_with_the_caller_s_time_limit():
+    """No plan anywhere, one subset stopped by its (small) share of the time: exit 4 naming the
+    limit the caller gave, not the share."""
+    from amp_opt.errors import NoPlanFound
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.subsets import solve_subsets
+
+    inst = parse_instance(slow_and_fast())
+
+    def run(sub, options, started):
+        if len(sub.nodes) < len(inst.nodes):
+            raise NoPlanFound(f"time limit of {options.time_limit:.3g} s")
+        raise InfeasibleError("nothing fits")
+
+    with pytest.raises(NoPlanFound, match="time limit of 5 s"):
+        solve_subsets(inst, solve_options(solver="enumerate", time_limit=5.0), run)
+
+
+def test_the_least_overfull_diagnosis_stops_at_the_deadline():
+    """Past the deadline the tightest plan is sought no further than the first candidate with one,
+    and the message says it is the tightest among those examined."""
+    import time
+
+    from amp_opt.search.context import Search
+    from amp_opt.search.diagnose import infeasible_reason, least_overfull_rank_order
+    from amp_opt.search.options import solve_options
+
+    doc = preset_doc(nodes=(("A100-80GB", 2, 4),), search={"recompute": ["none"], "zero_stages": [0]})
+    doc["device_types"] = [{"name": "A100-80GB", "memory": "100 MiB"}]
+    inst = parse_instance(doc)
+    with pytest.raises(InfeasibleError):
+        solve(inst, solver="enumerate")
+    whole = least_overfull_rank_order(Search(inst, solve_options(time_limit=60.0)))
+    late = Search(inst, solve_options(time_limit=1.0), started=time.perf_counter() - 10.0)
+    cut = least_overfull_rank_order(late)
+    assert not whole.partial and cut.partial and cut.ratio >= whole.ratio
+    assert "examined before the time limit" in infeasible_reason(late, cut)
+
+
 def test_cost_objective_and_budget_equal_brute_force():
     inst = parse_instance(slow_and_fast())
     cheapest = solve(inst, solver="enumerate", objective="cost").best
