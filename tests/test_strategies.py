@@ -435,6 +435,26 @@ def test_a_subset_that_runs_out_of_its_share_is_reported_with_the_caller_s_time_
         solve_subsets(inst, solve_options(solver="enumerate", time_limit=5.0), run)
 
 
+def test_a_subset_stopped_once_and_proven_infeasible_on_its_second_run_is_a_verdict():
+    """Every subset proven infeasible in the end, one of them only when revisited: exit 3, not 4."""
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.subsets import solve_subsets
+    from amp_opt.errors import NoPlanFound
+
+    inst = parse_instance(slow_and_fast())
+    calls = []
+
+    def run(sub, options, started):
+        calls.append(len(sub.nodes))
+        if len(sub.nodes) < len(inst.nodes) and calls.count(len(sub.nodes)) == 1 and len(sub.nodes) == 1:
+            raise NoPlanFound("time limit of 0.1 s")
+        raise InfeasibleError("nothing fits")
+
+    with pytest.raises(InfeasibleError, match="nothing fits"):
+        solve_subsets(inst, solve_options(solver="enumerate", time_limit=5.0), run)
+    assert len(calls) > len(set(calls))  # a subset was run twice
+
+
 def test_the_least_overfull_diagnosis_stops_at_the_deadline():
     """Past the deadline the tightest plan is sought no further than the first candidate with one,
     and the message says it is the tightest among those examined."""

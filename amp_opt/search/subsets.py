@@ -146,7 +146,8 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
     floor = {part.classes: _subset_bound(part, shares) * scale_of(part) for part in allowed}
     allowed = allowed[:1] + sorted(allowed[1:], key=lambda p: (floor[p.classes], p.classes))
     bound = dict(floor)  # per subset: what no plan on it beats (objective units)
-    found, reasons, ran, cut, results, stopped = [], [], set(), 0, [], []
+    found, reasons, ran, cut, results = [], [], set(), 0, []
+    stopped: set[tuple[int, ...]] = set()  # subsets whose last search stopped with no plan and no proof
     trace = Trace(whole.start)  # the best plan over time; the bound only where one search covers it all
 
     def best():
@@ -157,14 +158,15 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         scale = scale_of(part)
         cutoff = best() / scale if math.isfinite(best()) else math.inf
         ran.add(part.classes)
+        stopped.discard(part.classes)  # a second run replaces what the first left open
         offset = time.perf_counter() if since is None else since
         try:
             result = run(part.instance, dataclasses.replace(options, cutoff=cutoff, time_limit=limit), since)
         except NoPlanBelow as exc:
             bound[part.classes] = max(bound[part.classes], exc.bound * scale)
             return
-        except NoPlanFound as exc:
-            stopped.append(exc)
+        except NoPlanFound:
+            stopped.add(part.classes)
             return
         except InfeasibleError:
             if len(allowed) == 1:
@@ -202,7 +204,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         if bound[part.classes] < best() * (1 - 1e-6):
             attempt(part, whole.remaining(), None)
     if not found:
-        if stopped:  # a subset's search ran out of its share: say so with the caller's time limit
+        if stopped:  # a subset's search ran out of its share unproven: say so with the caller's time limit
             raise NoPlanFound(whole.stopped_why())
         if any(p.classes not in ran for p in allowed) and whole.out_of_time():
             raise NoPlanFound(whole.stopped_why())
