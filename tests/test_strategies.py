@@ -437,9 +437,9 @@ def test_a_subset_that_runs_out_of_its_share_is_reported_with_the_caller_s_time_
 
 def test_a_subset_stopped_once_and_proven_infeasible_on_its_second_run_is_a_verdict():
     """Every subset proven infeasible in the end, one of them only when revisited: exit 3, not 4."""
+    from amp_opt.errors import NoPlanFound
     from amp_opt.search.options import solve_options
     from amp_opt.search.subsets import solve_subsets
-    from amp_opt.errors import NoPlanFound
 
     inst = parse_instance(slow_and_fast())
     calls = []
