@@ -455,6 +455,29 @@ def test_a_subset_stopped_once_and_proven_infeasible_on_its_second_run_is_a_verd
     assert len(calls) > len(set(calls))  # a subset was run twice
 
 
+def test_a_subset_stopped_with_a_bound_keeps_it():
+    """A subset's search that stops without a plan still proves a bound (its candidates' bounds):
+    when that bound is above the best plan, the result is proven optimal."""
+    from amp_opt.errors import NoPlanFound
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.solve import run_builtin
+    from amp_opt.search.subsets import solve_subsets
+
+    inst = parse_instance(slow_and_fast())
+
+    def run(sub, options, started, bound):
+        if len(sub.nodes) == len(inst.nodes):
+            return run_builtin(sub, options, started)
+        raise NoPlanFound("time limit of 0.1 s", bound=bound)
+
+    options = solve_options(solver="enumerate", time_limit=5.0)
+    whole = solve(dataclasses.replace(inst, search=dataclasses.replace(inst.search, idle=False)), solver="enumerate")
+    high = solve_subsets(inst, options, lambda *a: run(*a, bound=10 * whole.best.predicted_time))
+    assert high.solver.status == "OPTIMAL" and high.best.predicted_time == whole.best.predicted_time
+    none = solve_subsets(inst, options, lambda *a: run(*a, bound=0.0))
+    assert none.solver.status == "FEASIBLE" and none.solver.bound < whole.best.predicted_time
+
+
 def test_the_least_overfull_diagnosis_stops_at_the_deadline():
     """Past the deadline the tightest plan is sought no further than the first candidate with one,
     and the message says it is the tightest among those examined."""

@@ -165,8 +165,10 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         except NoPlanBelow as exc:
             bound[part.classes] = max(bound[part.classes], exc.bound * scale)
             return
-        except NoPlanFound:
+        except NoPlanFound as exc:  # no plan, and (perhaps) a bound on what it could have
             stopped.add(part.classes)
+            if math.isfinite(exc.bound):
+                bound[part.classes] = max(bound[part.classes], exc.bound * scale)
             return
         except InfeasibleError:
             if len(allowed) == 1:

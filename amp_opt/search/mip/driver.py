@@ -125,7 +125,7 @@ def solve_mip(search) -> SolveResult:
     proofs.results = [r for r in proofs.results if r.value < opts.cutoff]
     if not proofs.results:
         if not proofs.closed:
-            raise NoPlanFound(search.stopped_why())
+            raise NoPlanFound(search.stopped_why(), bound=_dual(cands, lower, proofs))
         if np.isfinite(opts.cutoff):  # nothing beats the plan the caller has (or nothing fits at all)
             raise NoPlanBelow(opts.cutoff)
         example = " rank-order plan (free grouping was searched too)" if opts.placement == "free" else ""
