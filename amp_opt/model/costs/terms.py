@@ -177,7 +177,8 @@ class CandidateTerms:
         k, l = np.asarray(k), np.asarray(l)
         if mode == "none":
             return self._bytes(s, k, l, k, rebuilt=False)
-        assert mode == self.modes[s], (mode, self.modes[s])
+        if mode != self.modes[s]:
+            raise ValueError(f"stage {s} recomputes {self.modes[s]!r}, not {mode!r}")
         return self._bytes(s, k, l, l, rebuilt=mode == "full")
 
     def memory_floor(self, s: int, k, l):
