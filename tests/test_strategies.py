@@ -435,6 +435,23 @@ def test_a_subset_that_runs_out_of_its_share_is_reported_with_the_caller_s_time_
         solve_subsets(inst, solve_options(solver="enumerate", time_limit=5.0), run)
 
 
+def test_a_stop_that_is_not_the_clock_keeps_its_own_message():
+    """A search that stopped for another reason (a coarsened model found nothing) says so."""
+    from amp_opt.errors import NoPlanFound
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.subsets import solve_subsets
+
+    inst = parse_instance(slow_and_fast())
+
+    def run(sub, options, started):
+        if len(sub.nodes) == len(inst.nodes):
+            raise NoPlanFound("coarsened", "no plan with stage boundaries on the blocks fits")
+        raise InfeasibleError("nothing fits")
+
+    with pytest.raises(NoPlanFound, match="stage boundaries on the blocks"):
+        solve_subsets(inst, solve_options(solver="enumerate", time_limit=5.0), run)
+
+
 def test_a_subset_stopped_once_and_proven_infeasible_on_its_second_run_is_a_verdict():
     """Every subset proven infeasible in the end, one of them only when revisited: exit 3, not 4."""
     from amp_opt.errors import NoPlanFound

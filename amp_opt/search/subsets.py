@@ -147,7 +147,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
     allowed = allowed[:1] + sorted(allowed[1:], key=lambda p: (floor[p.classes], p.classes))
     bound = dict(floor)  # per subset: what no plan on it beats (objective units)
     found, reasons, ran, cut, results = [], [], set(), 0, []
-    stopped: set[tuple[int, ...]] = set()  # subsets whose last search stopped with no plan and no proof
+    stopped: dict[tuple[int, ...], NoPlanFound] = {}  # subsets whose last search stopped with no plan and no proof
     trace = Trace(whole.start)  # the best plan over time; the bound only where one search covers it all
 
     def best():
@@ -158,7 +158,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         scale = scale_of(part)
         cutoff = best() / scale if math.isfinite(best()) else math.inf
         ran.add(part.classes)
-        stopped.discard(part.classes)  # a second run replaces what the first left open
+        stopped.pop(part.classes, None)  # a second run replaces what the first left open
         offset = time.perf_counter() if since is None else since
         try:
             result = run(part.instance, dataclasses.replace(options, cutoff=cutoff, time_limit=limit), since)
@@ -166,7 +166,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
             bound[part.classes] = max(bound[part.classes], exc.bound * scale)
             return
         except NoPlanFound as exc:  # no plan, and (perhaps) a bound on what it could have
-            stopped.add(part.classes)
+            stopped[part.classes] = exc
             if math.isfinite(exc.bound):
                 bound[part.classes] = max(bound[part.classes], exc.bound * scale)
             return
@@ -206,8 +206,9 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         if bound[part.classes] < best() * (1 - 1e-6):
             attempt(part, whole.remaining(), None)
     if not found:
-        if stopped:  # a subset's search ran out of its share unproven: say so with the caller's time limit
-            raise NoPlanFound(whole.stopped_why())
+        if stopped:  # a subset's search stopped unproven: a share of the time is said as the caller's limit
+            other = [exc for exc in stopped.values() if not exc.reason.startswith("time limit")]
+            raise other[0] if other else NoPlanFound(whole.stopped_why())
         if any(p.classes not in ran for p in allowed) and whole.out_of_time():
             raise NoPlanFound(whole.stopped_why())
         whole_cluster = reasons[0] if reasons else "no plan fits"
