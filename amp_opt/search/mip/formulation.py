@@ -71,44 +71,38 @@ class Program:
     def _block_rows(self) -> None:
         """(M15) The block method: a recomputing layer l of stage s is among the stage's first r
         recomputing layers exactly when the stage starts at q(l) or later, i.e. when layer q(l)-1
-        sits on an earlier stage: w[s,l] = z[s,l] AND before[s,q(l)-1], three rows."""
-        mdl, z, before, q = self.mdl, self.layers.z, self.layers.before, self.q
+        sits on an earlier stage: w[s,l] = z[s,l] AND before[s,q(l)-1]."""
         for s in range(1, self.cand.pp):
-            for l in np.flatnonzero(self.terms.recomputes & (q > 0)):
-                l = int(l)
-                on, early = z(s, l), before(s, int(q[l]) - 1)
-                if not on or not early:
-                    continue
-                w = self.w[s, l] = mdl.var(f"w[{s},{l}]", 0, 1, BIN)
-                mdl.add(lin({w: 1}, (-1, on)), "<=", 0, "count", f"block_on[{s},{l}]")
-                mdl.add(lin({w: 1}, (-1, early)), "<=", 0, "count", f"block_early[{s},{l}]")
-                mdl.add(lin({w: 1}, (-1, on), (-1, early)), ">=", -1, "count", f"block_both[{s},{l}]")
+            for l in np.flatnonzero(self.terms.recomputes & (self.q > 0)):
+                self._both(s, int(l), self.layers.before(s, int(self.q[l]) - 1), "block")
 
     def _choice_rows(self) -> None:
         """(M16) A per-stage choice: stage s recomputes in full (rec[s] = 1) or not at all, and
         a recomputing layer l recomputes on s exactly when it runs there and s recomputes:
-        w[s,l] = z[s,l] AND rec[s], three rows."""
-        mdl, z = self.mdl, self.layers.z
+        w[s,l] = z[s,l] AND rec[s]."""
         for s in range(self.cand.pp):
-            self.rec[s] = mdl.var(f"rec[{s}]", 0, 1, BIN)
+            self.rec[s] = self.mdl.var(f"rec[{s}]", 0, 1, BIN)
             for l in np.flatnonzero(self.terms.recomputes):
-                l, on = int(l), z(s, int(l))
-                if not on:
-                    continue
-                w = self.w[s, l] = mdl.var(f"w[{s},{l}]", 0, 1, BIN)
-                mdl.add(lin({w: 1}, (-1, on)), "<=", 0, "count", f"choice_on[{s},{l}]")
-                mdl.add(lin({w: 1}, (-1, {self.rec[s]: 1})), "<=", 0, "count", f"choice_stage[{s},{l}]")
-                mdl.add(lin({w: 1}, (-1, on), (-1, {self.rec[s]: 1})), ">=", -1, "count", f"choice_both[{s},{l}]")
+                self._both(s, int(l), {self.rec[s]: 1.0}, "choice")
+
+    def _both(self, s: int, l: int, other: dict, name: str) -> None:
+        """w[s,l] = z[s,l] AND other, exact both ways in three rows (w lowers memory and raises
+        time, so neither direction may be left to the objective); no w when either side is empty."""
+        on = self.layers.z(s, l)
+        if not on or not other:
+            return
+        w = self.w[s, l] = self.mdl.var(f"w[{s},{l}]", 0, 1, BIN)
+        self.mdl.add(lin({w: 1}, (-1, on)), "<=", 0, "count", f"{name}_on[{s},{l}]")
+        self.mdl.add(lin({w: 1}, (-1, other)), "<=", 0, "count", f"{name}_other[{s},{l}]")
+        self.mdl.add(lin({w: 1}, (-1, on), (-1, other)), ">=", -1, "count", f"{name}_both[{s},{l}]")
 
     def recomputed(self, s: int, l: int) -> dict:
         """Layer l runs on stage s and recomputes its forward there in full (linear)."""
         terms = self.terms
         if terms.modes[s] != "full" or not terms.recomputes[l]:
             return {}
-        if terms.per_stage:
-            return {self.w[s, l]: 1.0} if (s, l) in self.w else {}
-        if not terms.block or self.q[l] == 0:  # every layer, or one among the first r whatever the start
-            return self.layers.z(s, l)
+        if not (terms.per_stage or terms.block) or (terms.block and self.q[l] == 0):
+            return self.layers.z(s, l)  # every layer, or one among the first r whatever the start
         return {self.w[s, l]: 1.0} if (s, l) in self.w else {}
 
     def stage_sum(self, s: int, base, extra=None) -> dict:
