@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 
 from .engines import engine_of, megatron_split
-from .plan import Candidate
+from .plan import PER_STAGE_MODES, Candidate
 
 
 def divisors(n: int) -> list[int]:
@@ -88,7 +88,7 @@ def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: i
     if "full" in space.recompute:
         modes += [("full", r, False) for r in block_counts(instance, pp)]
     if (engine.per_stage_recompute and space.per_stage_recompute and model.enforces_memory
-            and {"none", "full"} <= set(space.recompute)
+            and set(PER_STAGE_MODES) <= set(space.recompute)
             and any(layer.recomputes for layer in instance.layers)):
         modes = [("full", 0, True)] + [m for m in modes if m[:2] not in (("none", 0), ("full", 0))]
     out = []

@@ -22,6 +22,7 @@ from .fields import number_field, whole_number
 
 Stages = tuple[tuple[tuple[int, ...], ...], ...]
 RECOMPUTE = ("none", "selective", "full")
+PER_STAGE_MODES = ("none", "full")  # what each stage of a ``per_stage`` candidate chooses between, fastest first
 PLAN_KEYS = ("tp", "dp", "pp", "micro_batch", "partition", "stages", "cp", "sequence_parallel", "recompute",
              "recompute_layers", "zero_stage", "virtual_stages")
 

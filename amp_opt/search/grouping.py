@@ -26,7 +26,7 @@ from ..errors import SearchTooLarge
 from ..model.classes import class_of_node
 from ..model.costs import HETERO, StageCosts, hetero_link, plan_of
 from ..model.costs.terms import stage_order
-from ..model.plan import Candidate, Plan, Stages, rank_order_stages
+from ..model.plan import PER_STAGE_MODES, Candidate, Plan, Stages, rank_order_stages
 from .partition import Path, StageGraph, fixed_placement_graph, make_graph, memory_ratio, range_tables
 
 MAX_TRANSITIONS = 50_000
@@ -181,7 +181,7 @@ class _StateWalk:
         self.tied_with_prev = [pos > 0 and class_of[pos] == class_of[pos - 1] for pos in range(len(self.order))]
         self.kinds: dict[tuple, int] = {}
         self.kind_costs: list[StageCosts] = []
-        self.modes = [replace(cand, recompute=m, per_stage=False) for m in ("none", "full")] if cand.per_stage else [cand]
+        self.modes = [replace(cand, recompute=m, per_stage=False) for m in PER_STAGE_MODES] if cand.per_stage else [cand]
 
     def expand(self, s: int, layer: dict, prev_of: dict, limit: int, stop: Callable[[], bool] | None = None):
         """Every transition of stage s from the states in ``layer``: the next states, their

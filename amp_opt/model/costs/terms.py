@@ -139,7 +139,7 @@ class CandidateTerms:
         if self.per_stage:
             if capacity is None:
                 raise ValueError("a per-stage recomputation choice needs the stage's capacity")
-            return np.where(self._bytes(s, k, l, k, rebuilt=False) <= capacity, k, l)
+            return np.where(self.memory_in(s, k, l, "none") <= capacity, k, l)
         if self.modes[s] != "full" or not self.block:
             return l if self.modes[s] != "none" else k
         end = np.searchsorted(self._count, self._count[k] + self.cand.recompute_layers)

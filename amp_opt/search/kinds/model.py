@@ -23,6 +23,7 @@ import numpy as np
 from ...model.classes import node_classes
 from ...model.costs import CandidateTerms
 from ...model.costs.terms import stage_order
+from ...model.plan import PER_STAGE_MODES
 from ...model.ranges import INF, backtrack, grid, min_max_chain
 
 MAX_KINDS = 63  # 6 node classes; more and the bound falls back to eq. B2/B3
@@ -68,7 +69,7 @@ class KindModel:
         self.supply = np.array([c.groups(m) for c in self.classes], dtype=float)
         sets = [S for r in range(1, min(C, d) + 1) for S in itertools.combinations(range(C), r)
                 if sum(self.supply[c] for c in S) >= d]
-        modes = ("none", "full") if cand.per_stage else (cand.recompute,)
+        modes = PER_STAGE_MODES if cand.per_stage else (cand.recompute,)
         self.kinds = [S for S in sets for _ in modes]
         self.mode = [m for _ in sets for m in modes]
         self.canonical = np.array([i - i % len(modes) for i in range(len(self.kinds))])
