@@ -64,6 +64,19 @@ def path_cost(model, path, y, T, U):
     return total
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances)
+def test_cost_model_bounds_never_exceed_the_optimum(instance):
+    """B2 (labelled) and B3 (fractional, with its allreduce floor) lie below every candidate's
+    optimum under free grouping, so pruning by them never loses a plan."""
+    tables, model = Tables(instance), COST_MODELS["hetero"]
+    for cand in sample(candidates(instance)):
+        optimum, _ = exact(instance, cand)
+        for labelled in (True, False):
+            bound = model.lower_bound(tables, cand, labelled=labelled)
+            assert bound <= optimum * (1 + 1e-9), (cand, labelled, bound, optimum)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances, st.integers(0, 2**31))
 def test_kind_bound_never_exceeds_the_optimum(instance, seed):

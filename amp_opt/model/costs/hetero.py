@@ -121,7 +121,8 @@ class HeteroModel(CostModel):
             if vectors is not None:
                 return _labelled_bound(terms, classes, caps, vectors)
         fastest = np.min([c.times for c in classes], axis=0)
-        return (n - 1) * _fractional_bottleneck(classes, caps, p) + float(fastest.sum())
+        return ((n - 1) * _fractional_bottleneck(classes, caps, p) + float(fastest.sum())
+                + _allreduce_floor(terms, max(c.link for c in classes)))
 
 
 HETERO = HeteroModel()
@@ -265,6 +266,17 @@ def _fixed_partition_bound(tables, cand) -> float:
     v = cand.virtual_stages
     return ((terms.n_micro - 1 / v) * slowest + float(fastest.sum()) / v
             + sync * terms.allreduce_bytes_per_param() / link)
+
+
+def _allreduce_floor(terms: CandidateTerms, link: float) -> float:
+    """B3's allreduce term: max_s AR_s is at least the min-max partition of the stages' gradient
+    bytes (tied tensors once) over the fastest ring any stage can have, ``link`` bytes/s."""
+    sync = terms.allreduce_bytes_per_param()
+    if sync == 0.0:
+        return 0.0
+    g = grid(terms.instance.num_layers)
+    table = np.where(g.nonempty, terms.sums.params_in(g.start, g.stop) * (sync / link), INF)
+    return min_max_chain([table] * terms.pp)
 
 
 def _fractional_bottleneck(classes, caps, p: int) -> float:

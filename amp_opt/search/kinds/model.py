@@ -239,8 +239,18 @@ class KindModel:
             # Per kind in the band layout (batch, kinds, L+1, width): usable within the thresholds, and its cost.
             ok = timely[:, kinds][(slice(None),) + window] & valid
             cost = self.compute[kinds][window][None] * self.fill + prices[:, kinds, None, None]
+            # Micro-batches in flight that fit the same usable ranges give the same arcs: usually
+            # only ranges too slow for the thresholds fit differently, so most are computed once.
+            anywhere, done = ok.any(axis=0), {}
             for f, fits in self.fits.items():
-                options = np.where(ok & fits[kinds][window][None], cost, INF)
+                usable = fits[kinds][window] & anywhere
+                same = done.setdefault(usable.tobytes(), f)
+                if same != f:
+                    arcs[f, b] = arcs[same, b]
+                    if paths:
+                        which[f, b] = which[same, b]
+                    continue
+                options = np.where(ok & usable[None], cost, INF)
                 best = options.min(axis=1)
                 arcs[f, b] = best if np.isfinite(best).any() else None
                 if paths:  # the first cheapest kind, as a loop over kinds would pick

@@ -25,6 +25,7 @@ KIND_MIN_NODES = 8  # nodes from which the stage-kind search (phase 1b) runs
 KIND_ROUNDS = 4  # rounds of bound refinement and plan building (eq. B4, K6); more while they pay
 KIND_PROGRESS = 1e-4  # relative move of the best plan or the weakest bound that pays for a round
 KIND_SHARE = 0.75  # share of the time left that phase 1b may spend
+BOUND_SHARE = 0.5  # share of a round's time left that raising bounds may take before plans are built
 KIND_SWEEPS = 400  # DP paths per candidate and round for the Lagrangian kind bound
 POLISHED = 3  # candidates (lowest bounds first) that get plans built per round
 QUICK_SWEEPS = 60  # DP paths of the kind bound before a candidate's first incumbent
@@ -85,10 +86,13 @@ class KindPhase:
             # Open: candidates whose bound leaves more than the requested gap below the best plan.
             open_ = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if lower[c] < best * (1 - gap)]
             before = (best, min([lower[c] for c in open_], default=np.inf))
+            # The bounds may take BOUND_SHARE of the time left, so that plans get built every
+            # round even when there are more candidates than one round of bounds can cover.
+            bounds_stop = None if stop is None else time.perf_counter() + BOUND_SHARE * (stop - time.perf_counter())
             for c in open_:
-                if _past(stop) or lower[c] >= best or self.of(c, best, stop) is None:
+                if _past(bounds_stop) or lower[c] >= best or self.of(c, best, bounds_stop) is None:
                     continue
-                lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, stop))
+                lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, bounds_stop))
             # Plans where the bounds leave the most room: the likeliest to hold better ones.
             ranked = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if self.searches.get(c) is not None]
             for c in ranked[:POLISHED]:
