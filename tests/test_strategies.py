@@ -472,6 +472,32 @@ def test_a_subset_stopped_once_and_proven_infeasible_on_its_second_run_is_a_verd
     assert len(calls) > len(set(calls))  # a subset was run twice
 
 
+def test_the_time_left_is_shared_by_the_subsets_not_proven_yet():
+    """After the first pass every subset still open gets a share of the time left (the first of
+    them not all of it), and each of them is run again."""
+    from amp_opt.errors import NoPlanFound
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.solve import run_builtin
+    from amp_opt.search.subsets import solve_subsets
+
+    inst = parse_instance(preset_doc(nodes=(("A100-80GB", 1, 4), ("A100-40GB", 1, 4), ("V100-32GB", 1, 4)), layers=4,
+                                     global_batch=8))
+    calls = []
+
+    def run(sub, options, started):
+        if len(sub.nodes) == len(inst.nodes):
+            return run_builtin(sub, options, started)
+        calls.append((tuple(n.device_type for n in sub.nodes), options.time_limit))
+        raise NoPlanFound("time limit of 0.1 s", bound=0.0)
+
+    result = solve_subsets(inst, solve_options(solver="enumerate", time_limit=5.0), run)
+    assert result.solver.status == "FEASIBLE"
+    first = {classes for classes, _ in calls}
+    again = calls[len(first):2 * len(first)]
+    assert len(first) >= 3 and {classes for classes, _ in again} == first
+    assert again[0][1] < 0.5 * again[-1][1]  # a share, not everything left
+
+
 def test_a_subset_stopped_with_a_bound_keeps_it():
     """A subset's search that stops without a plan still proves a bound (its candidates' bounds):
     when that bound is above the best plan, the result is proven optimal."""

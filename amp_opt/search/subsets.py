@@ -10,8 +10,9 @@ $/hour); with a ``budget`` (USD per hour) subsets that cost more are left out.
 A subset is solved only if its throughput bound (:func:`throughput_bound`, every device
 busy all the time) beats the best plan so far; the subsets are tried in the order of
 that bound.  Under a time limit the whole cluster gets FIRST_SHARE of the time and the
-other subsets share what is left; a subset not solved in time contributes its
-throughput bound to the reported one.
+other subsets share what is left; the time left after that is shared again by the subsets
+not proven yet.  A subset not solved in time contributes its throughput bound (or what
+its search proved) to the reported one.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .trace import Trace
 
 FIRST_SHARE = 0.6  # of the time limit: the whole cluster's search, when other subsets remain
 REVISIT_SECONDS = 1.0  # time left worth a second run on a subset not proven yet
+REVISIT_PASSES = 2  # rounds over the subsets not proven yet, sharing the time left
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,13 +200,17 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         elif not whole.out_of_time():
             left = whole.remaining()
             attempt(part, None if left is None else max(left / (len(allowed) - i), 1e-3), None)
-    # Time left: the subsets not proven yet get it, the most promising first (their second run
-    # starts from the best plan as its cutoff, so it proves or improves).
-    for part in sorted(allowed, key=lambda p: (bound[p.classes], p.classes)):
-        if options.time_limit is None or whole.out_of_time() or whole.remaining() < REVISIT_SECONDS:
-            break
-        if bound[part.classes] < best() * (1 - 1e-6):
-            attempt(part, whole.remaining(), None)
+    # Time left: the subsets not proven yet share it, the most promising first (a second run
+    # starts from the best plan as its cutoff, so it proves or improves); what one leaves over
+    # goes to the next, and a later pass gives what is still left to those still open.
+    for _ in range(REVISIT_PASSES):
+        unproven = [p for p in sorted(allowed, key=lambda p: (bound[p.classes], p.classes))
+                    if bound[p.classes] < best() * (1 - 1e-6)]
+        for i, part in enumerate(unproven):
+            if options.time_limit is None or whole.out_of_time() or whole.remaining() < REVISIT_SECONDS:
+                break
+            if bound[part.classes] < best() * (1 - 1e-6):
+                attempt(part, whole.remaining() / (len(unproven) - i), None)
     if not found:
         if stopped:  # a subset's search stopped unproven: a share of the time is said as the caller's limit
             other = [exc for exc in stopped.values() if not exc.reason.startswith("time limit")]
