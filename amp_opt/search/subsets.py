@@ -35,6 +35,7 @@ from .trace import Trace
 FIRST_SHARE = 0.6  # of the time limit: the whole cluster's search, when other subsets remain
 REVISIT_SECONDS = 1.0  # time left worth a second run on a subset not proven yet
 REVISIT_PASSES = 2  # rounds over the subsets not proven yet, sharing the time left
+DEEPEN = 4.0  # a subset run again gets at least this times its last run's seconds (if left)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,13 +151,21 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
     bound = dict(floor)  # per subset: what no plan on it beats (objective units)
     found, reasons, ran, cut, results = [], [], set(), 0, []
     stopped: dict[tuple[int, ...], NoPlanFound] = {}  # subsets whose last search stopped with no plan and no proof
+    spent: dict[tuple[int, ...], float] = {}  # seconds of each subset's last search
     trace = Trace(whole.start)  # the best plan over time; the bound only where one search covers it all
 
     def best():
         return min((value for value, _ in found), default=math.inf)
 
     def attempt(part, limit, since):
-        """Solve one subset below the best so far; record its plans and what it proved."""
+        """Solve one subset below the best so far; record its plans, what it proved and its time."""
+        began = time.perf_counter()
+        try:
+            solve_one(part, limit, since)
+        finally:
+            spent[part.classes] = time.perf_counter() - began
+
+    def solve_one(part, limit, since):
         scale = scale_of(part)
         cutoff = best() / scale if math.isfinite(best()) else math.inf
         ran.add(part.classes)
@@ -200,8 +209,10 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         elif not whole.out_of_time():
             left = whole.remaining()
             attempt(part, None if left is None else max(left / (len(allowed) - i), 1e-3), None)
-    # Time left: the subsets not proven yet share it, the most promising first (a second run
-    # starts from the best plan as its cutoff, so it proves or improves); what one leaves over
+    # Time left: the subsets not proven yet get it, the most promising first (a second run
+    # starts from the best plan as its cutoff, so it proves or improves).  Each gets its share of
+    # what is left, or DEEPEN times its last run's time if that is more (a search restarts from
+    # scratch, so a run no longer than the last would end where it ended); what one leaves over
     # goes to the next, and a later pass gives what is still left to those still open.
     for _ in range(REVISIT_PASSES):
         unproven = [p for p in sorted(allowed, key=lambda p: (bound[p.classes], p.classes))
@@ -210,7 +221,8 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
             if options.time_limit is None or whole.out_of_time() or whole.remaining() < REVISIT_SECONDS:
                 break
             if bound[part.classes] < best() * (1 - 1e-6):
-                attempt(part, whole.remaining() / (len(unproven) - i), None)
+                left = whole.remaining()
+                attempt(part, max(left / (len(unproven) - i), min(left, DEEPEN * spent.get(part.classes, 0.0))), None)
     if not found:
         if stopped:  # a subset's search stopped unproven: a share of the time is said as the caller's limit
             other = [exc for exc in stopped.values() if not exc.reason.startswith("time limit")]

@@ -128,10 +128,13 @@ def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int, 
             cell.ascent = Ascent(cell, target, len(model.classes))
         cell.ascent.target, cell.ascent.done, cell.settled = target, False, False
     ascents = [cell.ascent for cell in cells]
-    paths_seen = 0
+    paths_seen, cut_short = 0, False
     for _ in range(iterations):
         live = [a for a in ascents if not a.done]
-        if not live or past(deadline):
+        if not live:
+            break
+        if past(deadline):
+            cut_short = True
             break
         T = np.array([a.cell.T_hi for a in live])
         U = np.array([a.cell.U_hi for a in live])
@@ -144,8 +147,9 @@ def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int, 
                 continue
             g = model.subgradient(path, a.lam)
             a.record(a.cell.lead(w) + float(value) - model.constant(a.lam), g, path)
-    for cell in cells:
-        cell.tries += 1
+    if not cut_short:  # an ascent the clock cut short is continued, not counted as a try
+        for cell in cells:
+            cell.tries += 1
     return paths_seen
 
 
