@@ -23,6 +23,7 @@ from ..stop import past
 from .model import KindModel, KindPath, min_max
 
 LP_MS = 2000  # milliseconds one dual step's LP may take (a guard; it takes about one)
+FINEST = 1e-7  # relative width below which a cell is not split (its bound is final); under SAME of the driver
 WAVE = 8  # threshold cells whose duals are raised together, in one batched DP sweep
 
 
@@ -213,7 +214,7 @@ class KindSearch:
                 if not np.isfinite(max(wide_T, wide_U)):
                     heapq.heappush(self.heap, (cell.bound, self.pushed, cell))  # no target to split at yet
                     break
-                if max(wide_T, wide_U) <= 1e-6 * target:
+                if max(wide_T, wide_U) <= FINEST * target:
                     self.floor = min(self.floor, cell.bound)  # as fine as it gets: the bound is final
                     continue
                 for half in (0, 1):
