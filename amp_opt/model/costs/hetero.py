@@ -130,12 +130,30 @@ HETERO = HeteroModel()
 
 def fits_somewhere(terms: CandidateTerms, capacity: float) -> bool:
     """Whether some partition may put every stage within ``capacity`` bytes per device (the largest
-    any device has): stage by stage, each takes the longest range whose memory floor
-    (:meth:`CandidateTerms.memory_floor`) fits and leaves a layer for every later stage.  The floor
-    only grows as a range grows, so if any partition fits, this greedy one fits its floor (each
-    greedy boundary is at least the fitting partition's).  The floor is the memory itself except
-    under the block method, so the answer is exact, and under the block method a necessary
-    condition (enough for a bound)."""
+    any device has), by its memory floor (:meth:`CandidateTerms.memory_floor`, the memory itself
+    except under the block method and per-stage choice, where it is a necessary condition).
+
+    First a greedy (each stage the longest range that fits and leaves a layer for every later
+    stage): a partition it finds fits.  When it finds none, a reachability DP over stage
+    boundaries decides exactly: the greedy alone is not exact, because a stage's memory depends
+    on its index (micro-batches in flight), so a boundary pushed far ahead can leave a large
+    layer to a stage that holds more micro-batches than the stage that could have held it."""
+    if _greedy_fits(terms, capacity):
+        return True
+    p, L = terms.pp, terms.instance.num_layers
+    reach = np.array([0])
+    for s in range(p):
+        ends = np.arange(s + 1, L - (p - 1 - s) + 1) if s < p - 1 else np.array([L])
+        k, l = (a.ravel() for a in np.meshgrid(reach, ends, indexing="ij"))
+        ok = (k < l) & (terms.memory_floor(s, k, np.maximum(l, k + 1)) <= capacity)
+        reach = ends[ok.reshape(len(reach), len(ends)).any(axis=0)]
+        if len(reach) == 0:
+            return False
+    return True
+
+
+def _greedy_fits(terms: CandidateTerms, capacity: float) -> bool:
+    """fits_somewhere's fast path: True when the greedy partition fits (False says nothing)."""
     p, L = terms.pp, terms.instance.num_layers
     k = 0
     for s in range(p):
