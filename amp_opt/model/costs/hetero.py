@@ -211,10 +211,8 @@ def _labelled_bound(terms: CandidateTerms, classes, caps, vectors) -> float:
     n, p = terms.n_micro, terms.pp
     L, C = terms.instance.num_layers, len(classes)
     g = grid(L)
-    params = terms.sums.params_in(g.start, g.stop)
     compute = [range_table(c.times) for c in classes]
-    sync = terms.allreduce_bytes_per_param()
-    allreduce = [np.where(g.nonempty, params * sync / c.link, INF) for c in classes]
+    allreduce = [_allreduce_table(terms, c.link) for c in classes]
     fits = []
     for s in range(p):
         memory = terms.memory(s, g.start, g.stop)
@@ -286,15 +284,19 @@ def _fixed_partition_bound(tables, cand) -> float:
             + sync * terms.allreduce_bytes_per_param() / link)
 
 
+def _allreduce_table(terms: CandidateTerms, link: float) -> np.ndarray:
+    """Seconds of a stage's gradient synchronisation over a ring of ``link`` bytes/s, for every
+    range of layers (tied tensors once; inf where empty): B2's and B3's allreduce terms."""
+    g = grid(terms.instance.num_layers)
+    return np.where(g.nonempty, terms.sums.params_in(g.start, g.stop) * terms.allreduce_bytes_per_param() / link, INF)
+
+
 def _allreduce_floor(terms: CandidateTerms, link: float) -> float:
     """B3's allreduce term: max_s AR_s is at least the min-max partition of the stages' gradient
-    bytes (tied tensors once) over the fastest ring any stage can have, ``link`` bytes/s."""
-    sync = terms.allreduce_bytes_per_param()
-    if sync == 0.0:
+    bytes over the fastest ring any stage can have, ``link`` bytes/s."""
+    if terms.allreduce_bytes_per_param() == 0.0:
         return 0.0
-    g = grid(terms.instance.num_layers)
-    table = np.where(g.nonempty, terms.sums.params_in(g.start, g.stop) * (sync / link), INF)
-    return min_max_chain([table] * terms.pp)
+    return min_max_chain([_allreduce_table(terms, link)] * terms.pp)
 
 
 def _fractional_bottleneck(classes, caps, p: int) -> float:
