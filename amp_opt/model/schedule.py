@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from .evaluate import stage_costs
+
 FORWARD_SHARE = 1.0 / 3.0  # forward : backward = 1 : 2 of a stage's compute (formulations/hetero.md H8)
 
 
@@ -146,3 +150,28 @@ def simulate(chunk_compute, p2p, allreduce, n: int) -> Schedule:
         critical.add(key)
         key = done[key].after
     return Schedule(ops, end.end, frozenset(critical))
+
+
+def schedule_of(instance, evaluation) -> Schedule:
+    """The simulated schedule of an evaluation: each stage's E_s split over its chunks in
+    proportion to their layers' times (the stage's first compute class), each boundary's
+    P_s over the v times it is crossed; the transfer from the last stage back to the first
+    (between chunks) takes the slowest of those."""
+    stages, v = evaluation.stages, evaluation.plan.virtual_stages
+    p2p = [r.p2p / v for r in stages[:-1]]
+    p2p.append(max(p2p, default=0.0))
+    if v == 1:
+        compute = [[r.compute] for r in stages]
+    else:
+        costs = stage_costs(instance, evaluation.plan, evaluation.cost_model)
+        compute, at = [], 0
+        for s, r in enumerate(stages):
+            times = costs.layer_times(s)[0]
+            sizes = [l - k for k, l in r.chunks]
+            edges = np.concatenate([[0], np.cumsum(sizes)])
+            start = at
+            weights = [float(times[start + a:start + b].sum()) for a, b in zip(edges, edges[1:])]
+            at += int(edges[-1])
+            total = sum(weights) or 1.0
+            compute.append([r.compute * w / total for w in weights])
+    return simulate(compute, p2p, [r.allreduce for r in stages], evaluation.n_micro)
