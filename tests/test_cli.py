@@ -86,6 +86,7 @@ def test_bad_instance_exits_2_with_one_line(tmp_path, mutate, field):
           "stages": [[[0, 1], [0, 1], [2, 3], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]]]}, "stages[0][1]"),
         ({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30], "speed": 1}, "plan.speed"),
         ([{"tp": 1}], "plan[0].dp"),
+        ({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1}, "plan.partition: required"),
     ],
 )
 def test_bad_plan_exits_2(tmp_path, plan, field):

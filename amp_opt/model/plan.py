@@ -216,6 +216,9 @@ def parse_plan(data: Any, *, where: str = "plan") -> Plan:
     cp = number_field(data, "cp", where, default=1)
     v = number_field(data, "virtual_stages", where, default=1)
     partition = data.get("partition")
+    if partition is None:
+        raise InputError(f"{where}.partition", "required: the layer boundaries of the stages, "
+                         "[0, ..., number of layers] (pp*virtual_stages+1 integers)")
     if not isinstance(partition, Sequence) or isinstance(partition, str) or not all(
         isinstance(b, int) and not isinstance(b, bool) for b in partition
     ):
