@@ -136,6 +136,9 @@ def test_cli_text_and_json(tmp_path):
     assert "does NOT fit" in out.stdout and "stage 0 on V100-16GB" in out.stdout and "FITS" in out.stdout
     out = run("explain", str(path), str(plan), "--json")
     assert out.returncode == 0 and json.loads(out.stdout)["fits"] is False
+    plan.write_text(json.dumps(dict(PLAN, tp=2, dp=2, sequence_parallel=True, recompute="full")))
+    out = run("explain", str(path), str(plan))  # the header names every setting of the plan
+    assert "tp=2 dp=2 pp=4 micro_batch=1 sequence_parallel recompute=full" in out.stdout.splitlines()[0], out.stdout + out.stderr
     out = run("explain", str(INSTANCES / "amp_homogeneous.json"))
     assert out.returncode == 0 and "solvable" in out.stdout
     out = run("explain", str(path), str(tmp_path / "missing.json"))

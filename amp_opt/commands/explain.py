@@ -22,7 +22,7 @@ from ..model.engines import engine_of
 from ..model.evaluate import MemoryParts, evaluate, memory_parts
 from ..model.load import DEFAULT_TP, RECOMPUTE, load_instance
 from ..model.costs import plan_of
-from ..model.plan import Candidate, check_plan, rank_order_stages
+from ..model.plan import Candidate, check_plan, describe, parse_plan, rank_order_stages
 from ..model.tables import Tables
 from ..search.context import Search
 from ..search.grouping import candidate_graph
@@ -292,8 +292,7 @@ def _gib(x: float) -> str:
 
 def plan_text(instance, doc: dict[str, Any]) -> str:
     p = doc["plan"]
-    lines = [f"{instance.name}: tp={p['tp']} dp={p['dp']} pp={p['pp']} micro_batch={p['micro_batch']} "
-             f"partition {p['partition']} (cost model {doc['cost_model']})"]
+    lines = [f"{instance.name}: {describe(parse_plan(p))} partition {p['partition']} (cost model {doc['cost_model']})"]
     if doc.get("note"):
         lines.append(f"note: {doc['note']}")
     if doc["fits"]:
