@@ -77,10 +77,11 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def plan_label(plan: dict | None) -> str:
-    """A plan's degrees in one short string ("tp=4 dp=2 pp=2 mb=1")."""
+    """A plan's degrees in one short string ("tp=4 dp=2 pp=2 mb=1"; cp when above 1)."""
     if not plan:
         return ""
-    return f"tp={plan['tp']} dp={plan['dp']} pp={plan['pp']} mb={plan['micro_batch']}"
+    cp = f" cp={plan['cp']}" if plan.get("cp", 1) > 1 else ""
+    return f"tp={plan['tp']}{cp} dp={plan['dp']} pp={plan['pp']} mb={plan['micro_batch']}"
 
 
 def make_row(inst: BenchInstance, solver: str, run: SolveRun, base: BaselineRun | None, *, repeat: int = 0,

@@ -326,15 +326,14 @@ def instance_text(instance, doc: dict[str, Any]) -> str:
     head = f"{instance.name}: {instance.num_devices} devices, {instance.num_layers} layers (cost model {doc['cost_model']})"
     if doc["solvable"]:
         p = doc["plan"]
-        return (f"{head}\nsolvable: the best plan tp={p['tp']} dp={p['dp']} pp={p['pp']} "
-                f"micro_batch={p['micro_batch']} takes {doc['predicted_time']:.4f} s per iteration; "
+        return (f"{head}\nsolvable: the best plan {describe(parse_plan(p))} "
+                f"takes {doc['predicted_time']:.4f} s per iteration; "
                 f"smallest headroom {_gib(min(s['headroom'] for s in doc['stages']))}")
     lines = [head, f"no plan fits: {doc['reason']}", "relaxations (each solved on a modified instance):"]
     for r in doc["relaxations"]:
         if r["fits"]:
             p = r["plan"]
-            lines.append(f"  {r['change']}: FITS, best tp={p['tp']} dp={p['dp']} pp={p['pp']} "
-                         f"micro_batch={p['micro_batch']} at {r['predicted_time']:.4f} s")
+            lines.append(f"  {r['change']}: FITS, best {describe(parse_plan(p))} at {r['predicted_time']:.4f} s")
         elif r["fits"] is None:
             lines.append(f"  {r['change']}: no verdict within the time limit")
         else:

@@ -27,7 +27,7 @@ from ..errors import InputError
 from ..calibrate.predict import peak_of_stage
 from ..model.evaluate import evaluate
 from ..model.load import load_instance, load_json
-from ..model.plan import check_plan
+from ..model.plan import check_plan, describe
 from .common import load_single_plan, positive_float, positive_int, write_text
 
 EXIT_RUN_FAILED = 6
@@ -143,7 +143,7 @@ def predicted_peak(instance, evaluation) -> float:
 def format_comparison(instance, record: dict, evaluation, comparison) -> str:
     """Measured next to predicted, term by term (text)."""
     plan = evaluation.plan
-    head = (f"{instance.name}: tp={plan.tp} dp={plan.dp} pp={plan.pp} micro_batch={plan.micro_batch} "
+    head = (f"{instance.name}: {describe(plan)} "
             f"({evaluation.n_micro} micro-batches/iteration, partition {list(plan.partition)})")
     if record.get("failed"):
         return f"{head}\nrun FAILED ({record['failed']}): {record.get('error', '')}\n"

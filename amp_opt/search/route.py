@@ -78,7 +78,7 @@ def enumerator_fits(instance, placement: str) -> tuple[bool, str]:
     for cand in candidates(instance):
         walk = walk_estimate(instance, cand)
         if walk > MAX_TRANSITIONS:
-            return False, (f"free grouping of tp={cand.tp} dp={cand.dp} pp={cand.pp} has about {walk:.2g} stage "
+            return False, (f"free grouping of tp={cand.tp} cp={cand.cp} dp={cand.dp} pp={cand.pp} has about {walk:.2g} stage "
                            f"transitions (the enumerator stops at {MAX_TRANSITIONS})")
         cells += walk * (L + 1) * (L - cand.pp + 2)
     if cells > AUTO_CELLS:
