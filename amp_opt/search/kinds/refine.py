@@ -56,6 +56,15 @@ class KindPhase:
             self.searches[cand] = None if model is None else KindSearch(model, min(best, model.ceiling), deadline)
         return self.searches[cand]
 
+    def labelled_bound(self, cand, lower: float) -> float:
+        """``lower`` raised to the labelled bound (eq. B2) before the candidate's kind bound is
+        started: one DP, a few to a few hundred milliseconds on 1024 GPUs against most of a second per
+        round of the kind bound, and on its own it rules out most candidates the cheap bound (B3)
+        leaves open.  Remembered per solve; skipped once out of time."""
+        if self.search.out_of_time():
+            return lower
+        return max(lower, self.search.lower_bound(cand, labelled=True))
+
     def raise_bound(self, cand, best: float, sweeps: int, deadline) -> float:
         """The candidate's kind bound raised towards ``best``, or infinity once it reaches the cost
         no plan of the candidate exceeds (``KindModel.ceiling``): then it has no plan at all."""
@@ -67,7 +76,8 @@ class KindPhase:
     def quick_bound(self, cand, lower: float, best: float, deadline=None) -> float:
         """Phase 1's quick try at ruling a candidate out before its DP incumbent is built (until
         ``deadline``, by default the search's; under a time limit each try may take QUICK_SHARE of it)."""
-        if self.of(cand, best, deadline) is None:
+        lower = self.labelled_bound(cand, lower)
+        if lower >= best or self.of(cand, best, deadline) is None:
             return lower
         deadline = self.search.deadline if deadline is None else deadline
         limit = self.search.options.time_limit
@@ -88,12 +98,10 @@ class KindPhase:
             before = (best, min([lower[c] for c in open_], default=np.inf))
             # The bounds may take BOUND_SHARE of the time left, so that plans get built every
             # round even when there are more candidates than one round of bounds can cover.
+            # The candidates with the lowest bounds first, then their plans (the likeliest to be
+            # better ones), then the bounds of the others: a better plan early rules more out.
             bounds_stop = None if stop is None else time.perf_counter() + BOUND_SHARE * (stop - time.perf_counter())
-            for c in open_:
-                if _past(bounds_stop) or lower[c] >= best or self.of(c, best, bounds_stop) is None:
-                    continue
-                lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, bounds_stop))
-            # Plans where the bounds leave the most room: the likeliest to hold better ones.
+            best = self._raise(open_[:POLISHED], lower, best, bounds_stop)
             ranked = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if self.searches.get(c) is not None]
             for c in ranked[:POLISHED]:
                 if lower[c] >= best or _past(stop):
@@ -102,6 +110,7 @@ class KindPhase:
                     if found is not None and (c not in incumbents or found.value < incumbents[c].value):
                         incumbents[c] = found
                         best = min(best, found.value)
+            best = self._raise(open_[POLISHED:], lower, best, bounds_stop)
             if not open_ or _past(stop):
                 break
             # After KIND_ROUNDS, more rounds only under a time limit and only while they pay: the
@@ -110,6 +119,17 @@ class KindPhase:
             moved = before[0] - best > KIND_PROGRESS * best or weakest - before[1] > KIND_PROGRESS * best
             if round_ + 1 >= KIND_ROUNDS and (stop is None or not moved):
                 break
+        return best
+
+    def _raise(self, cands, lower: dict, best: float, deadline) -> float:
+        """The bounds of ``cands`` raised in turn (B2 first, then the kind bound) until ``deadline``."""
+        for c in cands:
+            if _past(deadline) or lower[c] >= best:
+                continue
+            lower[c] = self.labelled_bound(c, lower[c])
+            if lower[c] >= best or self.of(c, best, deadline) is None:
+                continue
+            lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, deadline))
         return best
 
     def _plans(self, c, inc, stop) -> list:

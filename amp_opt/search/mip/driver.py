@@ -7,8 +7,9 @@ are pruned with the best objective found so far.  In order:
 
 1. every candidate gets a fast incumbent from the exact stage DP on a few fixed node
    orders (AMP's rank order, fastest nodes first, slowest first); under a time limit this
-   phase ends at P1_SHARE of the time left once it has a plan (it goes on until it has
-   one), and the quick kind bounds before the DP stop at P1_QUICK_SHARE;
+   phase ends at P1_SHARE of the time left once it has a plan (P1_KINDS_SHARE when phase
+   1b follows, whose plans are better; without a plan it goes on until it has one), and the
+   quick kind bounds before the DP stop at P1_QUICK_SHARE;
 1b. under the hetero model with free grouping on large clusters, the stage-kind search
    (:mod:`amp_opt.search.kinds.refine`) tightens every candidate's bound and improves
    the plans;
@@ -45,6 +46,7 @@ from .formulation import build
 
 SAME = 1e-6  # relative difference below which a bound counts as reaching a value
 P1_SHARE = 0.4  # of the time left: phase 1 (DP incumbents) stops there once it has a plan
+P1_KINDS_SHARE = 0.15  # the same when phase 1b runs: its plans beat the DP's fixed node orders
 P1_QUICK_SHARE = 0.25  # of the time left: phase 1's quick kind bounds stop there
 
 
@@ -138,7 +140,8 @@ def _incumbents(search, cands, lower: dict, phase: KindPhase | None) -> tuple[di
     grouping the kind bound (eq. B4) first gets a quick try at ruling the candidate out."""
     incumbents: dict[Candidate, Incumbent] = {}
     best = search.options.cutoff
-    until, quick_until = search.share(P1_SHARE), search.share(P1_QUICK_SHARE)
+    until = search.share(P1_SHARE if phase is None else P1_KINDS_SHARE)
+    quick_until = search.share(P1_QUICK_SHARE)
     for c in sorted(cands, key=lambda c: (lower[c], c)):
         if lower[c] >= best or search.out_of_time() or (np.isfinite(best) and stop.past(until)):
             break
