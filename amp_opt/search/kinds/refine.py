@@ -31,6 +31,7 @@ POLISHED = 3  # candidates (lowest bounds first) that get plans built per round
 QUICK_SWEEPS = 60  # DP paths of the kind bound before a candidate's first incumbent
 QUICK_SHARE = 0.01  # share of the time limit one such quick bound may take
 POLISH_CELLS = 3  # threshold cells (the weakest) at which an incumbent is re-partitioned
+CHEAP_CELLS = 1.5e7  # B2's DP up to this size runs before a candidate's kind bound (tens of ms)
 
 
 def runs_kinds(search) -> bool:
@@ -56,14 +57,15 @@ class KindPhase:
             self.searches[cand] = None if model is None else KindSearch(model, min(best, model.ceiling), deadline)
         return self.searches[cand]
 
-    def labelled_bound(self, cand, lower: float) -> float:
-        """``lower`` raised to the labelled bound (eq. B2) before the candidate's kind bound is
-        started: one DP, a few to a few hundred milliseconds on 1024 GPUs against most of a second per
-        round of the kind bound, and on its own it rules out most candidates the cheap bound (B3)
-        leaves open.  Remembered per solve; skipped once out of time."""
+    def labelled_bound(self, cand, lower: float, cells: float | None = None) -> float:
+        """``lower`` raised to the labelled bound (eq. B2): one DP, a few to a few hundred
+        milliseconds on 1024 GPUs against most of a second per round of the kind bound, and where
+        the kind bound is slow to start it rules out most candidates the cheap bound (B3) leaves
+        open.  ``cells`` caps its DP (above it, nothing is computed beyond B3).  Remembered per
+        solve; skipped once out of time."""
         if self.search.out_of_time():
             return lower
-        return max(lower, self.search.lower_bound(cand, labelled=True))
+        return max(lower, self.search.lower_bound(cand, labelled=True, cells=cells))
 
     def raise_bound(self, cand, best: float, sweeps: int, deadline) -> float:
         """The candidate's kind bound raised towards ``best``, or infinity once it reaches the cost
@@ -74,17 +76,21 @@ class KindPhase:
         return np.inf if value >= ceiling else value
 
     def quick_bound(self, cand, lower: float, best: float, deadline=None) -> float:
-        """Phase 1's quick try at ruling a candidate out before its DP incumbent is built (until
-        ``deadline``, by default the search's; under a time limit each try may take QUICK_SHARE of it)."""
-        lower = self.labelled_bound(cand, lower)
+        """A candidate's first try at being ruled out: the labelled bound B2 if its DP is small
+        (CHEAP_CELLS), then the kind bound with a few DP paths (until ``deadline``, by default the
+        search's; under a time limit at most QUICK_SHARE of it), then B2 at any size.  A large B2
+        comes after the kind bound: building its tables alone often rules a candidate out, where
+        such a B2 takes half a second."""
+        lower = self.labelled_bound(cand, lower, CHEAP_CELLS)
         if lower >= best or self.of(cand, best, deadline) is None:
-            return lower
+            return self.labelled_bound(cand, lower) if lower < best else lower
         deadline = self.search.deadline if deadline is None else deadline
         limit = self.search.options.time_limit
         if limit is not None:
             cap = time.perf_counter() + QUICK_SHARE * limit
             deadline = cap if deadline is None else min(deadline, cap)
-        return max(lower, self.raise_bound(cand, best, QUICK_SWEEPS, deadline))
+        lower = max(lower, self.raise_bound(cand, best, QUICK_SWEEPS, deadline))
+        return lower if lower >= best else self.labelled_bound(cand, lower)
 
     def refine(self, incumbents: dict, lower: dict, best: float, gap: float) -> float:
         """Rounds of bound raising and plan building; updates ``incumbents`` and ``lower`` and
@@ -101,7 +107,7 @@ class KindPhase:
             # The candidates with the lowest bounds first, then their plans (the likeliest to be
             # better ones), then the bounds of the others: a better plan early rules more out.
             bounds_stop = None if stop is None else time.perf_counter() + BOUND_SHARE * (stop - time.perf_counter())
-            best = self._raise(open_[:POLISHED], lower, best, bounds_stop)
+            self._raise(open_[:POLISHED], lower, best, bounds_stop)
             ranked = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if self.searches.get(c) is not None]
             for c in ranked[:POLISHED]:
                 if lower[c] >= best or _past(stop):
@@ -110,7 +116,7 @@ class KindPhase:
                     if found is not None and (c not in incumbents or found.value < incumbents[c].value):
                         incumbents[c] = found
                         best = min(best, found.value)
-            best = self._raise(open_[POLISHED:], lower, best, bounds_stop)
+            self._raise(open_[POLISHED:], lower, best, bounds_stop)
             if not open_ or _past(stop):
                 break
             # After KIND_ROUNDS, more rounds only under a time limit and only while they pay: the
@@ -121,16 +127,18 @@ class KindPhase:
                 break
         return best
 
-    def _raise(self, cands, lower: dict, best: float, deadline) -> float:
-        """The bounds of ``cands`` raised in turn (B2 first, then the kind bound) until ``deadline``."""
+    def _raise(self, cands, lower: dict, best: float, deadline) -> None:
+        """The bounds of ``cands`` raised in turn until ``deadline``: a candidate's first time its
+        quick try (:meth:`quick_bound`), then the kind bound."""
         for c in cands:
             if _past(deadline) or lower[c] >= best:
                 continue
-            lower[c] = self.labelled_bound(c, lower[c])
-            if lower[c] >= best or self.of(c, best, deadline) is None:
-                continue
-            lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, deadline))
-        return best
+            if c not in self.searches:
+                lower[c] = self.quick_bound(c, lower[c], best, deadline)
+                if lower[c] >= best or self.searches[c] is None:
+                    continue
+            if self.searches[c] is not None:
+                lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, deadline))
 
     def _plans(self, c, inc, stop) -> list:
         """Plans built from the weakest cells' relaxed paths (eq. K6), and the incumbent's kinds
