@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from amp_opt.bench.writers import machine_info  # noqa: E402
+from amp_opt.bench.rows import plan_label  # noqa: E402
 
 SHAPE = ["--nodes", "128", "--devices-per-node", "8", "--device-types", "4", "--layers", "96"]
 
@@ -51,7 +52,7 @@ def run(seed: int, solver: str, time_limit: float, folder: Path) -> dict:
         result = json.loads(done.stdout)
         row.update(result["solver"])
         plan = result["plan"]
-        row["plan"] = f"tp={plan['tp']} dp={plan['dp']} pp={plan['pp']} mb={plan['micro_batch']}"
+        row["plan"] = plan_label(plan)
     else:
         row["message"] = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
     return row

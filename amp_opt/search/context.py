@@ -74,13 +74,11 @@ class Search:
             return f"interrupted by {reason}"
         return f"time limit of {rounded(self.options.time_limit)} s"
 
-    def lower_bound(self, cand: Candidate, *, labelled: bool = True, cells: float | None = None) -> float:
-        """The cost model's bound on every plan of a candidate (B2 within ``cells``, see
-        :meth:`CostModel.lower_bound`), remembered for this solve."""
-        key = (cand, labelled, cells)
+    def lower_bound(self, cand: Candidate, *, labelled: bool = True) -> float:
+        """The cost model's bound on every plan of a candidate, remembered for this solve."""
+        key = (cand, labelled)
         if key not in self._bounds:
-            kwargs = {} if cells is None else {"cells": cells}
-            self._bounds[key] = self.model.lower_bound(self.tables, cand, labelled=labelled, **kwargs)
+            self._bounds[key] = self.model.lower_bound(self.tables, cand, labelled=labelled)
         return self._bounds[key]
 
     def chunks(self, cand: Candidate) -> tuple[int, ...] | None:

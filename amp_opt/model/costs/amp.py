@@ -75,7 +75,7 @@ class AmpModel(CostModel):
                                      "sequence parallelism, recomputation or virtual stages): use --cost-model hetero")
         return AmpCosts(self, tables, cand, stages)
 
-    def lower_bound(self, tables, cand, *, labelled: bool = True, cells: float | None = None) -> float:
+    def lower_bound(self, tables, cand, *, labelled: bool = True) -> float:
         """Eq. B1: every stage runs the blended profile; the bottleneck is at least its exact
         min-max partition into p stages, the fill/drain at least the whole model's time."""
         blended, _ = blended_times(tables, cand.tp, cand.micro_batch)

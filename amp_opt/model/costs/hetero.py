@@ -94,21 +94,20 @@ class HeteroModel(CostModel):
     def stage_costs(self, tables, cand, stages, *, chunks=None, modes=None) -> HeteroCosts:
         return HeteroCosts(self, tables, cand, stages, chunks=chunks, modes=modes)
 
-    def lower_bound(self, tables, cand, *, labelled: bool = True, cells: float | None = None) -> float:
+    def lower_bound(self, tables, cand, *, labelled: bool = True) -> float:
         """time >= (n-1) T_lb + S_lb (+ U_lb under B2); communication otherwise left out.
 
         A stage's label is the slowest compute class among its groups; at most
         floor((G_1 + ... + G_k) / dp) stages carry one of the k fastest labels.  B2: DPs over
         (labels used so far, layer position), with memory, when small enough (``labelled``);
         else B3: a fractional speed bound and the min-max partition of the fastest times.
-        ``cells`` caps B2's DP (default LABELLED_BUDGET): above it, B3.
         """
         v, n, p = cand.virtual_stages, cand.n_micro(tables.instance), cand.pp
         # Every stage pays at least the smallest calibrated step overhead (C3) per micro-batch.
         step = min(tables.instance.device_types[c.device_type].step_overhead for c in node_classes(tables.instance))
-        return (n - 1 / v) * step + p * step / v + self._bound(tables, cand, labelled, cells or LABELLED_BUDGET)
+        return (n - 1 / v) * step + p * step / v + self._bound(tables, cand, labelled)
 
-    def _bound(self, tables, cand, labelled: bool, cells: float) -> float:
+    def _bound(self, tables, cand, labelled: bool) -> float:
         if cand.virtual_stages > 1:
             return _fixed_partition_bound(tables, cand)
         terms = CandidateTerms(tables, cand)
@@ -118,7 +117,7 @@ class HeteroModel(CostModel):
         caps = _caps(classes, cand.replicas, cand.pp)
         n, p, L = terms.n_micro, cand.pp, tables.instance.num_layers
         if labelled:
-            vectors = _label_vectors(caps, int(cells // (len(classes) * (L + 1) ** 2)))
+            vectors = _label_vectors(caps, int(LABELLED_BUDGET // (len(classes) * (L + 1) ** 2)))
             if vectors is not None:
                 return _labelled_bound(terms, classes, caps, vectors)
         fastest = np.min([c.times for c in classes], axis=0)

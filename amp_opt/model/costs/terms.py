@@ -462,9 +462,7 @@ class CostModel:
     def stage_costs(self, tables, cand, stages: Stages, *, chunks=None, modes=None) -> StageCosts:  # pragma: no cover
         raise NotImplementedError
 
-    def lower_bound(self, tables, cand, *, labelled: bool = True, cells: float | None = None) -> float:  # pragma: no cover
-        """A bound on every plan of the candidate; ``labelled`` asks for the stronger, slower one,
-        and ``cells`` caps the work that may take (a model without such a choice ignores both)."""
+    def lower_bound(self, tables, cand, *, labelled: bool = True) -> float:  # pragma: no cover
         raise NotImplementedError
 
     def __repr__(self) -> str:

@@ -31,7 +31,6 @@ POLISHED = 3  # candidates (lowest bounds first) that get plans built per round
 QUICK_SWEEPS = 60  # DP paths of the kind bound before a candidate's first incumbent
 QUICK_SHARE = 0.01  # share of the time limit one such quick bound may take
 POLISH_CELLS = 3  # threshold cells (the weakest) at which an incumbent is re-partitioned
-CHEAP_CELLS = 1.5e7  # B2's DP up to this size runs before a candidate's kind bound (tens of ms)
 
 
 def runs_kinds(search) -> bool:
@@ -57,15 +56,14 @@ class KindPhase:
             self.searches[cand] = None if model is None else KindSearch(model, min(best, model.ceiling), deadline)
         return self.searches[cand]
 
-    def labelled_bound(self, cand, lower: float, cells: float | None = None) -> float:
+    def labelled_bound(self, cand, lower: float) -> float:
         """``lower`` raised to the labelled bound (eq. B2): one DP, a few to a few hundred
         milliseconds on 1024 GPUs against most of a second per round of the kind bound, and where
         the kind bound is slow to start it rules out most candidates the cheap bound (B3) leaves
-        open.  ``cells`` caps its DP (above it, nothing is computed beyond B3).  Remembered per
-        solve; skipped once out of time."""
+        open.  Remembered per solve; skipped once out of time."""
         if self.search.out_of_time():
             return lower
-        return max(lower, self.search.lower_bound(cand, labelled=True, cells=cells))
+        return max(lower, self.search.lower_bound(cand, labelled=True))
 
     def raise_bound(self, cand, best: float, sweeps: int, deadline) -> float:
         """The candidate's kind bound raised towards ``best``, or infinity once it reaches the cost
@@ -76,14 +74,12 @@ class KindPhase:
         return np.inf if value >= ceiling else value
 
     def quick_bound(self, cand, lower: float, best: float, deadline=None) -> float:
-        """A candidate's first try at being ruled out: the labelled bound B2 if its DP is small
-        (CHEAP_CELLS), then the kind bound with a few DP paths (until ``deadline``, by default the
-        search's; under a time limit at most QUICK_SHARE of it), then B2 at any size.  A large B2
-        comes after the kind bound: building its tables alone often rules a candidate out, where
-        such a B2 takes half a second."""
-        lower = self.labelled_bound(cand, lower, CHEAP_CELLS)
-        if lower >= best or self.of(cand, best, deadline) is None:
-            return self.labelled_bound(cand, lower) if lower < best else lower
+        """A candidate's first try at being ruled out: its kind bound with a few DP paths (until
+        ``deadline``, by default the search's; under a time limit at most QUICK_SHARE of it), then,
+        if that leaves it open, the labelled bound B2.  The kind bound first: building its tables
+        alone often rules a candidate out, where B2 may take half a second."""
+        if self.of(cand, best, deadline) is None:
+            return self.labelled_bound(cand, lower)
         deadline = self.search.deadline if deadline is None else deadline
         limit = self.search.options.time_limit
         if limit is not None:
