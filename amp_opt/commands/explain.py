@@ -292,7 +292,8 @@ def _gib(x: float) -> str:
 
 def plan_text(instance, doc: dict[str, Any]) -> str:
     p = doc["plan"]
-    lines = [f"{instance.name}: {describe(parse_plan(p))} partition {p['partition']} (cost model {doc['cost_model']})"]
+    lines = [f"{instance.name}: {describe(parse_plan(p))} partition {p['partition']} "
+             f"(cost model {doc['cost_model']})"]
     if doc.get("note"):
         lines.append(f"note: {doc['note']}")
     if doc["fits"]:

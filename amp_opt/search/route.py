@@ -78,8 +78,8 @@ def enumerator_fits(instance, placement: str) -> tuple[bool, str]:
     for cand in candidates(instance):
         walk = walk_estimate(instance, cand)
         if walk > MAX_TRANSITIONS:
-            return False, (f"free grouping of tp={cand.tp} cp={cand.cp} dp={cand.dp} pp={cand.pp} has about {walk:.2g} stage "
-                           f"transitions (the enumerator stops at {MAX_TRANSITIONS})")
+            return False, (f"free grouping of tp={cand.tp} cp={cand.cp} dp={cand.dp} pp={cand.pp} has about "
+                           f"{walk:.2g} stage transitions (the enumerator stops at {MAX_TRANSITIONS})")
         cells += walk * (L + 1) * (L - cand.pp + 2)
     if cells > AUTO_CELLS:
         return False, f"about {cells:.2g} DP cells over all candidates (auto enumerates up to {AUTO_CELLS:.0e})"
