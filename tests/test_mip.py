@@ -8,7 +8,7 @@ import dataclasses
 import importlib.util
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from amp_opt import InfeasibleError, parse_instance, solve
@@ -71,6 +71,9 @@ instances = st.builds(small_instance, seed=st.integers(0, 10**6), nodes=st.integ
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instance=instances)
+# CP-SAT's integer objective sat 1.3e-6 below the plan's score, which the idle-GPU driver took
+# for an open gap (FEASIBLE); found by the long run below.
+@example(instance=small_instance(128, 3, 4, 3, 7))
 def test_random_instances_all_solvers_agree(instance):
     check_agreement(instance)
 

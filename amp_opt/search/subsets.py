@@ -187,7 +187,11 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
             reasons.append(str(sys.exc_info()[1]))
             bound[part.classes] = math.inf
             return
-        bound[part.classes] = max(bound[part.classes], result.solver.bound * scale)
+        # A subset proven optimal is closed at its best plan's score: a program's proof is within its
+        # integer resolution of the evaluator's (CP-SAT scales the seconds to integers), which can be
+        # more than the 1e-6 the comparison below allows.
+        proven = result.best.predicted_time if result.solver.status == "OPTIMAL" else result.solver.bound
+        bound[part.classes] = max(bound[part.classes], proven * scale)
         results.append(result)
         alone = len(allowed) == 1
         for t, primal, dual in result.solver.trace:
