@@ -48,6 +48,7 @@ SAME = 1e-6  # relative difference below which a bound counts as reaching a valu
 P1_SHARE = 0.4  # of the time left: phase 1 (DP incumbents) stops there once it has a plan
 P1_KINDS_SHARE = 0.15  # the same when phase 1b runs: its plans beat the DP's fixed node orders
 P1_QUICK_SHARE = 0.25  # of the time left: phase 1's quick kind bounds stop there
+BOUNDS_SHARE = 0.5  # of the time left: the candidates' first bounds stop there (thousands take seconds)
 
 
 def node_orders(search, cand: Candidate) -> list[list[int]]:
@@ -114,11 +115,19 @@ def solve_mip(search) -> SolveResult:
     if not cands:
         raise InfeasibleError(why_empty(instance))
     phase = KindPhase(search) if opts.kinds and runs_kinds(search) else None
-    # Without phase 1b, the labelled bound (B3) of every candidate while time allows (about 10 ms
-    # each on 256 GPUs), else the cost model's plain bound (B2, about 2 ms each); once the deadline
-    # has passed, 0 (nothing proven: thousands of candidates times 2 ms would break the time limit).
-    lower = {c: 0.0 if search.out_of_time() else search.lower_bound(c, labelled=phase is None) for c in cands}
-    incumbents, best = _incumbents(search, cands, lower, phase)
+    # Without phase 1b, the labelled bound (B2) of every candidate while time allows (about 10 ms
+    # each on 256 GPUs), else the cost model's plain bound (B3, 1-2 ms each); after BOUNDS_SHARE of
+    # the time, 0 (nothing proven: the 4044 candidates of a 1024-GPU instance take 6 s, which
+    # left a 5 s limit no time for a plan), and those candidates come last in phase 1.
+    until = search.share(BOUNDS_SHARE)
+    lower, unbounded = {}, set()
+    for c in cands:
+        if stop.past(until):
+            lower[c] = 0.0
+            unbounded.add(c)
+        else:
+            lower[c] = search.lower_bound(c, labelled=phase is None)
+    incumbents, best = _incumbents(search, cands, lower, phase, unbounded)
     search.trace.update(best if np.isfinite(best) else None, _dual(cands, lower))
     if phase is not None:
         best = phase.refine(incumbents, lower, best, max(opts.gap, SAME))
@@ -135,15 +144,18 @@ def solve_mip(search) -> SolveResult:
     return _result(search, cands, proofs)
 
 
-def _incumbents(search, cands, lower: dict, phase: KindPhase | None) -> tuple[dict, float]:
-    """Phase 1: incumbents from the DP, candidates in order of their lower bound.  Under free
-    grouping the kind bound (eq. B4) first gets a quick try at ruling the candidate out."""
+def _incumbents(search, cands, lower: dict, phase: KindPhase | None, unbounded=frozenset()) -> tuple[dict, float]:
+    """Phase 1: incumbents from the DP, candidates in order of their lower bound (those without
+    one last).  Under free grouping the kind bound (eq. B4) first gets a quick try at ruling the
+    candidate out."""
     incumbents: dict[Candidate, Incumbent] = {}
     best = search.options.cutoff
     until = search.share(P1_SHARE if phase is None else P1_KINDS_SHARE)
     quick_until = search.share(P1_QUICK_SHARE)
-    for c in sorted(cands, key=lambda c: (lower[c], c)):
-        if lower[c] >= best or search.out_of_time() or (np.isfinite(best) and stop.past(until)):
+    for c in sorted(cands, key=lambda c: (c in unbounded, lower[c], c)):
+        if lower[c] >= best:
+            continue  # an unbounded candidate may follow
+        if search.out_of_time() or (np.isfinite(best) and stop.past(until)):
             break
         # Before the first plan the DP goes first: a plan is what every later phase needs.
         if phase is not None and np.isfinite(best) and not stop.past(quick_until):
