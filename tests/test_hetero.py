@@ -153,3 +153,19 @@ def test_free_grouping_at_least_as_good_as_rank_order_on_paper(paper_instances):
     for name in ("homogeneous", "het_model"):
         inst = paper_instances[name]
         assert solve(inst).best.predicted_time <= solve(inst, placement="rank-order").best.predicted_time + 1e-12
+
+
+def test_a_long_model_is_listed_and_scored_without_tables_over_every_range():
+    """With 30,000 layers a table over every range [k, l) would hold 9e8 cells (7 GB): listing the
+    candidates and scoring one plan (with full recomputation, whose rebuilt-layer term takes a
+    maximum over the stage) must not build one, and must not scan the layers per candidate
+    (10^5 layers took minutes before)."""
+    from amp_opt.model.candidates import candidates
+    from amp_opt.model.generate import generate_instance
+
+    inst = parse_instance(generate_instance(1, nodes=1, devices_per_node=2, device_types=1, layers=30000,
+                                            global_batch=4))
+    assert candidates(inst)
+    ev = evaluate(inst, parse_plan({"tp": 1, "dp": 1, "pp": 2, "micro_batch": 1, "recompute": "full",
+                                    "partition": [0, 15000, 30000]}))
+    assert ev.predicted_time > 0 and len(ev.stages) == 2

@@ -44,8 +44,7 @@ def even_partition(instance, parts: int, *, exact: bool = False) -> tuple[int, .
     if exact:
         split = megatron_split(instance, parts)
         return None if split is None else split.bounds
-    body = [i for i, layer in enumerate(instance.layers) if layer.kind == "transformer"]
-    first, last = (body[0], body[-1] + 1) if body else (0, n)
+    first, last = instance.transformer_span
     if last - first < parts:
         first, last = 0, n
     size, extra = divmod(last - first, parts)
@@ -82,14 +81,13 @@ def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: i
         lower = [z for z in allowed if z <= 2]
         zeros = ([max(lower)] if replicas > 1 else [min(lower)]) if lower else []
         zeros += [3] if 3 in allowed and replicas > 1 else []
-    scores = any(layer.attention_memory_bytes.replicated + layer.attention_memory_bytes.sharded > 0
-                 for layer in instance.layers)
+    scores = instance.layer_facts["scores"]
     modes = [(r, 0, False) for r in space.recompute if r != "selective" or scores]
     if "full" in space.recompute:
         modes += [("full", r, False) for r in block_counts(instance, pp)]
     if (engine.per_stage_recompute and space.per_stage_recompute and model.enforces_memory
             and set(PER_STAGE_MODES) <= set(space.recompute)
-            and any(layer.recomputes for layer in instance.layers)):
+            and instance.layer_facts["recomputing"] > 0):
         modes = [("full", 0, True)] + [m for m in modes if m[:2] not in (("none", 0), ("full", 0))]
     out = []
     for seq, zero, (mode, block, per_stage), v in itertools.product(sp, zeros, modes, space.virtual_stages):
@@ -106,9 +104,9 @@ def block_counts(instance, pp: int) -> list[int]:
     block method: each stage recomputes its first r transformer layers): those below the most
     transformer layers one stage can hold, since a larger r recomputes every layer, as plain full
     recomputation does.  None over coarsened blocks of layers, where a block is not one layer."""
-    if any(layer.members for layer in instance.layers):
+    if instance.layer_facts["blocks"] or not instance.search.recompute_layers:
         return []
-    recomputing = sum(layer.recomputes for layer in instance.layers)
+    recomputing = instance.layer_facts["recomputing"]
     others = instance.num_layers - recomputing  # stages may hold only such layers
     most = recomputing - max(0, pp - 1 - others)
     return [r for r in instance.search.recompute_layers if r < most]

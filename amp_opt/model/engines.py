@@ -44,7 +44,7 @@ class Engine:
         if cand.cp > 1 and tokens is not None and tokens % (2 * cand.cp):
             return "cp", (f"context parallelism splits each sequence into 2*cp load-balanced chunks: seq_len {tokens} "
                           f"is not divisible by {2 * cand.cp}")
-        if cand.cp > 1 and not any(layer.kv_bytes.replicated + layer.kv_bytes.sharded > 0 for layer in instance.layers):
+        if cand.cp > 1 and not instance.layer_facts["kv"]:
             return "cp", "context parallelism needs the model's keys and values (kv_bytes; a preset model has them)"
         if cand.virtual_stages > 1:
             if not self.interleaving:
@@ -95,8 +95,7 @@ class Split:
 
 def _body(instance) -> tuple[int, int]:
     """[first, last) of the transformer layers (every layer when there are none)."""
-    body = [i for i, layer in enumerate(instance.layers) if layer.kind == "transformer"]
-    return (body[0], body[-1] + 1) if body else (0, instance.num_layers)
+    return instance.transformer_span
 
 
 def megatron_split(instance, parts: int) -> Split | None:

@@ -180,6 +180,26 @@ class Instance:
         return np.array([layer.tp_comm_bytes for layer in self.layers], dtype=float)
 
     @cached_property
+    def transformer_span(self) -> tuple[int, int]:
+        """[first, last) of the transformer layers (every layer when there are none)."""
+        body = [i for i, layer in enumerate(self.layers) if layer.kind == "transformer"]
+        return (body[0], body[-1] + 1) if body else (0, self.num_layers)
+
+    @cached_property
+    def layer_facts(self) -> dict[str, int | bool]:
+        """What the candidate rules ask of the layer list as a whole, computed once (with 10^5
+        layers, asking it per candidate took minutes): ``kv`` some layer has keys and values,
+        ``scores`` some layer keeps attention scores, ``recomputing`` how many layers may
+        recompute, ``blocks`` the layers are coarsened blocks."""
+        return {
+            "kv": any(layer.kv_bytes.replicated + layer.kv_bytes.sharded > 0 for layer in self.layers),
+            "scores": any(layer.attention_memory_bytes.replicated + layer.attention_memory_bytes.sharded > 0
+                          for layer in self.layers),
+            "recomputing": sum(bool(layer.recomputes) for layer in self.layers),
+            "blocks": any(bool(layer.members) for layer in self.layers),
+        }
+
+    @cached_property
     def devices_by_type(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for node in self.nodes:

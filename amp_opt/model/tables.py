@@ -35,13 +35,14 @@ class LayerSums:
                     layers[i].tied_params / tp if layers[i].tied_params is not None else self.params[i] for i in members
                 )
                 self.ties.append((np.array(members), min(shared, *(self.params[i] for i in members))))
-        self._grid = grid(len(layers))
+        self._n = len(layers)  # the range grid is not built here: (L+1)^2 cells are 75 GiB at 10^5 layers
         self._on_grid: np.ndarray | None = None
 
     def params_in(self, k, l):
         """Parameters per rank held by a stage of layers [k, l); tied tensors once.  Over every
         range of the model (:func:`~amp_opt.model.ranges.grid`) the table is computed once."""
-        if k is self._grid.start and l is self._grid.stop:
+        whole = getattr(k, "shape", None) == (self._n + 1, self._n + 1)  # then the caller holds the grid
+        if whole and k is grid(self._n).start and l is grid(self._n).stop:
             if self._on_grid is None:
                 self._on_grid = self._params_in(np.asarray(k), np.asarray(l))
                 self._on_grid.flags.writeable = False

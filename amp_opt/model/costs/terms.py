@@ -209,9 +209,12 @@ class CandidateTerms:
         return out
 
     def _range_max(self, what: str, k, l):
-        """max of a per-layer array over [k, l) for every pair of the broadcast ranges (0 when empty)."""
+        """max of a per-layer array over [k, l) for every pair of the broadcast ranges (0 when empty);
+        one range directly (the table of every range is (L+1)^2 cells: 75 GiB at 10^5 layers)."""
+        values = self.recomputed_activations if what == "recomputed" else self.largest_params
+        if np.ndim(k) == 0 and np.ndim(l) == 0:
+            return float(values[int(k):int(l)].max()) if int(l) > int(k) else 0.0
         if what not in self._max:
-            values = self.recomputed_activations if what == "recomputed" else self.largest_params
             L = len(values)
             table = np.zeros((L + 1, L + 1))
             for start in range(L):
