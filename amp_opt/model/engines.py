@@ -53,7 +53,7 @@ class Engine:
                 return "virtual_stages", "the interleaved schedule needs pp >= 2"
             parts = cand.pp * cand.virtual_stages
             if megatron_split(instance, parts) is None:
-                body = _body(instance)
+                body = instance.transformer_span
                 return "virtual_stages", (f"the interleaved schedule splits the {body[1] - body[0]} transformer layers "
                                           f"evenly over pp*virtual_stages = {parts} chunks (counting the embedding and "
                                           "the loss as one layer each, or not): they must divide")
@@ -93,11 +93,6 @@ class Split:
     loss_counted: bool  # --account-for-loss-in-pipeline-split
 
 
-def _body(instance) -> tuple[int, int]:
-    """[first, last) of the transformer layers (every layer when there are none)."""
-    return instance.transformer_span
-
-
 def megatron_split(instance, parts: int) -> Split | None:
     """Megatron-LM's split of the model into ``parts`` equal chunks (``get_num_layers_to_build``
     in ``megatron/core/transformer/transformer_block.py``): the transformer layers divide evenly,
@@ -105,7 +100,7 @@ def megatron_split(instance, parts: int) -> Split | None:
     (those after the last) each count as one layer (``--account-for-embedding-in-pipeline-split``,
     ``--account-for-loss-in-pipeline-split``, Megatron-Core 0.11 on); None when neither works.
     Without a counted embedding it joins the first chunk, without a counted loss the last."""
-    first, last = _body(instance)
+    first, last = instance.transformer_span
     n = instance.num_layers
     pre, post = first > 0, last < n
     options = [(False, False), (True, True), (True, False), (False, True)]

@@ -41,8 +41,9 @@ class LayerSums:
     def params_in(self, k, l):
         """Parameters per rank held by a stage of layers [k, l); tied tensors once.  Over every
         range of the model (:func:`~amp_opt.model.ranges.grid`) the table is computed once."""
-        whole = getattr(k, "shape", None) == (self._n + 1, self._n + 1)  # then the caller holds the grid
-        if whole and k is grid(self._n).start and l is grid(self._n).stop:
+        # Only a caller holding arrays of the grid's shape can hold the grid, so only then is it fetched.
+        if getattr(k, "shape", None) == (self._n + 1, self._n + 1) and k is grid(self._n).start \
+                and l is grid(self._n).stop:
             if self._on_grid is None:
                 self._on_grid = self._params_in(np.asarray(k), np.asarray(l))
                 self._on_grid.flags.writeable = False
