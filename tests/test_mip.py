@@ -6,6 +6,7 @@ the ablation variants, which switch one ingredient off, must stay exact too.
 
 import dataclasses
 import importlib.util
+import time
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -178,6 +179,32 @@ def test_time_limit_returns_best_found_with_gap(paper_instances):
     assert result.solver.wall_time < 2.0 + 6.0  # CBC is killed 5 s after the limit at worst
     assert result.solver.bound <= result.solver.objective
     assert result.best.feasible
+
+
+def test_under_a_cutoff_the_first_bounds_may_take_more_than_half_the_time(paper_instances, monkeypatch):
+    """With a plan to beat (an idle-GPU subset searched after the whole cluster), the candidates'
+    bounds are what rules them out: they go on past BOUNDS_SHARE of the time (cut at half, the
+    subsets of a 1024-GPU instance proved nothing and the solve's bound fell to a floor)."""
+    from amp_opt.model.candidates import candidates
+    from amp_opt.search import context
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.result import NoPlanBelow
+    from amp_opt.search.solve import run_builtin
+
+    inst = paper_instances["het_cluster"]
+    options = solve_options(solver="cpsat", time_limit=2.0)
+    n = len(candidates(inst))
+    asked = []
+
+    def slow_bound(self, cand, *, labelled=True):  # every bound rules its candidate out, slowly
+        asked.append(cand)
+        time.sleep(1.2 / n)  # all of them: 1.2 s of a search deadline of 1.9 s; half of it is 0.95 s
+        return 2 * self.options.cutoff
+
+    monkeypatch.setattr(context.Search, "lower_bound", slow_bound)
+    with pytest.raises(NoPlanBelow):
+        run_builtin(inst, dataclasses.replace(options, cutoff=1.0))
+    assert len(set(asked)) == n
 
 
 def test_cpsat_is_deterministic(paper_instances):

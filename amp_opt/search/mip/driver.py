@@ -48,7 +48,7 @@ SAME = 1e-6  # relative difference below which a bound counts as reaching a valu
 P1_SHARE = 0.4  # of the time left: phase 1 (DP incumbents) stops there once it has a plan
 P1_KINDS_SHARE = 0.15  # the same when phase 1b runs: its plans beat the DP's fixed node orders
 P1_QUICK_SHARE = 0.25  # of the time left: phase 1's quick kind bounds stop there
-BOUNDS_SHARE = 0.5  # of the time left: the candidates' first bounds stop there (thousands take seconds)
+BOUNDS_SHARE = 0.5  # of the time left: the first bounds stop there when no plan is known (thousands take seconds)
 
 
 def node_orders(search, cand: Candidate) -> list[list[int]]:
@@ -116,10 +116,13 @@ def solve_mip(search) -> SolveResult:
         raise InfeasibleError(why_empty(instance))
     phase = KindPhase(search) if opts.kinds and runs_kinds(search) else None
     # Without phase 1b, the labelled bound (B2) of every candidate while time allows (about 10 ms
-    # each on 256 GPUs), else the cost model's plain bound (B3, 1-2 ms each); after BOUNDS_SHARE of
-    # the time, 0 (nothing proven: the 4044 candidates of a 1024-GPU instance take 6 s, which
-    # left a 5 s limit no time for a plan), and those candidates come last in phase 1.
-    until = search.share(BOUNDS_SHARE)
+    # each on 256 GPUs), else the cost model's plain bound (B3, 1-2 ms each); the rest 0 (nothing
+    # proven), and they come last in phase 1.  Without a plan to beat the bounds stop at
+    # BOUNDS_SHARE of the time, so that phase 1 has time for one (the 4044 candidates of a
+    # 1024-GPU instance take 6 s, which left a 5 s limit no time for a plan); with the caller's
+    # cutoff (an idle-GPU subset searched after the whole cluster) they are what rules candidates
+    # out, and go on to the deadline (a subset given a second cut short at half proved nothing).
+    until = search.share(BOUNDS_SHARE) if not np.isfinite(opts.cutoff) else search.deadline
     lower, unbounded = {}, set()
     for c in cands:
         if stop.past(until):
