@@ -207,6 +207,39 @@ def test_under_a_cutoff_the_first_bounds_may_take_more_than_half_the_time(paper_
     assert len(set(asked)) == n
 
 
+def test_candidates_left_without_a_first_bound_get_it_before_their_dp_and_after_phase_1(paper_instances,
+                                                                                     monkeypatch):
+    """Without a plan to beat the first bounds stop at half the time; the candidates left without
+    one are bounded when phase 1 reaches them (before their DP) and after phase 1 while time is
+    left: bounds are what proves a subset has no plan (one left at 0 proved nothing)."""
+    from amp_opt.model.candidates import candidates
+    from amp_opt.search import context
+    from amp_opt.search.mip import driver
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.solve import run_builtin
+
+    inst = paper_instances["het_cluster"]
+    n = len(candidates(inst))
+    asked, dp = [], []
+
+    def slow_bound(self, cand, *, labelled=True):  # proves nothing, slowly
+        asked.append(cand)
+        time.sleep(1.8 / n)  # all of them: 1.8 s of a deadline of 2.85 s; the first pass stops at 1.4 s
+        return 0.0
+
+    heuristic = driver.heuristic
+
+    def recorded(search, cand):
+        dp.append((cand, cand in asked))
+        return heuristic(search, cand)
+
+    monkeypatch.setattr(context.Search, "lower_bound", slow_bound)
+    monkeypatch.setattr(driver, "heuristic", recorded)
+    run_builtin(inst, solve_options(solver="cpsat", time_limit=3.0))
+    assert dp and all(bounded for _, bounded in dp)
+    assert len(set(asked)) == n
+
+
 def test_cpsat_is_deterministic(paper_instances):
     inst = paper_instances["het_model"]
     a = solve(inst, solver="cpsat", seed=3)

@@ -472,6 +472,30 @@ def test_a_subset_stopped_once_and_proven_infeasible_on_its_second_run_is_a_verd
     assert len(calls) > len(set(calls))  # a subset was run twice
 
 
+def test_only_the_first_subset_searches_for_its_infeasibility_diagnosis():
+    """The message of an infeasible instance is the whole cluster's; the later subsets skip the
+    search for their least overfull plan (it took each one's whole share of the time, and a
+    generated 1024-GPU instance that is proven infeasible in 30 s then ran out of time)."""
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.solve import run_builtin
+    from amp_opt.search.subsets import solve_subsets
+
+    inst = parse_instance(slow_and_fast(memory_reserve="100 GiB"))  # more than any GPU holds: nothing fits
+    asked = []
+
+    def run(sub, options, started):
+        asked.append((len(sub.nodes), options.diagnose))
+        return run_builtin(sub, options, started)
+
+    with pytest.raises(InfeasibleError) as whole:
+        solve(dataclasses.replace(inst, search=dataclasses.replace(inst.search, idle=False)), solver="enumerate")
+    with pytest.raises(InfeasibleError) as idle:
+        solve_subsets(inst, solve_options(solver="enumerate", time_limit=5.0), run)
+    assert str(idle.value).startswith(str(whole.value))
+    assert asked[0] == (len(inst.nodes), True) and len(asked) > 1
+    assert all(not diagnose for _, diagnose in asked[1:])
+
+
 def test_the_time_left_is_shared_by_the_subsets_not_proven_yet():
     """After the first pass every subset still open gets a share of the time left (the first of
     them not all of it), and each of them is run again."""

@@ -48,6 +48,15 @@ def least_overfull_rank_order(search) -> Overfull | None:
     return tightest
 
 
+def verdict(search, tightest: Overfull | None = None, example: str = "") -> str:
+    """Why no plan exists, for the InfeasibleError: on ``tightest``, or with ``options.diagnose``
+    on the least overfull rank-order plan searched for it; else in a few words (the idle-GPU
+    driver's later subsets, whose messages are not shown, do not pay for that search)."""
+    if tightest is None and not search.options.diagnose:
+        return "no plan fits (not diagnosed)"
+    return infeasible_reason(search, tightest or least_overfull_rank_order(search), example)
+
+
 def infeasible_reason(search, tightest: Overfull | None, example: str = "") -> str:
     """Why no plan exists, shown on the least overfull plan known (``example`` says which kind
     of plan that is when it is not from the placement searched)."""

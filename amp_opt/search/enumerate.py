@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import InfeasibleError, NoPlanFound
 from ..model.candidates import candidates, why_empty
-from .diagnose import infeasible_reason, least_overfull, least_overfull_rank_order
+from .diagnose import least_overfull, verdict
 from .grouping import Stopped, candidate_graph
 from .partition import optimal_path
 from .result import Incumbent, NoPlanBelow, SolverStats, SolveResult
@@ -75,7 +75,7 @@ def solve_enumerate(search) -> SolveResult:
             raise NoPlanFound(search.stopped_why())
         if np.isfinite(opts.cutoff):  # nothing beats the plan the caller has (or nothing fits at all)
             raise NoPlanBelow(opts.cutoff)
-        raise InfeasibleError(infeasible_reason(search, tightest or least_overfull_rank_order(search)))
+        raise InfeasibleError(verdict(search, tightest))
 
     evaluations = tuple(search.evaluate(f.plan) for f in found)
     objective = found[0].value

@@ -60,6 +60,10 @@ class SolveOptions:
         starts, their cutoffs at the k-th best value, the symmetry rows M12.
     layers : str
         "prefix" (Y[s,l], eq. M1-M4) or "assignment" (x[l,s] with contiguity rows, eq. A1-A4).
+    diagnose : bool
+        Whether an infeasible verdict names the least overfull plan (a search of its own, until
+        the deadline).  The search over idle node classes keeps it for the first subset only,
+        whose message is the one shown.
     """
 
     solver: str = "auto"
@@ -81,6 +85,7 @@ class SolveOptions:
     cutoffs: bool = True
     symmetry: bool = True
     layers: str = "prefix"
+    diagnose: bool = True
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -88,7 +93,7 @@ class SolveOptions:
         if self.layers not in LAYER_FORMULATIONS:
             raise InputError("layers", f"unknown layer formulation {self.layers!r} "
                                        f"(choose from {', '.join(LAYER_FORMULATIONS)})")
-        for name in ("kinds", "incumbents", "warm_start", "cutoffs", "symmetry"):
+        for name in ("kinds", "incumbents", "warm_start", "cutoffs", "symmetry", "diagnose"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(name, f"must be true or false, got {getattr(self, name)!r}")
 

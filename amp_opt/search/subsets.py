@@ -171,8 +171,12 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         ran.add(part.classes)
         stopped.pop(part.classes, None)  # a second run replaces what the first left open
         offset = time.perf_counter() if since is None else since
+        # Only the first subset's verdict is shown (``reasons[0]``): the others skip the search
+        # for their least overfull plan, which would take what is left of their time.
+        diagnose = options.diagnose and part is allowed[0]
+        asked = dataclasses.replace(options, cutoff=cutoff, time_limit=limit, diagnose=diagnose)
         try:
-            result = run(part.instance, dataclasses.replace(options, cutoff=cutoff, time_limit=limit), since)
+            result = run(part.instance, asked, since)
         except NoPlanBelow as exc:
             bound[part.classes] = max(bound[part.classes], exc.bound * scale)
             return

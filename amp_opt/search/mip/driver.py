@@ -37,7 +37,7 @@ from ...model.candidates import candidates, why_empty
 from ...model.costs.terms import stage_order
 from ...model.plan import Candidate, describe_candidate, rank_order_stages
 from .. import stop
-from ..diagnose import infeasible_reason, least_overfull_rank_order
+from ..diagnose import verdict
 from ..kinds.refine import KindPhase, runs_kinds
 from ..partition import fixed_placement_graph, good_path
 from ..result import Incumbent, NoPlanBelow, SolverStats, SolveResult
@@ -115,22 +115,19 @@ def solve_mip(search) -> SolveResult:
     if not cands:
         raise InfeasibleError(why_empty(instance))
     phase = KindPhase(search) if opts.kinds and runs_kinds(search) else None
-    # Without phase 1b, the labelled bound (B2) of every candidate while time allows (about 10 ms
-    # each on 256 GPUs), else the cost model's plain bound (B3, 1-2 ms each); the rest 0 (nothing
-    # proven), and they come last in phase 1.  Without a plan to beat the bounds stop at
-    # BOUNDS_SHARE of the time, so that phase 1 has time for one (the 4044 candidates of a
-    # 1024-GPU instance take 6 s, which left a 5 s limit no time for a plan); with the caller's
-    # cutoff (an idle-GPU subset searched after the whole cluster) they are what rules candidates
-    # out, and go on to the deadline (a subset given a second cut short at half proved nothing).
+    # First bounds: without phase 1b the labelled bound (B2, about 10 ms per candidate on 256
+    # GPUs), else the cost model's plain bound (B3, 1-2 ms).  Without a plan to beat they stop at
+    # BOUNDS_SHARE of the time, so that phase 1 has time for one (the 4044 candidates of a 1024-GPU
+    # instance take 6 s, which left a 5 s limit no time for a plan); under the caller's cutoff (an
+    # idle-GPU subset searched after the whole cluster) they are what rules candidates out, and go
+    # on to the deadline.  A candidate left without one counts 0 (nothing proven), comes last in
+    # phase 1 and is bounded when reached there, or after phase 1 while time is left: bounds are
+    # what proves that a subset has no plan, or none below the cutoff.
     until = search.share(BOUNDS_SHARE) if not np.isfinite(opts.cutoff) else search.deadline
-    lower, unbounded = {}, set()
-    for c in cands:
-        if stop.past(until):
-            lower[c] = 0.0
-            unbounded.add(c)
-        else:
-            lower[c] = search.lower_bound(c, labelled=phase is None)
+    lower = dict.fromkeys(cands, 0.0)
+    unbounded = _first_bounds(search, cands, lower, phase is None, until)
     incumbents, best = _incumbents(search, cands, lower, phase, unbounded)
+    _first_bounds(search, [c for c in cands if c in unbounded], lower, phase is None, search.deadline)
     search.trace.update(best if np.isfinite(best) else None, _dual(cands, lower))
     if phase is not None:
         best = phase.refine(incumbents, lower, best, max(opts.gap, SAME))
@@ -143,14 +140,26 @@ def solve_mip(search) -> SolveResult:
         if np.isfinite(opts.cutoff):  # nothing beats the plan the caller has (or nothing fits at all)
             raise NoPlanBelow(opts.cutoff)
         example = " rank-order plan (free grouping was searched too)" if opts.placement == "free" else ""
-        raise InfeasibleError(infeasible_reason(search, least_overfull_rank_order(search), example))
+        raise InfeasibleError(verdict(search, example=example))
     return _result(search, cands, proofs)
 
 
-def _incumbents(search, cands, lower: dict, phase: KindPhase | None, unbounded=frozenset()) -> tuple[dict, float]:
+def _first_bounds(search, cands, lower: dict, labelled: bool, until) -> set:
+    """Each candidate's first bound into ``lower`` (B2 if ``labelled``, else B3), in turn until
+    ``until``; returns the candidates left without one (their entry unchanged)."""
+    left = set()
+    for c in cands:
+        if stop.past(until):
+            left.add(c)
+        else:
+            lower[c] = search.lower_bound(c, labelled=labelled)
+    return left
+
+
+def _incumbents(search, cands, lower: dict, phase: KindPhase | None, unbounded: set) -> tuple[dict, float]:
     """Phase 1: incumbents from the DP, candidates in order of their lower bound (those without
-    one last).  Under free grouping the kind bound (eq. B4) first gets a quick try at ruling the
-    candidate out."""
+    one last, bounded when reached and taken out of ``unbounded``).  Under free grouping the kind
+    bound (eq. B4) first gets a quick try at ruling the candidate out."""
     incumbents: dict[Candidate, Incumbent] = {}
     best = search.options.cutoff
     until = search.share(P1_SHARE if phase is None else P1_KINDS_SHARE)
@@ -160,6 +169,11 @@ def _incumbents(search, cands, lower: dict, phase: KindPhase | None, unbounded=f
             continue  # an unbounded candidate may follow
         if search.out_of_time() or (np.isfinite(best) and stop.past(until)):
             break
+        if c in unbounded:  # its first bound before its DP: a few milliseconds, and it may rule it out
+            unbounded.discard(c)
+            lower[c] = search.lower_bound(c, labelled=phase is None)
+            if lower[c] >= best:
+                continue
         # Before the first plan the DP goes first: a plan is what every later phase needs.
         if phase is not None and np.isfinite(best) and not stop.past(quick_until):
             lower[c] = phase.quick_bound(c, lower[c], best, quick_until)
