@@ -48,7 +48,7 @@ SAME = 1e-6  # relative difference below which a bound counts as reaching a valu
 P1_SHARE = 0.4  # of the time left: phase 1 (DP incumbents) stops there once it has a plan
 P1_KINDS_SHARE = 0.15  # the same when phase 1b runs: its plans beat the DP's fixed node orders
 P1_QUICK_SHARE = 0.25  # of the time left: phase 1's quick kind bounds stop there
-BOUNDS_SHARE = 0.5  # of the time left: the first bounds stop there when no plan is known (thousands take seconds)
+BOUNDS_SHARE = 0.5  # of the time left: the candidates' first bounds stop there (thousands take seconds)
 
 
 def node_orders(search, cand: Candidate) -> list[list[int]]:
@@ -116,14 +116,14 @@ def solve_mip(search) -> SolveResult:
         raise InfeasibleError(why_empty(instance))
     phase = KindPhase(search) if opts.kinds and runs_kinds(search) else None
     # First bounds: without phase 1b the labelled bound (B2, about 10 ms per candidate on 256
-    # GPUs), else the cost model's plain bound (B3, 1-2 ms).  Without a plan to beat they stop at
-    # BOUNDS_SHARE of the time, so that phase 1 has time for one (the 4044 candidates of a 1024-GPU
-    # instance take 6 s, which left a 5 s limit no time for a plan); under the caller's cutoff (an
-    # idle-GPU subset searched after the whole cluster) they are what rules candidates out, and go
-    # on to the deadline.  A candidate left without one counts 0 (nothing proven), comes last in
-    # phase 1 and is bounded when reached there, or after phase 1 while time is left: bounds are
-    # what proves that a subset has no plan, or none below the cutoff.
-    until = search.share(BOUNDS_SHARE) if not np.isfinite(opts.cutoff) else search.deadline
+    # GPUs), else the cost model's plain bound (B3, 1-2 ms).  They stop at BOUNDS_SHARE of the
+    # time, so that phase 1 has time for plans (the 4044 candidates of a 1024-GPU instance take
+    # 6 s, which left a 5 s limit no time for one).  A candidate left without one counts 0
+    # (nothing proven), comes last in phase 1 and is bounded when reached there, or after phase 1
+    # while time is left: bounds are what proves that an idle-GPU subset has no plan, or none
+    # below the cutoff (left at 0, the subsets of a 1024-GPU instance given about a second each
+    # proved nothing, and the solve's bound fell to a floor).
+    until = search.share(BOUNDS_SHARE)
     lower = dict.fromkeys(cands, 0.0)
     unbounded = _first_bounds(search, cands, lower, phase is None, until)
     incumbents, best = _incumbents(search, cands, lower, phase, unbounded)
