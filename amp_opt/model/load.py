@@ -80,7 +80,7 @@ def _split_ok(x, integer: bool = False) -> bool:
 
 
 LAYER_KEYS = {"name", "kind", "params", "activation_bytes", "activation_memory_bytes", "flops", "tp_comm_bytes",
-              "tie", "tied_params"}
+              "tie", "tied_params", "attention_memory_bytes", "attention_flops", "kv_bytes"}  # the schema's $defs/layer
 
 
 def _layer_ok(x) -> bool:
@@ -91,7 +91,8 @@ def _layer_ok(x) -> bool:
             and _split_ok(x["params"], integer=True) and _split_ok(x["activation_bytes"])
             and _split_ok(x.get("activation_memory_bytes", 0)) and _number(x.get("flops", 0))
             and _number(x.get("tp_comm_bytes", 0)) and isinstance(x.get("tie", ""), str)
-            and _number(x.get("tied_params", 0), integer=True))
+            and _number(x.get("tied_params", 0), integer=True) and _split_ok(x.get("attention_memory_bytes", 0))
+            and _number(x.get("attention_flops", 0)) and _split_ok(x.get("kv_bytes", 0)))
 
 
 def _shortened(data: Any) -> Any:
