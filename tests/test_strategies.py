@@ -496,6 +496,27 @@ def test_only_the_first_subset_searches_for_its_infeasibility_diagnosis():
     assert all(not diagnose for _, diagnose in asked[1:])
 
 
+def test_the_whole_cluster_s_diagnosis_is_the_message_even_when_it_comes_last():
+    """The whole cluster stopped on its first run and proven infeasible on its second, after the
+    other subsets (which skip their diagnosis): its message is the one shown."""
+    from amp_opt.errors import NoPlanFound
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.subsets import solve_subsets
+
+    inst = parse_instance(slow_and_fast())
+    runs = []
+
+    def run(sub, options, started):
+        runs.append(len(sub.nodes))
+        if len(sub.nodes) == len(inst.nodes) and runs.count(len(sub.nodes)) == 1:
+            raise NoPlanFound("time limit of 3 s")
+        raise InfeasibleError("the whole cluster's diagnosis" if options.diagnose else "not diagnosed")
+
+    with pytest.raises(InfeasibleError, match="^the whole cluster's diagnosis; leaving"):
+        solve_subsets(inst, solve_options(solver="enumerate", time_limit=5.0), run)
+    assert runs.count(len(inst.nodes)) == 2
+
+
 def test_the_time_left_is_shared_by_the_subsets_not_proven_yet():
     """After the first pass every subset still open gets a share of the time left (the first of
     them not all of it), and each of them is run again."""

@@ -188,7 +188,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         except InfeasibleError:
             if len(allowed) == 1:
                 raise
-            reasons.append(str(sys.exc_info()[1]))
+            reasons.insert(0 if diagnose else len(reasons), str(sys.exc_info()[1]))  # the diagnosed one first
             bound[part.classes] = math.inf
             return
         # A subset proven optimal is closed at its best plan's score: a program's proof is within its
