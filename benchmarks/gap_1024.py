@@ -9,14 +9,16 @@ For each seed it runs, as a child process,
     python -m amp_opt generate --seed S --nodes 128 --devices-per-node 8 --device-types 4 --layers 96 -o FILE
     python -m amp_opt solve FILE --solver SOLVER --time-limit 60 --json
 
-and tabulates the solver block (status, wall time, objective, bound, gap) and the plan,
-or the one-line message of an exit code 3 (no plan fits, or none found in time).
+and tabulates the solver block (status, wall time, objective, bound, gap), the solve
+process's peak resident memory (its own ``ru_maxrss``, from ``os.wait4``) and the plan, or
+the one-line message of a non-zero exit code (3: no plan fits; 4: none found in time).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -44,17 +46,23 @@ def run(seed: int, solver: str, time_limit: float, folder: Path) -> dict:
     path = folder / f"g1024-s{seed}.json"
     subprocess.run([sys.executable, "-m", "amp_opt", "generate", "--seed", str(seed), *SHAPE, "-o", str(path)],
                    check=True, capture_output=True, cwd=ROOT)
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "amp_opt", "solve", str(path), "--solver", solver,
-                           "--time-limit", str(time_limit), "--json"], capture_output=True, text=True, cwd=ROOT)
-    row = {"seed": seed, "solver": solver, "exit": done.returncode, "process_s": time.perf_counter() - start}
-    if done.returncode == 0:
-        result = json.loads(done.stdout)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "amp_opt", "solve", str(path), "--solver", solver,
+                                 "--time-limit", str(time_limit), "--json"], stdout=out, stderr=err, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak memory
+        row = {"seed": seed, "solver": solver, "exit": os.waitstatus_to_exitcode(status),
+               "process_s": time.perf_counter() - start, "peak_mib": usage.ru_maxrss / 1024}
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read().strip()
+    if row["exit"] == 0:
+        result = json.loads(stdout)
         row.update(result["solver"])
         plan = result["plan"]
         row["plan"] = plan_label(plan)
     else:
-        row["message"] = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+        row["message"] = stderr.splitlines()[-1] if stderr else ""
     return row
 
 
@@ -71,8 +79,8 @@ def main() -> None:
     print("Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()) + "\n")
     print("Instance per seed: `python -m amp_opt generate --seed S " + " ".join(SHAPE) + "`; "
           f"solve: `python -m amp_opt solve FILE --solver SOLVER --time-limit {args.time_limit:g}`.\n")
-    print("| seed | solver | status | solve s | objective s | bound s | gap | plan |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| seed | solver | status | solve s | objective s | bound s | gap | peak MiB | plan |")
+    print("|---|---|---|---|---|---|---|---|---|")
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for seed in seeds(args.seeds):
@@ -81,10 +89,10 @@ def main() -> None:
                 rows.append(row)
                 if row["exit"] == 0:
                     print(f"| {seed} | {solver} | {row['status']} | {row['wall_time']:.1f} | {row['objective']:.6f} | "
-                          f"{row['bound']:.6f} | {100 * row['gap']:.2f}% | {row['plan']} |", flush=True)
+                          f"{row['bound']:.6f} | {100 * row['gap']:.2f}% | {row['peak_mib']:.0f} | {row['plan']} |", flush=True)
                 else:
                     print(f"| {seed} | {solver} | exit {row['exit']} | {row['process_s']:.1f} | - | - | - | "
-                          f"{row['message']} |", flush=True)
+                          f"{row['peak_mib']:.0f} | {row['message']} |", flush=True)
     solved = [r for r in rows if r["exit"] == 0]
     within = [r for r in solved if r["gap"] <= 0.01]
     proven = [r for r in rows if r["exit"] == 3]  # infeasible (exit 3); exit 4: no plan in time, nothing proven

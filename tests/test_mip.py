@@ -240,6 +240,55 @@ def test_candidates_left_without_a_first_bound_get_it_before_their_dp_and_after_
     assert len(set(asked)) == n
 
 
+@pytest.mark.parametrize("kinds", [True, False])
+def test_a_search_run_again_goes_on_from_its_carry(monkeypatch, kinds):
+    """A search run again with the carry of an earlier run of the same instance (the idle-GPU
+    driver's revisit) keeps its bounds and incumbents: the DP runs on no candidate the first run
+    reached, no bound is computed twice, and the optimum is the one a fresh search proves.  (With
+    the kind search the quick kind bound often rules a reached candidate out anyway.)"""
+    from conftest import INSTANCES
+
+    from amp_opt import load_instance
+    from amp_opt.search.context import Carry
+    from amp_opt.search.mip import driver
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.solve import run_builtin
+
+    inst = load_instance(INSTANCES / "suite" / "scale" / "s0064-gpt3-2.7b-a100-v100.json")
+    options = dataclasses.replace(solve_options(solver="cpsat", time_limit=1.5), kinds=kinds)
+    fresh = run_builtin(inst, dataclasses.replace(options, time_limit=None))
+    assert fresh.solver.status == "OPTIMAL"
+
+    carry = Carry()
+    first = run_builtin(inst, dataclasses.replace(options, carry=carry))
+    assert first.solver.status in ("FEASIBLE", "OPTIMAL")
+    assert carry.reached and carry.lower and carry.bounds
+    reached, known = set(carry.reached), set(carry.bounds)
+
+    dp, bounds = [], []
+    heuristic = driver.heuristic
+    model = type(options.model)
+    lower_bound = model.lower_bound
+
+    def recorded_dp(search, cand):
+        dp.append(cand)
+        return heuristic(search, cand)
+
+    def recorded_bound(self, tables, cand, *, labelled=True):
+        bounds.append((cand, labelled))
+        return lower_bound(self, tables, cand, labelled=labelled)
+
+    monkeypatch.setattr(driver, "heuristic", recorded_dp)
+    monkeypatch.setattr(model, "lower_bound", recorded_bound)
+    again = run_builtin(inst, dataclasses.replace(options, time_limit=None, carry=carry))
+    assert again.solver.status == "OPTIMAL"
+    assert again.best.predicted_time == pytest.approx(fresh.best.predicted_time, rel=REL)
+    assert not reached & set(dp)
+    assert not known & set(bounds)
+    with pytest.raises(ValueError, match="another instance"):
+        run_builtin(dataclasses.replace(inst), dataclasses.replace(options, carry=carry))
+
+
 def test_cpsat_is_deterministic(paper_instances):
     inst = paper_instances["het_model"]
     a = solve(inst, solver="cpsat", seed=3)

@@ -543,6 +543,31 @@ def test_the_time_left_is_shared_by_the_subsets_not_proven_yet():
     assert again[0][1] < 0.5 * again[-1][1]  # a share, not everything left
 
 
+def test_a_subset_run_again_gets_its_own_carry_back():
+    """Each subset's runs share one carry (what its last run proved and found), and different
+    subsets never share one: a revisit goes on from its own last run, not another subset's."""
+    from amp_opt.errors import NoPlanFound
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.solve import run_builtin
+    from amp_opt.search.subsets import solve_subsets
+
+    inst = parse_instance(preset_doc(nodes=(("A100-80GB", 1, 4), ("A100-40GB", 1, 4), ("V100-32GB", 1, 4)), layers=4,
+                                     global_batch=8))
+    carries: dict[tuple, set] = {}
+
+    def run(sub, options, started):
+        if len(sub.nodes) == len(inst.nodes):
+            return run_builtin(sub, options, started)
+        assert options.carry is not None
+        carries.setdefault(tuple(n.device_type for n in sub.nodes), set()).add(id(options.carry))
+        raise NoPlanFound("time limit of 0.1 s", bound=0.0)
+
+    solve_subsets(inst, solve_options(solver="enumerate", time_limit=5.0), run)
+    assert len(carries) >= 3
+    assert all(len(ids) == 1 for ids in carries.values())  # one carry per subset, every run
+    assert len(set().union(*carries.values())) == len(carries)  # none shared between subsets
+
+
 def test_a_subset_stopped_with_a_bound_keeps_it():
     """A subset's search that stops without a plan still proves a bound (its candidates' bounds):
     when that bound is above the best plan, the result is proven optimal."""

@@ -16,6 +16,7 @@ the search the same way as the deadline does.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from ..model.candidates import even_partition
 from ..model.costs.terms import plan_of, stage_order
@@ -34,17 +35,40 @@ def reserve(time_limit: float) -> float:
     return min(RESERVE[0] * time_limit, RESERVE[1])
 
 
+@dataclass(eq=False)
+class Carry:
+    """What a search leaves for the next search of the same instance under the same options but
+    a lower cutoff and a new time limit (the search over idle node classes runs a subset again
+    when time is left): the tables, the candidates' bounds, phase 1's incumbents and the kind
+    searches, so that the second run goes on from where the first stopped
+    (``formulations/mip.md``, "Time").  Each bound bounds every plan of its candidate, whatever
+    the cutoff: it stays valid when the cutoff falls."""
+
+    instance: object = None  # the instance it belongs to (set by the first search)
+    tables: Tables | None = None
+    bounds: dict = field(default_factory=dict)  # the cost model's bounds (Search.lower_bound)
+    lower: dict = field(default_factory=dict)  # candidate -> proven lower bound, seconds
+    incumbents: dict = field(default_factory=dict)  # candidate -> phase 1 or 1b incumbent
+    reached: set = field(default_factory=set)  # candidates whose phase 1 DP ran
+    kinds: object = None  # the kind phase (amp_opt.search.kinds.refine.KindPhase), if one ran
+
+
 class Search:
     """The instance, the options, the derived tables and the deadline of one solve."""
 
     def __init__(self, instance, options: SolveOptions, started: float | None = None):
         self.instance, self.options = instance, options
         self.model = options.model
-        self.tables = Tables(instance)
+        carry = options.carry
+        if carry is not None and carry.instance is not None and carry.instance is not instance:
+            raise ValueError("a search's carry belongs to another instance")
+        self.tables = carry.tables if carry is not None and carry.tables is not None else Tables(instance)
         self.start = time.perf_counter() if started is None else started
         limit = options.time_limit
         self.deadline = None if limit is None else self.start + limit - reserve(limit)
-        self._bounds: dict[tuple, float] = {}
+        self._bounds: dict[tuple, float] = {} if carry is None else carry.bounds
+        if carry is not None:
+            carry.instance, carry.tables = instance, self.tables
         self.trace = Trace(self.start)  # best plan and proven bound over time (for the benchmark)
 
     def elapsed(self) -> float:

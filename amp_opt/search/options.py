@@ -64,6 +64,10 @@ class SolveOptions:
         Whether an infeasible verdict names the least overfull plan (a search of its own, until
         the deadline).  The search over idle node classes keeps it for the first subset only,
         whose message is the one shown.
+    carry : Carry or None
+        What an earlier search of the same instance left (:class:`amp_opt.search.context.Carry`):
+        the search over idle node classes passes one per subset, so that a subset run again goes
+        on from where its last run stopped.  Not an option for callers.
     """
 
     solver: str = "auto"
@@ -86,6 +90,7 @@ class SolveOptions:
     symmetry: bool = True
     layers: str = "prefix"
     diagnose: bool = True
+    carry: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:

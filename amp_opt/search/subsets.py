@@ -11,8 +11,9 @@ A subset is solved only if its throughput bound (:func:`throughput_bound`, every
 busy all the time) beats the best plan so far; the subsets are tried in the order of
 that bound.  Under a time limit the whole cluster gets FIRST_SHARE of the time and the
 other subsets share what is left; the time left after that is shared again by the subsets
-not proven yet.  A subset not solved in time contributes its throughput bound (or what
-its search proved) to the reported one.
+not proven yet, each run again going on from what its last run proved and found (its
+``Carry``).  A subset not solved in time contributes its throughput bound (or what its
+search proved) to the reported one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 from ..errors import InfeasibleError, InputError, NoPlanFound
 from ..model.classes import node_classes
 from ..model.plan import Plan, describe
-from .context import Search
+from .context import Carry, Search
 from .result import NoPlanBelow, SolverStats, SolveResult
 from .trace import Trace
 
@@ -152,6 +153,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
     found, reasons, ran, cut, results = [], [], set(), 0, []
     stopped: dict[tuple[int, ...], NoPlanFound] = {}  # subsets whose last search stopped with no plan and no proof
     spent: dict[tuple[int, ...], float] = {}  # seconds of each subset's last search
+    carries: dict[tuple[int, ...], Carry] = {}  # what each subset's search left for its next run
     trace = Trace(whole.start)  # the best plan over time; the bound only where one search covers it all
 
     def best():
@@ -174,10 +176,14 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         # Only the first subset's verdict is shown (``reasons[0]``): the others skip the search
         # for their least overfull plan, which would take what is left of their time.
         diagnose = options.diagnose and part is allowed[0]
-        asked = dataclasses.replace(options, cutoff=cutoff, time_limit=limit, diagnose=diagnose)
+        # A subset run again goes on from where its last run stopped (its carry), so a revisit
+        # raises the bounds and improves the plans instead of repeating the first run.
+        carry = carries.setdefault(part.classes, Carry())
+        asked = dataclasses.replace(options, cutoff=cutoff, time_limit=limit, diagnose=diagnose, carry=carry)
         try:
             result = run(part.instance, asked, since)
         except NoPlanBelow as exc:
+            carries.pop(part.classes)  # proven: not run again
             bound[part.classes] = max(bound[part.classes], exc.bound * scale)
             return
         except NoPlanFound as exc:  # no plan, and (perhaps) a bound on what it could have
@@ -186,6 +192,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
                 bound[part.classes] = max(bound[part.classes], exc.bound * scale)
             return
         except InfeasibleError:
+            carries.pop(part.classes)
             if len(allowed) == 1:
                 raise
             reasons.insert(0 if diagnose else len(reasons), str(sys.exc_info()[1]))  # the diagnosed one first
@@ -195,6 +202,8 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         # integer resolution of the evaluator's (CP-SAT scales the seconds to integers), which can be
         # more than the 1e-6 the comparison below allows.
         proven = result.best.predicted_time if result.solver.status == "OPTIMAL" else result.solver.bound
+        if result.solver.status == "OPTIMAL":
+            carries.pop(part.classes)
         bound[part.classes] = max(bound[part.classes], proven * scale)
         results.append(result)
         alone = len(allowed) == 1
@@ -218,10 +227,11 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
             left = whole.remaining()
             attempt(part, None if left is None else max(left / (len(allowed) - i), 1e-3), None)
     # Time left: the subsets not proven yet get it, the most promising first (a second run
-    # starts from the best plan as its cutoff, so it proves or improves).  Each gets its share of
-    # what is left, or DEEPEN times its last run's time if that is more (a search restarts from
-    # scratch, so a run no longer than the last would end where it ended); what one leaves over
-    # goes to the next, and a later pass gives what is still left to those still open.
+    # starts from the best plan as its cutoff and from what its last run proved, so it proves or
+    # improves).  Each gets its share of what is left, or DEEPEN times its last run's time if that
+    # is more (what a run builds before it proves anything, such as its programs, is built again);
+    # what one leaves over goes to the next, and a later pass gives what is still left to those
+    # still open.
     for _ in range(REVISIT_PASSES):
         unproven = [p for p in sorted(allowed, key=lambda p: (bound[p.classes], p.classes))
                     if bound[p.classes] < best() * (1 - 1e-6)]

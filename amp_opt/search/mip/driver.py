@@ -114,7 +114,11 @@ def solve_mip(search) -> SolveResult:
     cands = candidates(instance, search.model)
     if not cands:
         raise InfeasibleError(why_empty(instance))
-    phase = KindPhase(search) if opts.kinds and runs_kinds(search) else None
+    carry = opts.carry
+    phase = None
+    if opts.kinds and runs_kinds(search):
+        phase = carry.kinds if carry is not None and carry.kinds is not None else KindPhase(search)
+        phase.search = search
     # First bounds: without phase 1b the labelled bound (B2, about 10 ms per candidate on 256
     # GPUs), else the cost model's plain bound (B3, 1-2 ms).  They stop at BOUNDS_SHARE of the
     # time, so that phase 1 has time for plans (the 4044 candidates of a 1024-GPU instance take
@@ -123,16 +127,31 @@ def solve_mip(search) -> SolveResult:
     # while time is left: bounds are what proves that an idle-GPU subset has no plan, or none
     # below the cutoff (left at 0, the subsets of a 1024-GPU instance given about a second each
     # proved nothing, and the solve's bound fell to a floor).
+    # A search run again (``opts.carry``) starts from what the last one proved and found: its
+    # bounds are remembered, and phase 1 skips the candidates whose DP ran.
     until = search.share(BOUNDS_SHARE)
     lower = dict.fromkeys(cands, 0.0)
     unbounded = _first_bounds(search, cands, lower, phase is None, until)
-    incumbents, best = _incumbents(search, cands, lower, phase, unbounded)
-    _first_bounds(search, [c for c in cands if c in unbounded], lower, phase is None, search.deadline)
-    search.trace.update(best if np.isfinite(best) else None, _dual(cands, lower))
-    if phase is not None:
-        best = phase.refine(incumbents, lower, best, max(opts.gap, SAME))
+    reached = set() if carry is None else carry.reached
+    incumbents = {} if carry is None else carry.incumbents
+    if carry is not None:
+        for c, value in carry.lower.items():
+            lower[c] = max(lower[c], value)
+            unbounded.discard(c)
+    proofs = Proofs()
+    try:
+        best = _incumbents(search, cands, lower, phase, unbounded, incumbents, reached)
+        unbounded &= _first_bounds(search, [c for c in cands if c in unbounded], lower, phase is None,
+                                   search.deadline)
         search.trace.update(best if np.isfinite(best) else None, _dual(cands, lower))
-    proofs = _programs(search, cands, lower, incumbents)
+        if phase is not None:
+            best = phase.refine(incumbents, lower, best, max(opts.gap, SAME))
+            search.trace.update(best if np.isfinite(best) else None, _dual(cands, lower))
+        proofs = _programs(search, cands, lower, incumbents)
+    finally:
+        if carry is not None:  # what this run proved, for the next one
+            carry.lower = {c: max(lower[c], proofs.bound.get(c, 0.0)) for c in cands if c not in unbounded}
+            carry.kinds = phase
     proofs.results = [r for r in proofs.results if r.value < opts.cutoff]
     if not proofs.results:
         if not proofs.closed:
@@ -156,16 +175,17 @@ def _first_bounds(search, cands, lower: dict, labelled: bool, until) -> set:
     return left
 
 
-def _incumbents(search, cands, lower: dict, phase: KindPhase | None, unbounded: set) -> tuple[dict, float]:
-    """Phase 1: incumbents from the DP, candidates in order of their lower bound (those without
-    one last, bounded when reached and taken out of ``unbounded``).  Under free grouping the kind
-    bound (eq. B4) first gets a quick try at ruling the candidate out."""
-    incumbents: dict[Candidate, Incumbent] = {}
-    best = search.options.cutoff
+def _incumbents(search, cands, lower: dict, phase: KindPhase | None, unbounded: set, incumbents: dict,
+                reached: set) -> float:
+    """Phase 1: incumbents from the DP into ``incumbents``, candidates in order of their lower bound
+    (those without one last, bounded when reached and taken out of ``unbounded``; those in
+    ``reached``, whose DP ran in an earlier run, skipped); returns the best value.  Under free
+    grouping the kind bound (eq. B4) first gets a quick try at ruling the candidate out."""
+    best = min([search.options.cutoff] + [inc.value for inc in incumbents.values()])
     until = search.share(P1_SHARE if phase is None else P1_KINDS_SHARE)
     quick_until = search.share(P1_QUICK_SHARE)
     for c in sorted(cands, key=lambda c: (c in unbounded, lower[c], c)):
-        if lower[c] >= best:
+        if lower[c] >= best or c in reached:
             continue  # an unbounded candidate may follow
         if search.out_of_time() or (np.isfinite(best) and stop.past(until)):
             break
@@ -180,12 +200,14 @@ def _incumbents(search, cands, lower: dict, phase: KindPhase | None, unbounded: 
             if lower[c] >= best:
                 continue
         inc = heuristic(search, c) if search.options.incumbents else None
+        if not search.out_of_time():  # (else its DP may have tried only some node orders)
+            reached.add(c)
         if inc is not None:
             incumbents[c] = inc
             best = min(best, inc.value)
         elif phase is not None and not np.isfinite(best) and not stop.past(quick_until):
             lower[c] = phase.quick_bound(c, lower[c], best, quick_until)  # may prove it has no plan
-    return incumbents, best
+    return best
 
 
 def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
