@@ -240,6 +240,34 @@ def test_candidates_left_without_a_first_bound_get_it_before_their_dp_and_after_
     assert len(set(asked)) == n
 
 
+def test_a_labelled_bound_is_not_started_without_the_time_it_takes(paper_instances, monkeypatch):
+    """A labelled bound (one DP) does not stop at the deadline: with less time left than the
+    slowest one so far took, the search takes the cheap bound instead and keeps its limit."""
+    from amp_opt.model.candidates import candidates
+    from amp_opt.search.context import Search
+    from amp_opt.search.options import solve_options
+
+    inst = paper_instances["het_cluster"]
+    options = solve_options(solver="cpsat", time_limit=1.0)
+    first, second = candidates(inst)[:2]
+    asked = []
+    model = type(options.model)
+    lower_bound = model.lower_bound
+
+    def slow(self, tables, cand, *, labelled=True):
+        asked.append(labelled)
+        if labelled:
+            time.sleep(0.6)
+        return lower_bound(self, tables, cand, labelled=labelled)
+
+    monkeypatch.setattr(model, "lower_bound", slow)
+    search = Search(inst, options)
+    search.lower_bound(first)  # 0.6 s of the deadline's 0.95 s
+    assert asked == [True]
+    assert search.lower_bound(second) == lower_bound(options.model, search.tables, second, labelled=False)
+    assert asked == [True, False] and search.remaining() > 0
+
+
 @pytest.mark.parametrize("kinds", [True, False])
 def test_a_search_run_again_goes_on_from_its_carry(monkeypatch, kinds):
     """A search run again with the carry of an earlier run of the same instance (the idle-GPU
