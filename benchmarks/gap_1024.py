@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from amp_opt.bench.writers import machine_info  # noqa: E402
 from amp_opt.bench.rows import plan_label  # noqa: E402
+from amp_opt.bench.runner import run_measured  # noqa: E402
 
 SHAPE = ["--nodes", "128", "--devices-per-node", "8", "--device-types", "4", "--layers", "96"]
 
@@ -46,23 +45,16 @@ def run(seed: int, solver: str, time_limit: float, folder: Path) -> dict:
     path = folder / f"g1024-s{seed}.json"
     subprocess.run([sys.executable, "-m", "amp_opt", "generate", "--seed", str(seed), *SHAPE, "-o", str(path)],
                    check=True, capture_output=True, cwd=ROOT)
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "amp_opt", "solve", str(path), "--solver", solver,
-                                 "--time-limit", str(time_limit), "--json"], stdout=out, stderr=err, cwd=ROOT)
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak memory
-        row = {"seed": seed, "solver": solver, "exit": os.waitstatus_to_exitcode(status),
-               "process_s": time.perf_counter() - start, "peak_mib": usage.ru_maxrss / 1024}
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read().strip()
-    if row["exit"] == 0:
-        result = json.loads(stdout)
+    done = run_measured([sys.executable, "-m", "amp_opt", "solve", str(path), "--solver", solver,
+                         "--time-limit", str(time_limit), "--json"], cwd=ROOT)
+    row = {"seed": seed, "solver": solver, "exit": done.code, "process_s": done.wall, "peak_mib": done.peak_mib}
+    if done.code == 0:
+        result = json.loads(done.stdout)
         row.update(result["solver"])
         plan = result["plan"]
         row["plan"] = plan_label(plan)
     else:
-        row["message"] = stderr.splitlines()[-1] if stderr else ""
+        row["message"] = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
     return row
 
 

@@ -27,11 +27,13 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from amp_opt.bench.runner import run_measured  # noqa: E402
 INSTANCES = [ROOT / "instances" / "llama3_405b_h100_16k.json", ROOT / "instances" / "llama3_405b_mixed_16k.json"]
 INSTANCES += sorted((ROOT / "instances" / "suite" / "scale").glob("*.json"), key=lambda p: p.name)
 OLD_SPACE = {"cp": [1], "sequence_parallel": [False], "recompute": ["none"], "virtual_stages": [1], "idle": False}
@@ -74,17 +76,11 @@ def run(path: Path, limit: float, space: str) -> dict:
         inst = Path(tmp) / path.name
         inst.write_text(json.dumps(doc))
         load = os.getloadavg()[0]
-        out_path, err_path = Path(tmp) / "out.json", Path(tmp) / "err.txt"
-        t0 = time.perf_counter()
-        with open(out_path, "w") as out, open(err_path, "w") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "amp_opt", "solve", str(inst), "--time-limit", str(limit),
-                                     "--json"], stdout=out, stderr=err, cwd=ROOT)
-            _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak memory
-        wall = time.perf_counter() - t0
-        stdout, stderr = out_path.read_text(), err_path.read_text()
-    code = os.waitstatus_to_exitcode(status)
-    record = {"instance": path.stem, "space": space, "exit": code, "wall": wall,
-              "peak_mib": usage.ru_maxrss / 1024, "load": load}
+        done = run_measured([sys.executable, "-m", "amp_opt", "solve", str(inst), "--time-limit", str(limit),
+                             "--json"], cwd=ROOT)
+    stdout, stderr = done.stdout, done.stderr
+    record = {"instance": path.stem, "space": space, "exit": done.code, "wall": done.wall,
+              "peak_mib": done.peak_mib, "load": load}
     try:
         result = json.loads(stdout)
     except json.JSONDecodeError:

@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from amp_opt.bench import runner  # noqa: E402
 S4096 = ROOT / "instances" / "suite" / "scale" / "s4096-llama3-70b-4types.json"
 
 
@@ -48,18 +51,11 @@ def derived(folder: Path, name: str, how: str, nodes_times: int = 1, **model) ->
 
 def run_measured(path: Path, limit: float, solver: str = "auto") -> dict:
     """One solve process: exit code, wall seconds, peak resident MiB (os.wait4), outcome."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "amp_opt", "solve", str(path), "--time-limit", f"{limit:g}",
-                                 "--solver", solver, "--json"], stdout=out, stderr=err, cwd=ROOT)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        text, message = out.read(), err.read().strip().splitlines()
+    done = runner.run_measured([sys.executable, "-m", "amp_opt", "solve", str(path), "--time-limit", f"{limit:g}",
+                                "--solver", solver, "--json"], cwd=ROOT)
+    message = done.stderr.strip().splitlines()
     try:
-        doc = json.loads(text)
+        doc = json.loads(done.stdout)
     except json.JSONDecodeError:
         doc = {}
     s = doc.get("solver", {})
@@ -67,7 +63,7 @@ def run_measured(path: Path, limit: float, solver: str = "auto") -> dict:
         outcome = f"plan {doc['predicted_time']:.4g} s, {s.get('status')}, gap {s.get('gap', 0):.1%}"
     else:
         outcome = doc.get("status", "no JSON")
-    return {"rc": proc.returncode, "wall": wall, "rss": usage.ru_maxrss / 1024, "outcome": outcome,
+    return {"rc": done.code, "wall": done.wall, "rss": done.peak_mib, "outcome": outcome,
             "message": message[-1] if message else "", "solver": s.get("name", "")}
 
 

@@ -12,6 +12,7 @@ MODULES = [
     "amp_opt.model.tables", "amp_opt.model.ranges", "amp_opt.model.classes", "amp_opt.model.costs",
     "amp_opt.model.evaluate", "amp_opt.model.calibration", "amp_opt.search.options", "amp_opt.search.solve",
     "amp_opt.calibrate.runs", "amp_opt.calibrate.metrics", "amp_opt.calibrate.predict", "amp_opt.calibrate.fit",
+    "amp_opt.bench.runner",
 ]
 
 

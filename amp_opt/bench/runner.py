@@ -23,8 +23,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +128,38 @@ def run_job(job: dict, deadline_s: float | None = None, cores: list[int] | None 
     return dict(status="CRASHED", wall_time=waited, peak_rss_mib=None,
                 error=f"child process died without a result (exit code {child.returncode})"
                       + (f": {tail}" if tail else ""))
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One command run as its own process: exit code, wall seconds, the child's own peak resident
+    memory in MiB (``ru_maxrss`` from ``os.wait4``, so no other process counts) and its output."""
+
+    code: int
+    wall: float
+    peak_mib: float
+    stdout: str
+    stderr: str
+
+
+def run_measured(argv: list[str], *, cwd=None) -> Measured:
+    """Run ``argv`` to its end and measure it (the benchmarks' whole-process timings).
+
+    Examples
+    --------
+    >>> import sys
+    >>> done = run_measured([sys.executable, "-c", "print(6 * 7)"])
+    >>> done.code, done.stdout.strip(), done.peak_mib > 0
+    (0, '42', True)
+    """
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=cwd)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        return Measured(os.waitstatus_to_exitcode(status), wall, usage.ru_maxrss / 1024, out.read(), err.read())
 
 
 def kill_running() -> int:
