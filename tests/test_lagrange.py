@@ -14,7 +14,7 @@ from amp_opt.model.tables import Tables
 from amp_opt.search.grouping import candidate_graph
 from amp_opt.model.generate import generate_instance
 from amp_opt.search.kinds.bound import KindSearch, kind_bound
-from amp_opt.search.kinds.construct import construct, multiset_of, polish
+from amp_opt.search.kinds.construct import POLISH_RATE, Pace, construct, multiset_of, polish
 from amp_opt.search.kinds.model import kind_model
 from amp_opt.search.partition import optimal_path
 
@@ -124,8 +124,12 @@ def test_kind_bound_never_exceeds_the_optimum(instance, seed):
             assert (inside <= model.cut_rhs).all()
             # The optimum's own kinds, re-ordered by the multiset DP: a real plan, never better.
             ev = evaluate(instance, plan)
-            found = polish(model, plan.stages, [(max(s.compute for s in ev.stages), max(s.allreduce for s in ev.stages))])
+            pace = Pace()
+            assert pace.rate() == POLISH_RATE  # assumed until a run is timed
+            found = polish(model, plan.stages, [(max(s.compute for s in ev.stages), max(s.allreduce for s in ev.stages))],
+                           pace=pace)
             assert found is not None
+            assert pace.operations > 0 and pace.seconds > 0  # the run taught it the machine's pace
             assert found.value >= optimum * (1 - 1e-9)
             assert evaluate(instance, found.plan).feasible
 

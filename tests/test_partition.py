@@ -104,3 +104,44 @@ def test_free_grouping_equals_every_grouping(instance):
         ev = evaluate(instance, plan, "hetero")
         assert ev.feasible
         assert ev.predicted_time == pytest.approx(exact[0], rel=1e-12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10_000), L=st.integers(2, 12), band=st.integers(1, 12), lead=st.integers(1, 40),
+       origin=st.integers(0, 3), ties=st.booleans())
+def test_banded_step_equals_the_minimum_over_every_range(seed, L, band, lead, origin, ties):
+    """band_min_sum_step (both its gather and its per-length paths) against the definition:
+    row[l] = min over j of values[l-1-j] + arcs[l, j], positions before the window inf, ties
+    to the shortest range, j = 0 where nothing is reached."""
+    import amp_opt.model.ranges as ranges
+
+    rng = np.random.default_rng(seed)
+    origin = min(origin, L - 1)
+    draw = (lambda *shape: rng.integers(0, 3, shape).astype(float)) if ties else (lambda *shape: rng.random(shape))
+    values = draw(lead, L + 1 - origin)
+    values[rng.random(values.shape) < 0.2] = np.inf
+    arcs = draw(lead, L + 1, band)
+    arcs[rng.random(arcs.shape) < 0.2] = np.inf
+    ends = np.arange(L + 1)[:, None] - 1 - np.arange(band)[None, :]
+    arcs[:, ends < 0] = np.inf  # no range starts before layer 0
+    lo = origin + 1
+    hi = int(rng.integers(lo + 1, L + 2))
+    want_row = np.full((lead, hi - lo), np.inf)
+    want_width = np.zeros((lead, hi - lo), dtype=int)
+    for i, l in enumerate(range(lo, hi)):
+        for j in range(band):
+            start = l - 1 - j
+            if start < origin:
+                continue
+            value = values[:, start - origin] + arcs[:, l, j]
+            better = value < want_row[:, i]
+            want_row[better, i] = value[better]
+            want_width[better, i] = j
+    for gather in (0, 1 << 30):  # the per-length path, then the gather
+        old, ranges.BAND_GATHER = ranges.BAND_GATHER, gather
+        try:
+            row, width = ranges.band_min_sum_step(values, arcs, slice(lo, hi), origin=origin)
+        finally:
+            ranges.BAND_GATHER = old
+        assert np.array_equal(row, want_row)
+        assert np.array_equal(width, want_width)

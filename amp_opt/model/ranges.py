@@ -9,6 +9,8 @@ call it (``formulations/partition.md``).
 
 * :func:`min_max_step` -- ``row[l] = min_k max(values[k], table[k, l])``
 * :func:`min_sum_step` -- ``row[l] = min_k values[k] + table[k, l]``
+* :func:`band_min_sum_step` -- the same over ranges stored by (end l, length - 1), up
+  to the longest one a table allows (the stage-kind DPs' layout)
 * :func:`min_max_chain` -- p stages of min-max steps: the least possible largest
   value of a table over partitions into p ranges, and a partition reaching it
 * :func:`backtrack` -- from the last stage to the first, any DP's pointers
@@ -23,6 +25,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 INF = np.inf
+BAND_GATHER = 1 << 17  # cells (rows x ends x lengths) up to which a banded step gathers them all at once
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,66 @@ def min_sum_step(values: np.ndarray, table: np.ndarray, feasible: np.ndarray | N
                  arg: bool = False):
     """One stage of a min-sum DP: ``row[l] = min_k values[k] + table[k, l]`` over feasible ranges."""
     return _reduce(values[:, None] + table, feasible, arg)
+
+
+def band_min_sum_step(values: np.ndarray, arcs: np.ndarray, ends: slice, *,
+                      origin: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """One min-sum stage over banded ranges: for every end l in ``ends``,
+    ``row[..., l] = min_j values[..., l-1-j] + arcs[..., l, j]``, and the j reaching it.
+
+    ``values[..., i]`` holds position ``origin + i`` (a window of the positions the previous
+    stage can end at; positions before it count as ``inf``).
+
+    ``arcs[..., l, j]`` is the cost of the range [l-1-j, l) (``inf`` where there is none);
+    ``values`` (..., L+1) broadcasts against ``arcs`` (..., L+1, band).  Ties go to the
+    shortest range, and an end no range reaches gets ``inf`` and j = 0, as an argmin over j
+    would give.  Large steps go one length at a time over slices, so nothing of size (ends x
+    band) is built (that array, and the gather that filled it, were most of the multiset DP's
+    time); small ones gather every cell at once, which takes fewer numpy calls.
+
+    Examples
+    --------
+    >>> values = np.array([0.0, 1.0, INF])
+    >>> arcs = np.array([[INF, INF], [2.0, INF], [5.0, 2.5]])  # [l, length - 1]
+    >>> row, width = band_min_sum_step(values, arcs, slice(1, 3))
+    >>> row.tolist(), width.tolist()
+    ([2.0, 2.5], [0, 1])
+    """
+    lo, hi = ends.start, ends.stop
+    if lo - 1 < origin or hi - 1 - origin > values.shape[-1]:
+        raise ValueError("band_min_sum_step: the ends need starts inside the window of values")
+    band = arcs.shape[-1]
+    if values.size // values.shape[-1] * (hi - lo) * band <= BAND_GATHER:
+        # Small: one gather of every (end, length) cell, then one argmin (fewer numpy calls).
+        index, inside = _band_index(lo, hi, band, origin)
+        cand = values[..., index] + arcs[..., lo:hi, :]
+        if inside is not None:  # a start before the window (arcs there may be finite) counts as inf
+            cand = np.where(inside, cand, INF)
+        return cand.min(axis=-1), cand.argmin(axis=-1).astype(np.int16)
+    row = values[..., lo - 1 - origin:hi - 1 - origin] + arcs[..., lo:hi, 0]
+    width = np.zeros(row.shape, dtype=np.int16)
+    for j in range(1, arcs.shape[-1]):
+        first = max(lo, j + 1 + origin)  # the first end whose start l-1-j is in the window
+        if first >= hi:
+            break
+        cand = values[..., first - 1 - j - origin:hi - 1 - j - origin] + arcs[..., first:hi, j]
+        here = row[..., first - lo:]
+        better = cand < here
+        np.copyto(here, cand, where=better)
+        width[..., first - lo:][better] = j
+    return row, width
+
+
+@lru_cache(maxsize=4096)
+def _band_index(lo: int, hi: int, band: int, origin: int):
+    """Where in a window from ``origin`` the range (end l, length j + 1) starts, for the ends
+    [lo, hi), clipped to 0; and which of those starts lie in the window (None: all that are
+    ranges at all, origin 0).  Shared arrays: do not write to them."""
+    starts = np.arange(lo, hi)[:, None] - 1 - np.arange(band)[None, :] - origin
+    inside = starts >= 0
+    index = np.where(inside, starts, 0)
+    index.flags.writeable = inside.flags.writeable = False
+    return index, (inside if origin > 0 else None)
 
 
 def _reduce(cand: np.ndarray, feasible, arg: bool):

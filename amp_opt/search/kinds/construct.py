@@ -10,18 +10,39 @@ which layers.  The groups are then realised per class by a maximum flow
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import numpy as np
 
 from ...model.costs import HETERO, plan_of
 from ...model.evaluate import evaluate
-from ...model.ranges import INF, backtrack
+from ...model.ranges import INF, backtrack, band_min_sum_step
 from ..grouping import assign_groups
 from ..result import Incumbent
 from .bound import Cell
 from .model import KindModel, KindPath, band_layout
 
 POLISH_WORK = 2e9  # array operations one polish may spend by default (a few seconds)
-POLISH_RATE = 5e8  # array operations per second the multiset DP runs at, roughly
+POLISH_RATE = 5e8  # array operations per second the multiset DP is assumed to run at before it has run
+
+
+@dataclass
+class Pace:
+    """How fast the multiset DP runs here, measured from its own runs: a budget in seconds
+    becomes one in array operations at this rate (POLISH_RATE until a run has been timed).
+    Measured on a 2-core AMD EPYC, the DP ran at 0.6-2.7e8 operations per second, so the
+    assumed rate let a polish take 2-8 times the seconds it was given."""
+
+    operations: float = 0.0
+    seconds: float = 0.0
+
+    def rate(self) -> float:
+        return self.operations / self.seconds if self.seconds > 0.05 else POLISH_RATE
+
+    def record(self, operations: float, seconds: float) -> None:
+        self.operations += operations
+        self.seconds += seconds
 
 
 def transport(model: KindModel, kinds) -> np.ndarray | None:
@@ -90,15 +111,17 @@ def multiset_of(model: KindModel, stages) -> dict[int, int] | None:
     return out
 
 
-def polish(model: KindModel, stages, thresholds, work: float = POLISH_WORK) -> Incumbent | None:
+def polish(model: KindModel, stages, thresholds, work: float = POLISH_WORK, pace: Pace | None = None) -> Incumbent | None:
     """Re-order and re-partition a plan's stages keeping how many stages of each kind it has
-    (eq. K6), once per threshold pair (T, U) in ``thresholds``.  Returns the best plan
-    found, scored by the evaluator, or None."""
+    (eq. K6), once per threshold pair (T, U) in ``thresholds`` (as many as ``work`` array
+    operations allow; ``pace``, if given, learns from the run how fast they went).  Returns the
+    best plan found, scored by the evaluator, or None."""
     multiset = multiset_of(model, stages)
-    return None if multiset is None else _lay_out(model, multiset, thresholds, work)
+    return None if multiset is None else _lay_out(model, multiset, thresholds, work, pace)
 
 
-def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float) -> Incumbent | None:
+def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float,
+             pace: Pace | None = None) -> Incumbent | None:
     """The multiset DP at as many threshold pairs as ``work`` array operations allow; each path
     realised and scored by the evaluator.  Kinds that behave the same are merged for the DP and
     handed back to its stages afterwards.  Returns the best as an Incumbent, or None."""
@@ -111,7 +134,7 @@ def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float
         members.setdefault(rep, []).extend([k] * count)
     states = int(np.prod([n + 1 for n in merged.values()]))
     window = model.L - model.cand.pp + 1
-    kept, spent = [], 0.0
+    kept, spent, budgeted = [], 0.0, 0.0
     for T, U in thresholds:
         for k in merged:
             usable = np.any([(model.compute[j] <= T) & (model.allreduce[j] <= U) & model.fitting[j]
@@ -121,12 +144,17 @@ def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float
         if spent > work:
             break
         kept.append((T, U))
+        budgeted = spent
     if not kept:
         return None
     T, U = (np.array(v, dtype=float) for v in zip(*kept))
     best = None
     c = model.cand
-    for found in multiset_paths(model, merged, T, U):
+    began = time.perf_counter()
+    paths = multiset_paths(model, merged, T, U)
+    if pace is not None:
+        pace.record(budgeted, time.perf_counter() - began)
+    for found in paths:
         if found is None:
             continue
         handed = {rep: iter(kinds) for rep, kinds in members.items()}
@@ -176,6 +204,19 @@ def _kind_arcs(model: KindModel, kinds, T: np.ndarray, U: np.ndarray):
     return tables, layout
 
 
+def _least_link(values: np.ndarray, hop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Over the link level of the previous stage (axis 1 of ``values``, a few levels), the least
+    of ``values + hop`` and the first level reaching it, as an argmin would give, in one pass."""
+    best = values[:, 0] + hop[0]
+    level = np.zeros(best.shape, dtype=np.int8)
+    for q in range(1, values.shape[1]):
+        cand = values[:, q] + hop[q]
+        better = cand < best
+        np.copyto(best, cand, where=better)
+        level[better] = q
+    return best, level
+
+
 def multiset_paths(model: KindModel, multiset: dict[int, int], T: np.ndarray, U: np.ndarray):
     """For each threshold pair (T[j], U[j]): the least-sum path using exactly ``multiset``
     (kind -> number of stages) with every stage's compute <= T[j] and allreduce <= U[j] (eq. K6).
@@ -193,7 +234,7 @@ def multiset_paths(model: KindModel, multiset: dict[int, int], T: np.ndarray, U:
     stride, used, level, row_of = _multiset_states(need)
     total = len(level)
     pos = np.arange(L + 1)
-    tables, layout = _kind_arcs(model, kinds, T, U)
+    tables, _ = _kind_arcs(model, kinds, T, U)
     links = [int(model.link_of[k]) for k in kinds]
     values = np.full((1, B, batch, L + 1), INF)
     values[0, 0, :, 0] = 0.0
@@ -207,27 +248,24 @@ def multiset_paths(model: KindModel, multiset: dict[int, int], T: np.ndarray, U:
         kind = np.full((size, B, batch, L + 1), -1, dtype=np.int8)
         span = np.zeros((size, B, batch, L + 1), dtype=np.int16)
         came = np.zeros((size, B, batch, L + 1), dtype=np.int8)
+        # Stage s starts where stage s-1 ended: only those positions hold finite values.
+        prior = slice(s, L - p + s + 1)
         for a in range(r):
             b = links[a]
             src = here[used[here, a] < need[a]]
-            hop = model.volume[None, None, None, :] * model.p2p_factor[:, b][None, :, None, None]
-            starts = layout[a]
-            chunk = max(1, int(2e7 // (batch * (L + 1) * starts.shape[1] * B)))  # rows per block
+            hop = model.volume[prior] * model.p2p_factor[:, b][:, None, None]  # (previous link, batch, start)
+            chunk = max(1, int(2e6 // (batch * (L + 1) * B)))  # rows per block (16 MB of entries)
             for i in range(0, len(src), chunk):
                 part = src[i:i + chunk]
-                entry = values[row_of[part]] + hop  # (n, previous link, batch, L+1)
-                prev = entry.argmin(axis=1)
-                entry = entry.min(axis=1)
-                cand = entry[..., starts[ls]] + tables[f, a][None, :, ls]  # (n, batch, window, band)
-                width = cand.argmin(axis=3)
-                row = cand.min(axis=3)
+                gathered = values[row_of[part], :, :, prior]  # (n, previous link, batch, start)
+                entry, prev = _least_link(gathered, hop)
+                row, width = band_min_sum_step(entry, tables[f, a], ls, origin=s)  # (n, batch, end)
                 dst = row_of[part + stride[a]]  # distinct: one destination per source for a fixed kind
-                better = row < new[dst, b][..., ls]
+                better = row < new[dst, b, :, ls]
+                start = pos[ls] - 1 - width  # where the chosen range begins
                 for out, value in ((new, row), (kind, a), (span, width),
-                                   (came, np.take_along_axis(prev, starts[pos[ls], width], axis=2))):
-                    block = out[dst, b]
-                    block[..., ls] = np.where(better, value, block[..., ls])
-                    out[dst, b] = block
+                                   (came, np.take_along_axis(prev, start - s, axis=2))):
+                    out[dst, b, :, ls] = np.where(better, value, out[dst, b, :, ls])
         back.append((kind, span, came))
         values = new
     out = []
@@ -289,7 +327,8 @@ def repair(model: KindModel, kinds, seconds: float = 5.0) -> dict[int, int] | No
     return {k: int(solver.Value(n[k])) for k in range(len(model.kinds)) if solver.Value(n[k]) > 0}
 
 
-def construct(model: KindModel, cells: list[Cell], work: float = POLISH_WORK, seconds: float = 5.0) -> Incumbent | None:
+def construct(model: KindModel, cells: list[Cell], work: float = POLISH_WORK, seconds: float = 5.0,
+              pace: Pace | None = None) -> Incumbent | None:
     """Plans from the relaxation (eq. K6): each cell's relaxed path, its kinds repaired to a
     multiset the supply can give, laid out by the multiset DP at the cell's thresholds and at
     none.  Returns the best, scored by the evaluator, or None."""
@@ -300,7 +339,7 @@ def construct(model: KindModel, cells: list[Cell], work: float = POLISH_WORK, se
         multiset = repair(model, cell.path.kinds, seconds / max(1, len(cells)))
         if multiset is None:
             continue
-        found = _lay_out(model, multiset, [(cell.T_hi, cell.U_hi), (INF, INF)], work / max(1, len(cells)))
+        found = _lay_out(model, multiset, [(cell.T_hi, cell.U_hi), (INF, INF)], work / max(1, len(cells)), pace)
         if found is not None and (best is None or found.value < best.value):
             best = found
     return best

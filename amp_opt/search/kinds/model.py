@@ -24,7 +24,7 @@ from ...model.classes import node_classes
 from ...model.costs import CandidateTerms
 from ...model.costs.terms import stage_order
 from ...model.plan import PER_STAGE_MODES
-from ...model.ranges import INF, backtrack, grid, min_max_chain
+from ...model.ranges import INF, backtrack, band_min_sum_step, grid, min_max_chain
 
 MAX_KINDS = 63  # 6 node classes; more and the bound falls back to eq. B2/B3
 
@@ -281,11 +281,9 @@ class KindModel:
             entry = entry.min(axis=1)
             new = np.full((batch, B, L + 1), INF)
             span = np.zeros((batch, B, L + 1), dtype=np.int16)
-            for b, (starts, valid) in enumerate(layout):
+            for b in range(len(layout)):
                 if arcs[f, b] is not None:
-                    stay = entry[:, b][..., starts[ls]] + arcs[f, b][:, ls]  # (batch, window, band_b)
-                    span[:, b, ls] = stay.argmin(axis=2)
-                    new[:, b, ls] = stay.min(axis=2)
+                    new[:, b, ls], span[:, b, ls] = band_min_sum_step(entry[:, b], arcs[f, b], ls)
             if paths:
                 back.append((span, came))
             values = new

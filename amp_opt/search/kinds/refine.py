@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import stop
 from .bound import KindSearch
-from .construct import POLISH_RATE, POLISH_WORK, construct, polish
+from .construct import POLISH_WORK, Pace, construct, polish
 from .model import kind_model
 
 KIND_MIN_NODES = 8  # nodes from which the stage-kind search (phase 1b) runs
@@ -46,6 +46,7 @@ class KindPhase:
         self.search = search
         self.searches: dict = {}  # candidate -> KindSearch, or None (too many node classes)
         self.tried: set = set()  # (candidate, what) pairs already used to build plans
+        self.pace = Pace()  # how fast the multiset DP runs here (its budgets are in seconds)
 
     def of(self, cand, best: float, deadline=None) -> KindSearch | None:
         """The candidate's kind search (eq. B4), started at target ``best`` on first use (its first
@@ -141,9 +142,9 @@ class KindPhase:
         re-laid out at their thresholds and its own."""
         model, cells = self.searches[c].model, self.searches[c].promising(POLISH_CELLS)
         left = None if stop is None else max(0.0, stop - time.perf_counter())
-        work = POLISH_WORK if left is None else POLISH_RATE * 0.25 * left
+        work = POLISH_WORK if left is None else self.pace.rate() * 0.25 * left
         seconds = 5.0 if left is None else 0.1 * left
-        found = [construct(model, [x for x in cells if (c, x.path) not in self.tried], work / 2, seconds)]
+        found = [construct(model, [x for x in cells if (c, x.path) not in self.tried], work / 2, seconds, self.pace)]
         self.tried.update((c, x.path) for x in cells)
         if inc is not None:
             ev = self.search.evaluate(inc.plan)
@@ -151,7 +152,7 @@ class KindPhase:
             pairs += [(x.T_hi, x.U_hi) for x in cells]
             pairs = [x for x in dict.fromkeys(pairs) if (c, inc.bounds, x) not in self.tried]
             self.tried.update((c, inc.bounds, x) for x in pairs)
-            found.append(polish(model, inc.stages, pairs, work / 2))
+            found.append(polish(model, inc.stages, pairs, work / 2, self.pace))
         return found
 
 
