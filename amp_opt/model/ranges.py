@@ -126,7 +126,7 @@ def band_min_sum_step(values: np.ndarray, arcs: np.ndarray, ends: slice, *,
         return cand.min(axis=-1), cand.argmin(axis=-1).astype(np.int16)
     row = values[..., lo - 1 - origin:hi - 1 - origin] + arcs[..., lo:hi, 0]
     width = np.zeros(row.shape, dtype=np.int16)
-    for j in range(1, arcs.shape[-1]):
+    for j in range(1, band):
         first = max(lo, j + 1 + origin)  # the first end whose start l-1-j is in the window
         if first >= hi:
             break

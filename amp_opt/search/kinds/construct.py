@@ -191,17 +191,16 @@ def _kind_arcs(model: KindModel, kinds, T: np.ndarray, U: np.ndarray):
     under each threshold pair, stored by (end l, length - 1) up to the longest it can use; the
     least over the kind's siblings (a per-stage recomputation mode: the faster that fits)."""
     pos = np.arange(model.L + 1)
-    tables, layout = {}, []
+    tables = {}
     for a, k in enumerate(kinds):
         ok = {(f, j): fits[j][None] & (model.compute[j][None] <= T[:, None, None])
               & (model.allreduce[j][None] <= U[:, None, None]) for f, fits in model.fits.items() for j in model.siblings[k]}
         starts, valid = band_layout(np.any([x.any(axis=0) for x in ok.values()], axis=0))
-        layout.append(starts)
         for f in model.fits:
             tables[f, a] = np.min([np.where(ok[f, j][:, starts, pos[:, None]] & valid,
                                             model.compute[j][starts, pos[:, None]][None] * model.fill, INF)
                                    for j in model.siblings[k]], axis=0)
-    return tables, layout
+    return tables
 
 
 def _least_link(values: np.ndarray, hop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -234,7 +233,7 @@ def multiset_paths(model: KindModel, multiset: dict[int, int], T: np.ndarray, U:
     stride, used, level, row_of = _multiset_states(need)
     total = len(level)
     pos = np.arange(L + 1)
-    tables, _ = _kind_arcs(model, kinds, T, U)
+    tables = _kind_arcs(model, kinds, T, U)
     links = [int(model.link_of[k]) for k in kinds]
     values = np.full((1, B, batch, L + 1), INF)
     values[0, 0, :, 0] = 0.0

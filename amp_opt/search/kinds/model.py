@@ -222,8 +222,7 @@ class KindModel:
         """The arcs of the sweep: per (micro-batches in flight f, link level b), the cheapest kind's
         compute plus price for every (batch, end l, length - 1) whose range is usable under the
         thresholds; ranges are stored by (end, length - 1) up to the longest usable one per level.
-        Returns the layout per level, the arc costs (None where no arc exists) and, with ``paths``,
-        the kinds."""
+        Returns the arc costs (None where no arc exists) and, with ``paths``, the kinds."""
         batch, B, L = len(T), len(self.links), self.L
         y = np.broadcast_to(y, (batch, self.dims))
         prices = np.array([self.prices(row) for row in y])  # (batch, K)
@@ -255,7 +254,7 @@ class KindModel:
                 arcs[f, b] = best if np.isfinite(best).any() else None
                 if paths:  # the first cheapest kind, as a loop over kinds would pick
                     which[f, b] = kinds[options.argmin(axis=1)].astype(np.int16)
-        return layout, arcs, which
+        return arcs, which
 
     def sweep(self, y: np.ndarray, T: np.ndarray, U: np.ndarray, paths: bool = False):
         """h(T, U) under multipliers y for a batch of thresholds (eq. K4, K7) and, if asked, a
@@ -268,7 +267,7 @@ class KindModel:
         """
         p, L = self.cand.pp, self.L
         batch, B = len(T), len(self.links)
-        layout, arcs, which = self._arcs(y, T, U, paths)
+        arcs, which = self._arcs(y, T, U, paths)
         hop = self.volume[None, None, None, :] * self.p2p_factor[None, :, :, None]  # [batch, prev, next, k]
         values = np.full((batch, B, L + 1), INF)
         values[:, 0, 0] = 0.0
@@ -281,7 +280,7 @@ class KindModel:
             entry = entry.min(axis=1)
             new = np.full((batch, B, L + 1), INF)
             span = np.zeros((batch, B, L + 1), dtype=np.int16)
-            for b in range(len(layout)):
+            for b in range(B):
                 if arcs[f, b] is not None:
                     new[:, b, ls], span[:, b, ls] = band_min_sum_step(entry[:, b], arcs[f, b], ls)
             if paths:
