@@ -5,6 +5,7 @@ Usage (from the project root, after `pip install .`):
     python -m amp_opt generate --seed 0 --nodes 128 --devices-per-node 8 --device-types 4 --layers 96 -o g0.json
     python benchmarks/trace_subsets.py g0.json --time-limit 60
     python benchmarks/trace_subsets.py g0.json --bounds 108 --count 60
+    python benchmarks/trace_subsets.py FILE --bounds NODES --count 0 --only B3 --cutoff 13.31464
 
 The first form runs `python -m amp_opt solve FILE --solver cpsat --time-limit S --json` in
 this process (the CLI's own entry point, its clock started at this script's start) and
@@ -12,7 +13,9 @@ prints, for every search of a subset, when it started (seconds since the start),
 count, its cutoff and time limit, and how it ended: its status, plan and bound, or the
 exception with the bound it proved, and how long it took (a run longer than its limit
 overran its share).  The second form times the labelled bound (B2) and the cheap bound (B3)
-of the first COUNT candidates of the subset with that many nodes, slowest last.
+of the first COUNT candidates (0: all of them) of the subsets with that many nodes, slowest
+last, as a search below ``--cutoff`` seconds asks for them (a subset is searched below the
+best plan so far; default: no cutoff, as the whole cluster's search).
 """
 
 from __future__ import annotations
@@ -50,7 +53,10 @@ def traced(run):
     return wrapper
 
 
-def time_bounds(path: str, nodes: int, count: int) -> None:
+def time_bounds(path: str, nodes: int, count: int, cutoff: float, only: str | None) -> None:
+    import dataclasses
+    import math
+
     from amp_opt import load_instance
     from amp_opt.model.candidates import candidates
     from amp_opt.search.context import Search
@@ -58,20 +64,27 @@ def time_bounds(path: str, nodes: int, count: int) -> None:
     from amp_opt.search.subsets import subsets
 
     inst = load_instance(path)
-    options = solve_options(solver="cpsat")
+    options = dataclasses.replace(solve_options(solver="cpsat"), cutoff=cutoff)
     parts = [p for p in subsets(inst, options.model) if len(p.instance.nodes) == nodes]
     if not parts:
         raise SystemExit(f"no subset of node classes with {nodes} nodes")
-    search = Search(parts[0].instance, options)
-    for labelled in (False, True):
-        took = []
-        for cand in candidates(parts[0].instance, search.model)[:count]:
-            began = time.perf_counter()
-            search.lower_bound(cand, labelled=labelled)
-            took.append(time.perf_counter() - began)
-        took.sort()
-        print(f"{'B2' if labelled else 'B3'}: {len(took)} candidates, {sum(took):.2f} s in all, slowest "
-              + ", ".join(f"{t:.3f}" for t in took[-5:]) + " s")
+    for part in parts:
+        search = Search(part.instance, options)
+        cands = candidates(part.instance, search.model)
+        cands = cands[:count] if count > 0 else cands
+        for labelled in (False, True):
+            name = "B2" if labelled else "B3"
+            if only is not None and only != name:
+                continue
+            took, below = [], 0
+            for cand in cands:
+                began = time.perf_counter()
+                below += search.lower_bound(cand, labelled=labelled) < cutoff
+                took.append(time.perf_counter() - began)
+            took.sort()
+            where = "" if math.isinf(cutoff) else f", {below} below the cutoff"
+            print(f"classes {part.classes}: {name}: {len(took)} candidates, {sum(took):.2f} s in all{where}, "
+                  "slowest " + ", ".join(f"{t:.3f}" for t in took[-5:]) + " s", flush=True)
 
 
 def main() -> int:
@@ -79,10 +92,12 @@ def main() -> int:
     parser.add_argument("instance")
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--bounds", type=int, metavar="NODES", help="time the bounds of the subset with NODES nodes")
-    parser.add_argument("--count", type=int, default=60, help="candidates whose bounds are timed (default 60)")
+    parser.add_argument("--count", type=int, default=60, help="candidates whose bounds are timed (default 60; 0: all)")
+    parser.add_argument("--cutoff", type=float, default=float("inf"), help="seconds the search is below (default: none)")
+    parser.add_argument("--only", choices=("B2", "B3"), help="time one bound only")
     args = parser.parse_args()
     if args.bounds is not None:
-        time_bounds(args.instance, args.bounds, args.count)
+        time_bounds(args.instance, args.bounds, args.count, args.cutoff, args.only)
         return 0
     solve_module.run_builtin = traced(solve_module.run_builtin)  # what solve_subsets calls per subset
     from amp_opt.commands.cli import main as cli

@@ -78,6 +78,26 @@ def test_cost_model_bounds_never_exceed_the_optimum(instance):
             assert bound <= optimum * (1 + 1e-9), (cand, labelled, bound, optimum)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances, st.floats(0.0, 1.5))
+def test_a_bound_asked_for_enough_is_the_bound_below_it_and_enough_above(instance, share):
+    """With ``enough`` (a search's cutoff) the cost model may stop at a cheaper part of its bound
+    once that part reaches it: below ``enough`` the bound is the full one, else at least
+    ``enough``; either way below the candidate's optimum."""
+    tables, model = Tables(instance), COST_MODELS["hetero"]
+    for cand in sample(candidates(instance)):
+        optimum, _ = exact(instance, cand)
+        for labelled in (True, False):
+            full = model.lower_bound(tables, cand, labelled=labelled)
+            enough = share * full if np.isfinite(full) else share * 10.0
+            cut = model.lower_bound(tables, cand, labelled=labelled, enough=enough)
+            if full < enough:
+                assert cut == full, (cand, labelled, cut, full, enough)
+            else:
+                assert cut >= enough, (cand, labelled, cut, full, enough)
+            assert cut <= optimum * (1 + 1e-9), (cand, labelled, cut, optimum)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances, st.integers(0, 2**31))
 def test_kind_bound_never_exceeds_the_optimum(instance, seed):

@@ -8,6 +8,8 @@ import dataclasses
 import importlib.util
 import time
 
+import numpy as np
+
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -254,11 +256,11 @@ def test_a_labelled_bound_is_not_started_without_the_time_it_takes(paper_instanc
     model = type(options.model)
     lower_bound = model.lower_bound
 
-    def slow(self, tables, cand, *, labelled=True):
+    def slow(self, tables, cand, *, labelled=True, enough=np.inf):
         asked.append(labelled)
         if labelled:
             time.sleep(0.6)
-        return lower_bound(self, tables, cand, labelled=labelled)
+        return lower_bound(self, tables, cand, labelled=labelled, enough=enough)
 
     monkeypatch.setattr(model, "lower_bound", slow)
     search = Search(inst, options)
@@ -302,9 +304,9 @@ def test_a_search_run_again_goes_on_from_its_carry(monkeypatch, kinds):
         dp.append(cand)
         return heuristic(search, cand)
 
-    def recorded_bound(self, tables, cand, *, labelled=True):
+    def recorded_bound(self, tables, cand, *, labelled=True, enough=np.inf):
         bounds.append((cand, labelled))
-        return lower_bound(self, tables, cand, labelled=labelled)
+        return lower_bound(self, tables, cand, labelled=labelled, enough=enough)
 
     monkeypatch.setattr(driver, "heuristic", recorded_dp)
     monkeypatch.setattr(model, "lower_bound", recorded_bound)

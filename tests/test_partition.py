@@ -145,3 +145,42 @@ def test_banded_step_equals_the_minimum_over_every_range(seed, L, band, lead, or
             ranges.BAND_GATHER = old
         assert np.array_equal(row, want_row)
         assert np.array_equal(width, want_width)
+
+
+def _chain_over_every_start(tables, feasible):
+    """min_max_chain's DP without its windows: every start and end of every stage."""
+    from amp_opt.model.ranges import backtrack, min_max_step, start_row
+
+    L = tables[0].shape[-1] - 1
+    values, back = start_row(L), []
+    for s, table in enumerate(tables):
+        values, arg = min_max_step(values, table, None if feasible is None else feasible[s], arg=True)
+        back.append(arg)
+    value = float(values[L])
+    if not np.isfinite(value):
+        return value, None
+    return value, backtrack(len(tables), L, None, lambda s, state, end: (None, int(back[s][end]), None))[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 10**6), L=st.integers(1, 9), p=st.integers(1, 10), masked=st.booleans(),
+       ties=st.booleans(), same=st.booleans())
+def test_min_max_chain_equals_brute_force_and_the_unwindowed_dp(seed, L, p, masked, ties, same):
+    """The windowed min-max chain (each stage reads only the starts and ends a partition of all
+    L layers can use) has the value of brute force over every partition, and the path and
+    ties of the DP over every start and end."""
+    import itertools
+
+    from amp_opt.model.ranges import min_max_chain, range_table
+
+    rng = np.random.default_rng(seed)
+    draw = (lambda: rng.integers(0, 3, L).astype(float)) if ties else (lambda: rng.random(L))
+    tables = [range_table(draw())] * p if same else [range_table(draw()) for _ in range(p)]
+    feasible = [rng.random((L + 1, L + 1)) < 0.8 for _ in range(p)] if masked else None
+    value, path = min_max_chain(tables, feasible, with_path=True)
+    assert min_max_chain(tables, feasible) == value
+    brute = min([max(tables[s][b[s], b[s + 1]] for s in range(p))
+                 for cuts in itertools.combinations(range(1, L), p - 1) for b in [(0, *cuts, L)]
+                 if feasible is None or all(feasible[s][b[s], b[s + 1]] for s in range(p))], default=np.inf)
+    assert value == brute
+    assert (value, path) == _chain_over_every_start(tables, feasible)

@@ -176,20 +176,27 @@ def min_max_chain(tables: Sequence[np.ndarray], feasible: Sequence[np.ndarray] |
     >>> min_max_chain([t, t], with_path=True)
     (3.0, (0, 1, 4))
     """
-    L = tables[0].shape[-1] - 1
-    values, back = start_row(L), []
+    L, p = tables[0].shape[-1] - 1, len(tables)
+    if p > L:  # every range is non-empty: no partition
+        return (INF, None) if with_path else INF
+    # Stage s starts at k in [s, L-p+s] and ends at l in [s+1, L-p+s+1]: only that window of
+    # each table is read (a start outside it cannot lead to a partition of all L layers).
+    width = L - p + 1
+    values, back = start_row(L)[:width], []
     for s, table in enumerate(tables):
+        window = (slice(s, s + width), slice(s + 1, s + 1 + width))
+        mask = None if feasible is None else feasible[s][window]
         if with_path:
-            values, arg = min_max_step(values, table, None if feasible is None else feasible[s], arg=True)
-            back.append(arg)
+            values, arg = min_max_step(values, table[window], mask, arg=True)
+            back.append(arg + s)
         else:
-            values = min_max_step(values, table, None if feasible is None else feasible[s])
-    value = float(values[L])
+            values = min_max_step(values, table[window], mask)
+    value = float(values[-1])  # position L, the window's last end
     if not with_path:
         return value
     if not np.isfinite(value):
         return value, None
-    _, bounds = backtrack(len(tables), L, None, lambda s, state, end: (None, int(back[s][end]), None))
+    _, bounds = backtrack(p, L, None, lambda s, state, end: (None, int(back[s][end - s - 1]), None))
     return value, bounds
 
 

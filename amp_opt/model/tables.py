@@ -2,8 +2,9 @@
 
 An :class:`Instance` is immutable and holds no caches.  Whoever needs derived
 tables many times (a solve, an evaluation, a bound) owns a :class:`Tables` and
-passes it on: per-layer times per (device type, link, tp, micro-batch) and
-per-layer parameter and activation sums per tp degree.
+passes it on: per-layer times per (device type, link, tp, micro-batch),
+per-layer parameter sums per tp degree and per-layer activation and traffic
+quantities per (tp, sequence parallelism).
 """
 
 from __future__ import annotations
@@ -58,6 +59,48 @@ class LayerSums:
         return total
 
 
+class LayerArrays:
+    """Per-layer quantities at one (tp, sequence parallelism) over the layers in ``order``, the
+    candidate-independent inputs of :class:`~amp_opt.model.costs.terms.CandidateTerms`
+    (per sample, before the calibrated activation factor and the context-parallel split)."""
+
+    def __init__(self, instance, tp: int, sequence_parallel: bool, order=None):
+        m, sp = tp, sequence_parallel
+        ids = range(instance.num_layers) if order is None else [int(i) for i in order]
+        layers = [instance.layers[i] for i in ids]
+        self.activations = _frozen([layer.activation_memory_bytes.at(m, sp) for layer in layers])
+        self.scores = _frozen([layer.attention_memory_bytes.at(m, sp) for layer in layers])
+        self.recomputes = _frozen([layer.recomputes for layer in layers])
+        inputs = [instance.layers[i - 1].activation_bytes if i > 0 else None for i in ids]
+        self.kept_full = _frozen([_kept_full(layer, before, m, sp) for layer, before in zip(layers, inputs)])
+        self.selective_share = _frozen([layer.attention_flops / layer.flops if layer.recomputes and layer.flops
+                                        else 0.0 for layer in layers])
+        self.sent = _frozen([layer.activation_bytes.at(m, sp) for layer in layers])
+        self.kv = _frozen([layer.kv_bytes.at(m) for layer in layers])
+        # What full recomputation rebuilds at once (the largest member of a block) and the
+        # largest member's parameters (what ZeRO-3 gathers at once).
+        self.rebuilt = _frozen([max(x.activation_memory_bytes.at(m, sp) for x in layer.members or (layer,))
+                                for layer in layers])
+        self.largest_params = _frozen([max(x.params.at(m) for x in layer.members or (layer,)) for layer in layers])
+
+
+def _kept_full(layer, before, m: int, sp: bool) -> float:
+    """Bytes per sample a layer keeps under full recomputation (eq. H7): its input, at most its
+    own activations; a block of layers, the sum over its members."""
+    total = 0.0
+    for member in layer.members or (layer,):
+        own = member.activation_memory_bytes.at(m, sp)
+        total += 0.0 if before is None else min(before.at(m, sp), own)  # the first layer's input: the data
+        before = member.activation_bytes
+    return total
+
+
+def _frozen(values) -> np.ndarray:
+    out = np.array(values)
+    out.flags.writeable = False
+    return out
+
+
 class Tables:
     """Remembered layer times and layer sums of one instance.
 
@@ -73,6 +116,7 @@ class Tables:
         self.instance = instance
         self._times: dict[tuple, LayerTimes] = {}
         self._sums: dict[tuple, LayerSums] = {}
+        self._arrays: dict[tuple, LayerArrays] = {}
 
     def layer_times(self, device_type: str, intra_bw: float, tp: int, micro_batch: int) -> LayerTimes:
         """Seconds per layer for one micro-batch (eq. H2), see :func:`amp_opt.model.profiles.layer_times`."""
@@ -87,3 +131,10 @@ class Tables:
         if key not in self._sums:
             self._sums[key] = LayerSums(self.instance, tp, order)
         return self._sums[key]
+
+    def layer_arrays(self, tp: int, sequence_parallel: bool, order=None) -> LayerArrays:
+        """Per-layer quantities at (tp, sequence parallelism), over the layers in ``order`` or the list's own."""
+        key = (tp, bool(sequence_parallel), None if order is None else tuple(int(i) for i in order))
+        if key not in self._arrays:
+            self._arrays[key] = LayerArrays(self.instance, tp, sequence_parallel, order)
+        return self._arrays[key]

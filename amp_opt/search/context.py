@@ -104,14 +104,17 @@ class Search:
 
         A labelled bound (B2, one DP: up to most of a second on 1024 GPUs, and it does not stop at
         the deadline) is not started when less time is left than the slowest one so far took: the
-        cheap bound (B3) stands in for it, so that a search keeps its time limit."""
+        cheap bound (B3) stands in for it, so that a search keeps its time limit.  The model may
+        stop at the search's cutoff (``enough``): a bound that reaches it rules the candidate out
+        as well as a higher one would, and still does when a later run's cutoff is lower."""
         key = (cand, labelled)
         if key not in self._bounds:
             left = self.remaining()
             if labelled and left is not None and left < self._slowest_labelled:
                 return self.lower_bound(cand, labelled=False)
             began = time.perf_counter()
-            self._bounds[key] = self.model.lower_bound(self.tables, cand, labelled=labelled)
+            self._bounds[key] = self.model.lower_bound(self.tables, cand, labelled=labelled,
+                                                       enough=self.options.cutoff)
             if labelled:
                 self._slowest_labelled = max(self._slowest_labelled, time.perf_counter() - began)
         return self._bounds[key]

@@ -8,6 +8,8 @@ its rank order only.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ...errors import InputError
@@ -75,9 +77,10 @@ class AmpModel(CostModel):
                                      "sequence parallelism, recomputation or virtual stages): use --cost-model hetero")
         return AmpCosts(self, tables, cand, stages)
 
-    def lower_bound(self, tables, cand, *, labelled: bool = True) -> float:
+    def lower_bound(self, tables, cand, *, labelled: bool = True, enough: float = math.inf) -> float:
         """Eq. B1: every stage runs the blended profile; the bottleneck is at least its exact
-        min-max partition into p stages, the fill/drain at least the whole model's time."""
+        min-max partition into p stages, the fill/drain at least the whole model's time
+        (cheap: computed whole whatever ``enough``)."""
         blended, _ = blended_times(tables, cand.tp, cand.micro_batch)
         n = cand.n_micro(tables.instance)
         return (n - 1) * min_max_chain([range_table(blended)] * cand.pp) + float(blended.sum())

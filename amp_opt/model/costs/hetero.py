@@ -94,35 +94,45 @@ class HeteroModel(CostModel):
     def stage_costs(self, tables, cand, stages, *, chunks=None, modes=None) -> HeteroCosts:
         return HeteroCosts(self, tables, cand, stages, chunks=chunks, modes=modes)
 
-    def lower_bound(self, tables, cand, *, labelled: bool = True) -> float:
+    def lower_bound(self, tables, cand, *, labelled: bool = True, enough: float = INF) -> float:
         """time >= (n-1) T_lb + S_lb (+ U_lb under B2); communication otherwise left out.
 
         A stage's label is the slowest compute class among its groups; at most
         floor((G_1 + ... + G_k) / dp) stages carry one of the k fastest labels.  B2: DPs over
         (labels used so far, layer position), with memory, when small enough (``labelled``);
         else B3: a fractional speed bound and the min-max partition of the fastest times.
+        The parts are computed cheapest first, and once one reaches ``enough`` (a caller's
+        cutoff: nothing at or above it matters to it) that part is returned, a valid bound.
         """
         v, n, p = cand.virtual_stages, cand.n_micro(tables.instance), cand.pp
         # Every stage pays at least the smallest calibrated step overhead (C3) per micro-batch.
         step = min(tables.instance.device_types[c.device_type].step_overhead for c in node_classes(tables.instance))
-        return (n - 1 / v) * step + p * step / v + self._bound(tables, cand, labelled)
+        overhead = (n - 1 / v) * step + p * step / v
+        return overhead + self._bound(tables, cand, labelled, enough - overhead)
 
-    def _bound(self, tables, cand, labelled: bool) -> float:
+    def _bound(self, tables, cand, labelled: bool, enough: float) -> float:
         if cand.virtual_stages > 1:
-            return _fixed_partition_bound(tables, cand)
+            return _fixed_partition_bound(tables, cand, enough)
         terms = CandidateTerms(tables, cand)
         classes = compute_classes(terms)
-        if not fits_somewhere(terms, max(c.capacity for c in classes)):
-            return INF
         caps = _caps(classes, cand.replicas, cand.pp)
         n, p, L = terms.n_micro, cand.pp, tables.instance.num_layers
+        fastest = np.min([c.times for c in classes], axis=0)
+        # The fractional speed bound takes microseconds; on a subset of the cluster searched
+        # below the whole cluster's plan it rules out most candidates before their memory check.
+        floor = (n - 1) * _fractional_speed_bound(classes, caps, p) + float(fastest.sum())
+        if floor >= enough:
+            return floor
+        if not fits_somewhere(terms, max(c.capacity for c in classes)):
+            return INF
         if labelled:
             vectors = _label_vectors(caps, int(LABELLED_BUDGET // (len(classes) * (L + 1) ** 2)))
             if vectors is not None:
                 return _labelled_bound(terms, classes, caps, vectors)
-        fastest = np.min([c.times for c in classes], axis=0)
-        return ((n - 1) * _fractional_bottleneck(classes, caps, p) + float(fastest.sum())
-                + _allreduce_floor(terms, max(c.link for c in classes)))
+        floor = (n - 1) * _fractional_bottleneck(classes, caps, p) + float(fastest.sum())
+        if floor >= enough:
+            return floor
+        return floor + _allreduce_floor(terms, max(c.link for c in classes))
 
 
 HETERO = HeteroModel()
@@ -248,7 +258,7 @@ def _labelled_bound(terms: CandidateTerms, classes, caps, vectors) -> float:
     return float((n - 1) * t_lb + s_lb + u_lb)
 
 
-def _fixed_partition_bound(tables, cand) -> float:
+def _fixed_partition_bound(tables, cand, enough: float = INF) -> float:
     """B5, with interleaving (Megatron's even chunks fix every stage's layers, eq. H11):
 
         (n - 1/v) max_s E_s + (1/v) sum_s E_s + max_s AR_s
@@ -257,7 +267,8 @@ def _fixed_partition_bound(tables, cand) -> float:
     over the fastest ring; and since at most caps[k] stages hold only groups of the k+1
     fastest classes (B2's nesting), when caps[k] < p some stage runs on a class slower than
     k, so max_s E_s is at least the least time any stage takes on such a class.  inf when
-    the layers do not split evenly or a stage fits no device's memory."""
+    the layers do not split evenly or a stage fits no device's memory.  The time terms come
+    first: once they reach ``enough`` they are returned without the memory check."""
     chunks = even_partition(tables.instance, cand.pp * cand.virtual_stages, exact=True)
     if chunks is None:
         return INF
@@ -265,9 +276,6 @@ def _fixed_partition_bound(tables, cand) -> float:
     classes = compute_classes(terms)
     bounds = stage_order(chunks, cand.pp)[1]
     p = cand.pp
-    capacity = max(c.capacity for c in classes)
-    if any(terms.memory(s, bounds[s], bounds[s + 1]) > capacity for s in range(p)):
-        return INF
     # work[c, s]: stage s's time on class c (classes fastest first)
     work = np.array([[float(c.times[bounds[s]:bounds[s + 1]].sum()) for s in range(p)] for c in classes])
     fastest = work.min(axis=0)
@@ -280,8 +288,14 @@ def _fixed_partition_bound(tables, cand) -> float:
     link = max(c.link for c in classes)
     sync = max(float(terms.sums.params_in(bounds[s], bounds[s + 1])) for s in range(p))
     v = cand.virtual_stages
-    return ((terms.n_micro - 1 / v) * slowest + float(fastest.sum()) / v
-            + sync * terms.allreduce_bytes_per_param() / link)
+    bound = ((terms.n_micro - 1 / v) * slowest + float(fastest.sum()) / v
+             + sync * terms.allreduce_bytes_per_param() / link)
+    if bound >= enough:
+        return bound
+    capacity = max(c.capacity for c in classes)
+    if any(terms.memory(s, bounds[s], bounds[s + 1]) > capacity for s in range(p)):
+        return INF
+    return bound
 
 
 def _allreduce_table(terms: CandidateTerms, link: float) -> np.ndarray:
@@ -299,8 +313,9 @@ def _allreduce_floor(terms: CandidateTerms, link: float) -> float:
     return min_max_chain([_allreduce_table(terms, link)] * terms.pp)
 
 
-def _fractional_bottleneck(classes, caps, p: int) -> float:
-    """B3: max of the fractional speed bound and the min-max partition of per-layer fastest times."""
+def _fractional_speed_bound(classes, caps, p: int) -> float:
+    """B3's fractional speed bound on the bottleneck: the reference work over the most speed
+    p stages can have under the nested caps (0 when it cannot be priced)."""
     reference = classes[0].times
     safe = np.where(reference > 0, reference, 1.0)
     ratios = [float(np.min(np.where(reference > 0, c.times / safe, np.inf))) if np.any(reference > 0) else 1.0
@@ -316,6 +331,10 @@ def _fractional_bottleneck(classes, caps, p: int) -> float:
         speed += count * v
         taken += count
     work = float(reference.sum())
-    fractional = work / speed if 0 < speed < math.inf else 0.0
+    return work / speed if 0 < speed < math.inf else 0.0
+
+
+def _fractional_bottleneck(classes, caps, p: int) -> float:
+    """B3: max of the fractional speed bound and the min-max partition of per-layer fastest times."""
     fastest = np.min([c.times for c in classes], axis=0)
-    return max(fractional, min_max_chain([range_table(fastest)] * p))
+    return max(_fractional_speed_bound(classes, caps, p), min_max_chain([range_table(fastest)] * p))

@@ -78,33 +78,30 @@ class CandidateTerms:
         self.modes = modes or (cand.recompute,) * cand.pp
         self.order = None if chunks is None or cand.virtual_stages == 1 else stage_order(chunks, cand.pp)[0]
         self.sums = tables.layer_sums(cand.tp, self.order)
-        layers = [inst.layers[i] for i in (range(inst.num_layers) if self.order is None else self.order)]
         m, sp, cp = cand.tp, cand.sequence_parallel, cand.cp
-        ids = np.arange(inst.num_layers) if self.order is None else self.order
+        per = tables.layer_arrays(m, sp, self.order)
         factor = inst.training.activation_factor / cp  # calibrated activation bytes (C6), split over cp ranks
-        act = np.array([layer.activation_memory_bytes.at(m, sp) for layer in layers]) * factor
-        scores = np.array([layer.attention_memory_bytes.at(m, sp) for layer in layers]) * factor
-        self.recomputes = np.array([layer.recomputes for layer in layers])
-        inputs = [inst.layers[i - 1].activation_bytes if i > 0 else None for i in ids]
+        act = per.activations * factor
+        scores = per.scores * factor
+        self.recomputes = per.recomputes
         # H7: bytes kept per sample for backward, by recomputation mode (full: each recomputed
         # layer keeps its input, at most what it would keep anyway).
-        full = np.array([_kept_full(layer, before, m, sp) for layer, before in zip(layers, inputs)]) * factor
+        full = per.kept_full * factor
         self.kept = {"none": act, "selective": act - np.where(self.recomputes, scores, 0.0),
                      "full": np.where(self.recomputes, full, act)}
         # H8: a layer's extra compute, as a share of its forward+backward time.
-        selective = [layer.attention_flops / layer.flops if layer.recomputes and layer.flops else 0.0 for layer in layers]
-        self.extra = {"none": np.zeros(len(layers)), "selective": np.array(selective),
+        self.extra = {"none": np.zeros(len(act)), "selective": per.selective_share,
                       "full": np.where(self.recomputes, FORWARD_SHARE, 0.0)}
-        self.volume = cand.micro_batch * np.array([layer.activation_bytes.at(m, sp) / cp for layer in layers])
-        self.kv = cand.micro_batch * np.array([layer.kv_bytes.at(m) / cp for layer in layers])
+        self.volume = cand.micro_batch * (per.sent / cp)
+        self.kv = cand.micro_batch * (per.kv / cp)
         self.activations = act  # bytes per sample of each layer without recomputation
         # What full recomputation rebuilds at once (one layer, the largest member of a block),
         # and one layer's parameters (what ZeRO-3 gathers at once).
-        self.recomputed_activations = np.where(self.recomputes, [
-            max(x.activation_memory_bytes.at(m, sp) for x in layer.members or (layer,)) for layer in layers], 0.0) * factor
-        self.largest_params = np.array([max(x.params.at(m) for x in layer.members or (layer,)) for layer in layers])
+        self.recomputed_activations = np.where(self.recomputes, per.rebuilt, 0.0) * factor
+        self.largest_params = per.largest_params
         self._count = np.concatenate([[0], np.cumsum(self.recomputes)])  # recomputing layers before each position
         self._max: dict[str, np.ndarray] = {}
+        self._kept_prefixes: dict[str, np.ndarray] = {}
         tr, R, z = inst.training, cand.replicas, cand.zero_stage
         # H9: weights, gradients and optimizer states, each sharded over the R replicas from its ZeRO stage on;
         # calibration C7: the gradient reduction's buffers when the stage has replicas.
@@ -196,8 +193,8 @@ class CandidateTerms:
         """Eq. H5 for layers [k, l) of stage s: model state, the layers [k, mid) kept in the stage's
         mode and [mid, l) without recomputation, the reserve; with ``rebuilt`` the largest layer
         rebuilt in [k, mid) (H7); under ZeRO-3 one layer's gathered weights and gradients (H9)."""
-        kept = _prefix(self.kept[self.modes[s]])
-        rest = _prefix(self.kept["none"])
+        kept = self._kept_prefix(self.modes[s])
+        rest = self._kept_prefix("none")
         out = (self.sums.params_in(k, l) * self.state_bytes_per_param
                + self.in_flight(s) * self.micro_batch * ((kept[mid] - kept[k]) + (rest[l] - rest[mid]))
                + self.instance.training.memory_reserve)
@@ -207,6 +204,12 @@ class CandidateTerms:
             tr = self.instance.training
             out = out + self._range_max("params", k, l) * (tr.weight_bytes + tr.gradient_bytes)
         return out
+
+    def _kept_prefix(self, mode: str) -> np.ndarray:
+        """Prefix sums of :attr:`kept` in ``mode``, computed once (every memory query reads them)."""
+        if mode not in self._kept_prefixes:
+            self._kept_prefixes[mode] = _prefix(self.kept[mode])
+        return self._kept_prefixes[mode]
 
     def _range_max(self, what: str, k, l):
         """max of a per-layer array over [k, l) for every pair of the broadcast ranges (0 when empty);
@@ -267,17 +270,6 @@ class CandidateTerms:
         if self.cand.zero_stage >= 3 or R == 1:
             return 0.0
         return 2 * (R - 1) / R * self.instance.training.allreduce_bytes_per_param
-
-
-def _kept_full(layer, before, m: int, sp: bool) -> float:
-    """Bytes per sample a layer keeps under full recomputation (eq. H7): its input, at most its
-    own activations; a block of layers, the sum over its members."""
-    total = 0.0
-    for member in layer.members or (layer,):
-        own = member.activation_memory_bytes.at(m, sp)
-        total += 0.0 if before is None else min(before.at(m, sp), own)  # the first layer's input: the data
-        before = member.activation_bytes
-    return total
 
 
 def _prefix(values: np.ndarray) -> np.ndarray:
@@ -449,8 +441,10 @@ class CostModel:
     ``prices(cand)`` says whether the model prices a candidate's decisions.
     ``stage_costs(tables, cand, stages, chunks=..., modes=...)`` returns the
     :class:`StageCosts` of a candidate on a placement; ``lower_bound(tables, cand,
-    labelled=...)`` a time no plan of the candidate beats (``inf`` when none fits).  A
-    cheap ``labelled=False`` bound is enough for callers that refine it themselves.
+    labelled=..., enough=...)`` a time no plan of the candidate beats (``inf`` when none
+    fits).  A cheap ``labelled=False`` bound is enough for callers that refine it
+    themselves; ``enough`` (default inf) says that any bound at or above it will do, so a
+    model may stop there.
     """
 
     name: str = ""
@@ -465,7 +459,7 @@ class CostModel:
     def stage_costs(self, tables, cand, stages: Stages, *, chunks=None, modes=None) -> StageCosts:  # pragma: no cover
         raise NotImplementedError
 
-    def lower_bound(self, tables, cand, *, labelled: bool = True) -> float:  # pragma: no cover
+    def lower_bound(self, tables, cand, *, labelled: bool = True, enough: float = np.inf) -> float:  # pragma: no cover
         raise NotImplementedError
 
     def __repr__(self) -> str:
