@@ -591,6 +591,46 @@ def test_a_subset_stopped_with_a_bound_keeps_it():
     assert none.solver.status == "FEASIBLE" and none.solver.bound < whole.best.predicted_time
 
 
+def test_every_subset_run_starts_from_the_slowest_program_build_so_far():
+    """A program's build is not cut short, so the search only starts one it has time for,
+    judged by the slowest build timed so far: the idle-GPU search hands each subset's run the
+    slowest of every earlier run (the first build of a late subset used to start unestimated)."""
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.solve import run_builtin
+    from amp_opt.search.subsets import solve_subsets
+
+    inst = parse_instance(slow_and_fast())
+    given, rates = [], iter([3e-4, 1e-4, 5e-5, 0.0, 0.0, 0.0, 0.0, 0.0])
+
+    def run(sub, options, started):
+        given.append(options.carry.build_rate)
+        result = run_builtin(sub, dataclasses.replace(options, carry=None), started)
+        options.carry.build_rate = max(options.carry.build_rate, next(rates))  # what its builds took
+        return result
+
+    solve_subsets(inst, solve_options(solver="enumerate", time_limit=5.0), run)
+    assert len(given) >= 2 and given[0] == 0.0 and all(rate == 3e-4 for rate in given[1:])
+
+
+def test_a_carried_build_rate_keeps_a_run_from_builds_it_has_no_time_for():
+    """Phase 2 takes the carry's build rate as its estimate before its first build: with a rate
+    no time limit covers it builds no program, and a run that builds one leaves its rate."""
+    from conftest import INSTANCES
+
+    from amp_opt import load_instance
+    from amp_opt.search.context import Carry
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.solve import run_builtin
+
+    inst = load_instance(INSTANCES / "suite" / "scale" / "s0064-gpt3-2.7b-a100-v100.json")
+    options = solve_options(solver="cpsat", time_limit=3.0)
+    slow = Carry(build_rate=1e3)
+    assert run_builtin(inst, dataclasses.replace(options, carry=slow)).solver.extra["programs"] == 0
+    fresh = Carry()
+    built = run_builtin(inst, dataclasses.replace(options, carry=fresh)).solver.extra["programs"]
+    assert (fresh.build_rate > 0) == (built > 0)
+
+
 def test_the_least_overfull_diagnosis_stops_at_the_deadline():
     """Past the deadline the tightest plan is sought no further than the first candidate with one,
     and the message says it is the tightest among those examined."""

@@ -51,6 +51,7 @@ class Carry:
     incumbents: dict = field(default_factory=dict)  # candidate -> phase 1 or 1b incumbent
     reached: set = field(default_factory=set)  # candidates whose phase 1 DP ran
     kinds: object = None  # the kind phase (amp_opt.search.kinds.refine.KindPhase), if one ran
+    build_rate: float = 0.0  # the slowest program build so far, seconds per stage x layer (driver)
 
 
 class Search:

@@ -154,6 +154,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
     stopped: dict[tuple[int, ...], NoPlanFound] = {}  # subsets whose last search stopped with no plan and no proof
     spent: dict[tuple[int, ...], float] = {}  # seconds of each subset's last search
     carries: dict[tuple[int, ...], Carry] = {}  # what each subset's search left for its next run
+    build_rate = [0.0]  # the slowest program build of any subset, seconds per stage x layer
     trace = Trace(whole.start)  # the best plan over time; the bound only where one search covers it all
 
     def best():
@@ -179,6 +180,8 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         # A subset run again goes on from where its last run stopped (its carry), so a revisit
         # raises the bounds and improves the plans instead of repeating the first run.
         carry = carries.setdefault(part.classes, Carry())
+        # A program's build is not cut short: each run starts from the slowest build timed so far.
+        carry.build_rate = max(carry.build_rate, build_rate[0])
         asked = dataclasses.replace(options, cutoff=cutoff, time_limit=limit, diagnose=diagnose, carry=carry)
         try:
             result = run(part.instance, asked, since)
@@ -198,6 +201,8 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
             reasons.insert(0 if diagnose else len(reasons), str(sys.exc_info()[1]))  # the diagnosed one first
             bound[part.classes] = math.inf
             return
+        finally:
+            build_rate[0] = max(build_rate[0], carry.build_rate)
         # A subset proven optimal is closed at its best plan's score: a program's proof is within its
         # integer resolution of the evaluator's (CP-SAT scales the seconds to integers), which can be
         # more than the 1e-6 the comparison below allows.

@@ -152,6 +152,7 @@ def solve_mip(search) -> SolveResult:
         if carry is not None:  # what this run proved, for the next one
             carry.lower = {c: max(lower[c], proofs.bound.get(c, 0.0)) for c in cands if c not in unbounded}
             carry.kinds = phase
+            carry.build_rate = max(carry.build_rate, proofs.build_rate)
     proofs.results = [r for r in proofs.results if r.value < opts.cutoff]
     if not proofs.results:
         if not proofs.closed:
@@ -216,6 +217,8 @@ def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
     gap = max(opts.gap, SAME)
     order = sorted(cands, key=lambda c: (incumbents[c].value if c in incumbents else np.inf, lower[c], c))
     proofs = Proofs()
+    if opts.carry is not None:  # a build this solve timed before (another run, another subset)
+        proofs.build_rate = opts.carry.build_rate
 
     def kth_best():
         values = sorted([r.value for r in proofs.results]
@@ -255,7 +258,9 @@ def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
 def _time_to_build(search, c: Candidate, proofs: Proofs) -> bool:
     """Whether the time left covers building the candidate's program (and handing it to the
     solver, about as long again, and decoding), estimated from the slowest build so far per
-    stage x layer: a program's size grows with p x L."""
+    stage x layer: a program's size grows with p x L.  Before this run's first build, the
+    slowest of the solve's earlier runs counts (the idle-GPU search's carries share it); only
+    the solve's very first build starts without an estimate."""
     left = search.remaining()
     return left is None or left > 3.0 * proofs.build_rate * c.pp * search.instance.num_layers + 0.05
 
