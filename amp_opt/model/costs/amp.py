@@ -8,8 +8,6 @@ its rank order only.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ...errors import InputError
@@ -77,7 +75,7 @@ class AmpModel(CostModel):
                                      "sequence parallelism, recomputation or virtual stages): use --cost-model hetero")
         return AmpCosts(self, tables, cand, stages)
 
-    def lower_bound(self, tables, cand, *, labelled: bool = True, enough: float = math.inf) -> float:
+    def lower_bound(self, tables, cand, *, labelled: bool = True, enough: float = np.inf) -> float:
         """Eq. B1: every stage runs the blended profile; the bottleneck is at least its exact
         min-max partition into p stages, the fill/drain at least the whole model's time
         (cheap: computed whole whatever ``enough``)."""

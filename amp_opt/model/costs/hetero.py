@@ -120,7 +120,8 @@ class HeteroModel(CostModel):
         fastest = np.min([c.times for c in classes], axis=0)
         # The fractional speed bound takes microseconds; on a subset of the cluster searched
         # below the whole cluster's plan it rules out most candidates before their memory check.
-        floor = (n - 1) * _fractional_speed_bound(classes, caps, p) + float(fastest.sum())
+        speed = _fractional_speed_bound(classes, caps, p)
+        floor = (n - 1) * speed + float(fastest.sum())
         if floor >= enough:
             return floor
         if not fits_somewhere(terms, max(c.capacity for c in classes)):
@@ -129,7 +130,8 @@ class HeteroModel(CostModel):
             vectors = _label_vectors(caps, int(LABELLED_BUDGET // (len(classes) * (L + 1) ** 2)))
             if vectors is not None:
                 return _labelled_bound(terms, classes, caps, vectors)
-        floor = (n - 1) * _fractional_bottleneck(classes, caps, p) + float(fastest.sum())
+        # B3's bottleneck: the larger of the speed bound and the min-max partition of the fastest times.
+        floor = (n - 1) * max(speed, min_max_chain([range_table(fastest)] * p)) + float(fastest.sum())
         if floor >= enough:
             return floor
         return floor + _allreduce_floor(terms, max(c.link for c in classes))
@@ -332,9 +334,3 @@ def _fractional_speed_bound(classes, caps, p: int) -> float:
         taken += count
     work = float(reference.sum())
     return work / speed if 0 < speed < math.inf else 0.0
-
-
-def _fractional_bottleneck(classes, caps, p: int) -> float:
-    """B3: max of the fractional speed bound and the min-max partition of per-layer fastest times."""
-    fastest = np.min([c.times for c in classes], axis=0)
-    return max(_fractional_speed_bound(classes, caps, p), min_max_chain([range_table(fastest)] * p))
