@@ -12,7 +12,7 @@ from conftest import INSTANCES
 
 import amp_opt
 from amp_opt.model.plan import parse_plan
-from amp_opt.model.schedule import FORWARD_SHARE, pipeline_order, simulate
+from amp_opt.model.schedule import FORWARD_SHARE, path_bound, pipeline_order, simulate
 
 
 def simulate_1f1b(compute, p2p, allreduce, n):
@@ -90,6 +90,36 @@ def test_closed_formula_bounds_the_one_f_one_b_schedule(compute, n):
     assert sched.makespan <= closed * (1 + 1e-9)
     if compute[-1] == max(compute):
         assert sched.makespan == pytest.approx(closed)
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.01, 10.0), st.floats(0.0, 2.0)), min_size=1, max_size=7),
+       st.integers(1, 16))
+def test_path_bound_is_below_the_one_f_one_b_schedule(stages, n):
+    """The two path families are paths of the 1F1B dependency graph, so their longest is never
+    above the simulated makespan (p2p included); without p2p it is never above H6, and with the
+    last stage as slow as any (where H6 is the schedule) it is the makespan."""
+    compute, p2p = [c for c, _ in stages], [t for _, t in stages]
+    pp = len(compute)
+    bound = path_bound(compute, p2p, n)
+    assert bound <= simulate_1f1b(compute, p2p, [0.0] * pp, n).makespan * (1 + 1e-9)
+    sched = simulate_1f1b(compute, [0.0] * pp, [0.0] * pp, n).makespan
+    bound = path_bound(compute, [0.0] * pp, n)
+    assert bound <= sched * (1 + 1e-9) <= ((n - 1) * max(compute) + sum(compute)) * (1 + 2e-9)
+    assert bound >= n * max(compute) * (1 - 1e-9)
+    if compute[-1] == max(compute):
+        assert bound == pytest.approx(sched)
+
+
+def test_path_bound_sees_a_slow_first_stage_keep_busy():
+    """Where H6 charges the round trip in full, the a family finds the busy first stage (the
+    pipelined study plans with 2 micro-batches, benchmarks/results/calibration.md, in small)."""
+    assert path_bound([3.0, 1.0], [0.0, 0.0], 2) == pytest.approx(6.0)
+    assert simulate_1f1b([3.0, 1.0], [0.0, 0.0], [0.0, 0.0], 2).makespan == pytest.approx(6.0)
+    # H6 charges 1 * 3 + 4 = 7.  The b family: a slow middle stage after its first backward
+    # (6 + 3 backwards of 2 + 2 forwards of 1 = 14, where a gives 13 and H6 15)
+    assert path_bound([1.0, 3.0, 2.0], [0.0] * 3, 4) == pytest.approx(14.0)
+    assert simulate_1f1b([1.0, 3.0, 2.0], [0.0] * 3, [0.0] * 3, 4).makespan == pytest.approx(14.0)
+
 
 @pytest.mark.parametrize("pp, v, n", [(2, 2, 2), (2, 2, 4), (4, 2, 8), (3, 3, 6), (4, 4, 4)])
 def test_interleaved_schedule(pp, v, n):

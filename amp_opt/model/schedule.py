@@ -152,6 +152,40 @@ def simulate(chunk_compute, p2p, allreduce, n: int) -> Schedule:
     return Schedule(ops, end.end, frozenset(critical))
 
 
+def path_bound(compute, p2p, n: int) -> float:
+    """A lower bound on the non-interleaved 1F1B makespan, linear in the stage times: the longest
+    of two families of paths through the schedule's dependency graph (``formulations/hetero.md``,
+    "H6 and the schedule").  ``compute[s]`` is E_s (forward+backward seconds of one micro-batch),
+    ``p2p[s]`` one transfer from stage s to s+1 (the last entry is unused), as in
+    :func:`simulate`; allreduce is left out.
+
+    Family a, for each stage s: the first micro-batch's forward through the stages before s, all of
+    s's passes, the last backward back through them.  Family b: the first micro-batch forward
+    through every stage and backward to s, then every pass s runs from its first backward on, then
+    the last backward back to stage 0.  A diagnostic of how far the closed form H6 is from the
+    schedule; no search optimises it yet.
+
+    Examples
+    --------
+    >>> path_bound([3.0, 1.0], [0.0, 0.0], 2)  # the slow first stage keeps busy: 2 E_0
+    6.0
+    >>> round(simulate([[3.0], [1.0]], [0.0, 0.0], [0.0, 0.0], 2).makespan, 6)
+    6.0
+    """
+    pp = len(compute)
+    fwd = [c * FORWARD_SHARE for c in compute]
+    bwd = [c - f for c, f in zip(compute, fwd)]
+    round_trip = sum(compute) + 2 * sum(p2p[:pp - 1])
+    best, before = 0.0, 0.0
+    for s in range(pp):
+        warm = min(pp - s - 1, n)
+        best = max(best, before + n * compute[s],
+                   round_trip + (n - 1) * bwd[s] + max(n - warm - 1, 0) * fwd[s])
+        if s < pp - 1:
+            before += compute[s] + 2 * p2p[s]
+    return float(best)
+
+
 def schedule_of(instance, evaluation) -> Schedule:
     """The simulated schedule of an evaluation: each stage's E_s split over its chunks in
     proportion to their layers' times (the stage's first compute class), each boundary's
