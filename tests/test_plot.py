@@ -91,6 +91,7 @@ def test_closed_formula_bounds_the_one_f_one_b_schedule(compute, n):
     if compute[-1] == max(compute):
         assert sched.makespan == pytest.approx(closed)
 
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.floats(0.01, 10.0), st.floats(0.0, 2.0)), min_size=1, max_size=7),
        st.integers(1, 16))
