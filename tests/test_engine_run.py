@@ -54,10 +54,16 @@ def _consistent(record, n):
     for stage in m["stages"]:
         assert stage["compute"] > 0
         assert stage["compute_per_micro_batch"] == pytest.approx(stage["compute"] / n)
-        # An iteration holds its stage's compute, communication and optimizer step.  The figures
-        # are medians over 3 iterations taken separately, and any two medians of 3 values share
-        # an iteration at or above both, so the slowest iteration bounds their sum.
-        assert max(m["iteration_times"]) >= 0.95 * (stage["compute"] + stage["allreduce"])
+        # An iteration holds its rank's compute, communication and optimizer step.  Each figure is
+        # a median over 3 iterations, taken per rank and then the largest over the stage's ranks,
+        # so every figure is bounded by the slowest iteration.  Any two medians of 3 values share
+        # an iteration at or above both, so on a one-rank stage the slowest iteration also bounds
+        # their sum.  With replicas the two maxima can come from different ranks (the fast
+        # replica's allreduce includes its wait for the slow one's compute): no sum bound there.
+        slowest = max(m["iteration_times"])
+        assert all(slowest >= 0.95 * stage[term] for term in ("compute", "allreduce", "p2p", "optimizer"))
+        if sum(r["stage"] == stage["stage"] for r in m["ranks"]) == 1:
+            assert slowest >= 0.95 * (stage["compute"] + stage["allreduce"] + stage["optimizer"])
         parts = stage["memory"]
         assert stage["peak_memory"] == sum(parts.values())
         assert parts["gradients"] == parts["parameters"] and parts["optimizer"] == 2 * parts["parameters"]
