@@ -8,6 +8,7 @@ import pytest
 
 from amp_opt import evaluate, parse_instance, parse_plan, solve
 from amp_opt.model.profiles import layer_times
+from amp_opt.model.schedule import path_bound, schedule_of
 
 GB = 1e9
 
@@ -68,8 +69,10 @@ def test_mixed_stages_straggler_and_slowest_links():
     assert s1.p2p == 0
     assert s0.allreduce == pytest.approx(2 * 1 / 2 * 1e6 * 2 / (5 * GB))  # ring over two nodes: slowest NIC
     assert s1.allreduce == pytest.approx(3e6 * 2 / (5 * GB))
-    assert ev.predicted_time == pytest.approx(1 * 0.36 + 0.40 + 4e-4 + 1.2e-3)
-    assert ev.breakdown == pytest.approx({"pipeline_bottleneck": 0.36, "stage_compute": 0.40, "p2p": 4e-4,
+    # H13: the last stage weighs n - 1 = 1 (stage 0 weighs 2/3), and the boundary is crossed
+    # both ways by the first micro-batch.
+    assert ev.predicted_time == pytest.approx(1 * 0.36 + 0.40 + 2 * 4e-4 + 1.2e-3)
+    assert ev.breakdown == pytest.approx({"pipeline_bottleneck": 0.36, "stage_compute": 0.40, "p2p": 8e-4,
                                           "allreduce": 1.2e-3})
     # memory: params x 16 B + min(p - s, n) x b x activation memory + reserve
     assert s0.memory == pytest.approx(1e6 * 16 + 2 * 2 * 1e7 + GB)
@@ -85,8 +88,29 @@ def test_intra_node_links_when_stages_share_a_node():
     # stages 0,1 share node A; 1 -> 2 crosses to B; 2,3 share node B
     assert [s.p2p for s in ev.stages] == pytest.approx([1e6 / (100 * GB), 1e6 / (5 * GB), 1e6 / (50 * GB), 0])
     assert all(s.allreduce == 0 for s in ev.stages)  # dp = 1
-    assert ev.predicted_time == pytest.approx(7 * 0.08 + 0.17 + 1e-5 + 2e-4 + 2e-5)
+    # n = 8: weights 7 - (3, 2, 1, 0) / 3 (H13); the last stage is the slowest and weighs 7.
+    assert ev.predicted_time == pytest.approx(7 * 0.08 + 0.17 + 2 * (1e-5 + 2e-4 + 2e-5))
     assert [s.memory for s in ev.stages] == pytest.approx([1.6e7 + k * 1e7 + GB for k in (4, 3, 2, 1)])
+
+
+def test_a_slow_first_stage_is_weighed_by_its_position_as_the_schedule_runs_it():
+    inst = parse_instance(tiny())
+    # n = 8; stage 0 (GB, layers 0-2: 0.12 s) is the slowest, stage 1 (GA, layer 3: 0.04 s) last.
+    plan = parse_plan({"tp": 1, "dp": 1, "pp": 2, "micro_batch": 1, "partition": [0, 3, 4], "stages": [[[2]], [[0]]]})
+    ev = evaluate(inst, plan, "hetero")
+    assert [s.compute for s in ev.stages] == pytest.approx([0.12, 0.04])
+    p2p = 1e6 / (5 * GB)
+    # H13: stage 0 runs its n - 1 backwards and the n - 1 - 1 forwards left after its one warm-up
+    # forward on the critical path: (7 - 1/3) x 0.12, not H6's 7 x 0.12.
+    assert ev.breakdown["pipeline_bottleneck"] == pytest.approx((7 - 1 / 3) * 0.12)
+    assert ev.predicted_time == pytest.approx((7 - 1 / 3) * 0.12 + 0.16 + 2 * p2p)
+    # It is the schedule's own lower bound (its b path), and the event simulation ends within 1% of it.
+    makespan = schedule_of(inst, ev).makespan
+    assert ev.predicted_time == pytest.approx(path_bound([0.12, 0.04], [p2p, 0.0], 8))
+    assert ev.predicted_time <= makespan * (1 + 1e-12) and makespan <= 1.01 * ev.predicted_time
+    # AMP's closed form charges the whole steady state to the slowest stage wherever it sits.
+    assert evaluate(inst, plan, "amp").breakdown["pipeline_bottleneck"] == pytest.approx(
+        7 * evaluate(inst, plan, "amp").stages[0].compute)
 
 
 def test_zero1_divides_optimizer_state_by_dp():

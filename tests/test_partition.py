@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from amp_opt import evaluate, parse_instance
 from amp_opt.model.candidates import candidates, even_partition
-from amp_opt.model.costs.terms import stage_order
+from amp_opt.model.costs.terms import Pipeline, pipeline_weights, stage_order
 from amp_opt.model.costs import COST_MODELS
 from amp_opt.model.tables import Tables
 from amp_opt.search.grouping import candidate_graph
@@ -16,8 +16,9 @@ from amp_opt.search.grouping import free_graph, groupings, stages_of_path
 from amp_opt.search.partition import brute_force, fixed_placement_graph, make_graph, optimal_path, path_value
 
 
-def random_graph(seed: int, L: int, p: int, states: int, n: int):
-    """A random layered graph: `states` states per stage, random kinds and p2p factors."""
+def random_graph(seed: int, L: int, p: int, states: int, n: int, schedule: str = "closed"):
+    """A random layered graph: `states` states per stage, random kinds and p2p factors; the
+    objective's weights of a schedule model, or random ones (``"random"``)."""
     rng = np.random.default_rng(seed)
     K = max(1, states)
     k, l = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
@@ -39,15 +40,19 @@ def random_graph(seed: int, L: int, p: int, states: int, n: int):
                 if rng.random() < 0.7 or not trans:
                     trans.append((src, int(rng.integers(K)), 0.0 if s == 0 else float(rng.random()), dst))
         transitions.append(tuple(trans))
-    return make_graph(n, compute, allreduce, ratio, True, volume, transitions)
+    if schedule == "random":
+        pipeline = Pipeline(tuple(float(x) for x in rng.random(p) * n), 1, float(rng.choice([1.0, 2.0])))
+    else:
+        pipeline = pipeline_weights(n, p, 1, schedule)
+    return make_graph(n, compute, allreduce, ratio, True, volume, transitions, pipeline=pipeline)
 
 
 @settings(max_examples=300, deadline=None)
 @given(seed=st.integers(0, 10**6), L=st.integers(1, 7), p=st.integers(1, 7), states=st.integers(1, 3),
-       n=st.sampled_from([1, 2, 3, 8, 64]))
-def test_dp_equals_brute_force_on_random_graphs(seed, L, p, states, n):
+       n=st.sampled_from([1, 2, 3, 8, 64]), schedule=st.sampled_from(["closed", "1f1b", "random"]))
+def test_dp_equals_brute_force_on_random_graphs(seed, L, p, states, n, schedule):
     p = min(p, L)
-    g = random_graph(seed, L, p, states, n)
+    g = random_graph(seed, L, p, states, n, schedule)
     exact, brute = optimal_path(g), brute_force(g)
     assert (exact is None) == (brute is None)
     if exact is not None:

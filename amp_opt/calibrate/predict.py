@@ -1,5 +1,5 @@
 """Predictions of measured runs under a calibration section, by the one evaluator
-(:func:`amp_opt.model.evaluate.evaluate`): iteration times (eq. H6) and allocator peaks
+(:func:`amp_opt.model.evaluate.evaluate`): iteration times (eq. H13) and allocator peaks
 (``formulations/calibration.md`` eq. C5').  The fits of :mod:`.fit` score their candidate
 corrections with these, and ``run`` compares a measured peak with :func:`peak_of_stage`."""
 
@@ -45,7 +45,7 @@ class Predictor:
         return [evaluate(cal[r.instance][0], r.plan, COST_MODEL, tables=cal[r.instance][1]) for r in records]
 
     def times(self, records: Sequence[RunRecord], section) -> np.ndarray:
-        """Predicted seconds per iteration (eq. H6) of each record's plan."""
+        """Predicted seconds per iteration (eq. H13) of each record's plan."""
         return np.array([e.predicted_time for e in self.evaluations(records, section)])
 
     def peaks(self, records: Sequence[RunRecord], section) -> np.ndarray:

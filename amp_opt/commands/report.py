@@ -93,8 +93,17 @@ def evaluation_tables(instance, ev: Evaluation):
     terms.add_column("share", justify="right")
     for key, value in sorted(ev.breakdown.items(), key=lambda kv: -kv[1]):
         share = value / ev.predicted_time if ev.predicted_time > 0 else 0.0
-        terms.add_row(TERM_LABELS.get(key, key), f"{value:.4f}", f"{share:.1%}")
+        terms.add_row(_term_label(key, ev), f"{value:.4f}", f"{share:.1%}")
     return stages, terms
+
+
+def _term_label(key: str, ev: Evaluation) -> str:
+    """A breakdown term's label; the bottleneck's says how the cost model weighs it (H6 or H13)."""
+    if key == "pipeline_bottleneck" and ev.plan.virtual_stages == 1 and cost_model(ev.cost_model).schedule == "1f1b":
+        return "largest 1F1B-weighted stage"
+    if key == "p2p" and ev.plan.virtual_stages == 1 and cost_model(ev.cost_model).schedule == "1f1b":
+        return "pipeline p2p (both ways)"
+    return TERM_LABELS.get(key, key)
 
 
 def usage_line(instance, ev: Evaluation) -> str:

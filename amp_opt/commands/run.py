@@ -25,6 +25,8 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..calibrate.predict import peak_of_stage
+from ..model.costs import cost_model
+from ..model.costs.terms import pipeline_weights
 from ..model.evaluate import evaluate
 from ..model.load import load_instance, load_json
 from ..model.plan import check_plan, describe
@@ -171,15 +173,17 @@ def format_comparison(instance, record: dict, evaluation, comparison) -> str:
     n = evaluation.n_micro
     e_m = [s.compute_per_micro_batch.measured for s in comparison.stages]
     e_p = [s.compute_per_micro_batch.predicted for s in comparison.stages]
-    pipe_m = (n - 1) * max(e_m) + sum(e_m)
-    pipe_p = (n - 1) * max(e_p) + sum(e_p)
+    # The cost model's pipeline weights (H13 for hetero), on the measured and the predicted stage times.
+    weights = pipeline_weights(n, len(e_m), plan.virtual_stages, cost_model(evaluation.cost_model).schedule)
+    pipe_m = weights.time(e_m, [0.0], [0.0])
+    pipe_p = weights.time(e_p, [0.0], [0.0])
     ar_m = max(s.allreduce.measured for s in comparison.stages)
     ar_p = max(s.allreduce.predicted for s in comparison.stages)
     opt = max(st.get("optimizer", 0.0) for st in m["stages"])
     rest_m = it.measured - pipe_m - ar_m - opt
     rest_p = it.predicted - pipe_p - ar_p
     lines += ["", "  iteration, term by term (s)        measured   predicted",
-              f"  pipeline compute (n-1)max E + sum E {pipe_m:>9.4f} {pipe_p:>11.4f}",
+              f"  pipeline compute max c E + sum E    {pipe_m:>9.4f} {pipe_p:>11.4f}",
               f"  gradient allreduce (max)            {ar_m:>9.4f} {ar_p:>11.4f}",
               f"  optimizer step (not modelled)       {opt:>9.4f} {0.0:>11.4f}",
               f"  the rest: p2p, bubbles, overheads   {rest_m:>9.4f} {rest_p:>11.4f}",

@@ -14,7 +14,7 @@ P_s (H3)           ``stages[s].p2p``, one transfer         ``p2p`` per iteration
 AR_s (H4)          ``stages[s].allreduce``                 ``allreduce`` (+ ``tie_allreduce``, which H4
                                                           does not model)
 M_s (H5)           ``stages[s].memory`` (with reserve)     ``peak_memory`` (tracked on CPU)
-time (H6)          ``predicted_time``                      ``iteration_time`` (median)
+time (H13)         ``predicted_time``                      ``iteration_time`` (median)
 =================  =====================================  ==========================================
 """
 

@@ -3,7 +3,7 @@
 Every solver's plan, every baseline and every plug-in's plan is re-scored here:
 :func:`evaluate` checks the plan against the instance, prices each stage through the
 cost model's :class:`~amp_opt.model.costs.StageCosts` and adds the terms with the
-shared iteration-time formula (eq. A5 / H6 / H11).  It also reports the price of an
+model's iteration-time formula (eq. A5 / H6 / H11, or H13 under the 1F1B schedule).  It also reports the price of an
 iteration (the devices the plan uses, at their $/hour) and the model-FLOPs
 utilisation.  :func:`memory_parts` splits a stage's bytes per device into the parts
 of eq. H5, for reports.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .costs import CandidateTerms, CostModel, StageCosts, cost_model as get_cost_model, iteration_time
+from .costs import CandidateTerms, CostModel, StageCosts, cost_model as get_cost_model
 from .costs.terms import stage_order
 from .plan import Plan, check_plan
 from .tables import LayerSums, Tables
@@ -142,15 +142,15 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
     costs = stage_costs(instance, plan, model, tables)
     bounds = stage_bounds(plan)
     reports = [_stage_report(instance, plan, costs, s, bounds[s], bounds[s + 1]) for s in range(plan.pp)]
-    compute = [r.compute for r in reports]
-    n, v = costs.n_micro, plan.virtual_stages
+    compute, p2p = [r.compute for r in reports], [r.p2p for r in reports]
+    n, v, pipe = costs.n_micro, plan.virtual_stages, costs.pipeline
     breakdown = {
-        "pipeline_bottleneck": (n - 1 / v) * max(compute),
+        "pipeline_bottleneck": max(w * e for w, e in zip(pipe.bottleneck, compute)),
         "stage_compute": sum(compute) / v,
-        "p2p": sum(r.p2p for r in reports),
+        "p2p": pipe.p2p * sum(p2p),
         "allreduce": max(r.allreduce for r in reports),
     }
-    total = iteration_time(n, compute, [r.p2p for r in reports], [r.allreduce for r in reports], v)
+    total = pipe.time(compute, p2p, [r.allreduce for r in reports])
     over = [r for r in reports if not r.fits]
     violations = tuple(
         f"stage {r.index} ({', '.join(r.device_types)}) needs {r.memory / GIB:.2f} GiB per device, "

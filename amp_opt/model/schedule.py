@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .costs.terms import FORWARD_SHARE, pipeline_weights
 from .evaluate import stage_costs
-
-FORWARD_SHARE = 1.0 / 3.0  # forward : backward = 1 : 2 of a stage's compute (formulations/hetero.md H8)
 
 
 def pipeline_order(stage: int, pp: int, n: int, v: int = 1) -> list[tuple[str, int, int]]:
@@ -155,15 +154,16 @@ def simulate(chunk_compute, p2p, allreduce, n: int) -> Schedule:
 def path_bound(compute, p2p, n: int) -> float:
     """A lower bound on the non-interleaved 1F1B makespan, linear in the stage times: the longest
     of two families of paths through the schedule's dependency graph (``formulations/hetero.md``,
-    "H6 and the schedule").  ``compute[s]`` is E_s (forward+backward seconds of one micro-batch),
+    "The 1F1B schedule's paths").  ``compute[s]`` is E_s (forward+backward seconds of one micro-batch),
     ``p2p[s]`` one transfer from stage s to s+1 (the last entry is unused), as in
     :func:`simulate`; allreduce is left out.
 
     Family a, for each stage s: the first micro-batch's forward through the stages before s, all of
     s's passes, the last backward back through them.  Family b: the first micro-batch forward
     through every stage and backward to s, then every pass s runs from its first backward on, then
-    the last backward back to stage 0.  A diagnostic of how far the closed form H6 is from the
-    schedule; no search optimises it yet.
+    the last backward back to stage 0.  The largest b is eq. H13 without the allreduce, which the
+    hetero model's searches optimise; family a binds only when a stage outweighs every later
+    stage together about threefold.
 
     Examples
     --------
@@ -173,14 +173,12 @@ def path_bound(compute, p2p, n: int) -> float:
     6.0
     """
     pp = len(compute)
-    fwd = [c * FORWARD_SHARE for c in compute]
-    bwd = [c - f for c, f in zip(compute, fwd)]
-    round_trip = sum(compute) + 2 * sum(p2p[:pp - 1])
-    best, before = 0.0, 0.0
+    # Family b is eq. H13 without the allreduce: the round trip plus the stage's weighted passes.
+    weights = pipeline_weights(n, pp, 1, "1f1b")
+    b = weights.time(compute, p2p[:pp - 1], [0.0])
+    best, before = b, 0.0
     for s in range(pp):
-        warm = min(pp - s - 1, n)
-        best = max(best, before + n * compute[s],
-                   round_trip + (n - 1) * bwd[s] + max(n - warm - 1, 0) * fwd[s])
+        best = max(best, before + n * compute[s])
         if s < pp - 1:
             before += compute[s] + 2 * p2p[s]
     return float(best)

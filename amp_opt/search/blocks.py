@@ -6,11 +6,12 @@ of whole blocks are exact).  Bounds: the coarse search's bound holds only for pl
 whose boundaries lie on block boundaries (it is reported as ``block_plans_bound``), so
 the bound reported is one that holds for every plan of the original model:
 
-    time >= (n - 1/v) * max(F / p, f_max) + F / v
+    time >= c * max(F / p, f_max) + F / v
 
 per candidate of the original instance, F the sum over layers of the fastest compute
 class's time (hetero) or of the blended time (amp), over cp, f_max the largest such time
-of one layer, v the virtual stages: the slowest stage takes at least the average and at least one layer, fill and
+of one layer, v the virtual stages, c the least bottleneck weight of the cost model's
+iteration time (n - 1/v in the closed form H6/H11, stage 0's under 1F1B, H13): the slowest stage takes at least the average and at least one layer, fill and
 drain at least every layer once; communication and memory are left out.  Its minimum
 over the candidates is the bound (per-layer times are computed once per (tp,
 micro-batch) and reduced to F and f_max at once).  A coarse search that proves no block
@@ -26,6 +27,8 @@ import numpy as np
 
 from ..errors import InfeasibleError, NoPlanFound
 from ..model.candidates import candidates
+from ..model.costs import cost_model
+from ..model.costs.terms import pipeline_weights
 from ..model.costs.amp import blended_times
 from ..model.evaluate import evaluate
 from ..model.profiles import layer_times
@@ -66,6 +69,7 @@ def layer_bound(instance, model: str) -> float:
     """A lower bound on every plan of the original model (module doc)."""
     sums: dict[tuple[int, int], tuple[float, float]] = {}
     keys = sorted({(n.device_type, n.intra_bandwidth) for n in instance.nodes})
+    schedule = cost_model(model).schedule
     best = np.inf
     for cand in candidates(instance):
         key = (cand.tp, cand.micro_batch)
@@ -77,8 +81,9 @@ def layer_bound(instance, model: str) -> float:
                                     for t, bw in keys], axis=0)
             sums[key] = float(per_layer.sum()), float(per_layer.max())
         F, f_max = (x / cand.cp for x in sums[key])  # context parallelism splits every layer's work
-        n, v = cand.n_micro(instance), cand.virtual_stages
-        best = min(best, (n - 1 / v) * max(F / cand.pp, f_max) + F / v)
+        v = cand.virtual_stages
+        weight = pipeline_weights(cand.n_micro(instance), cand.pp, v, schedule).least
+        best = min(best, weight * max(F / cand.pp, f_max) + F / v)
     return best
 
 

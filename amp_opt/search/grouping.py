@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import SearchTooLarge
 from ..model.classes import class_of_node
-from ..model.costs import HETERO, StageCosts, hetero_link, plan_of
+from ..model.costs import HETERO, CostModel, StageCosts, hetero_link, plan_of
 from ..model.costs.terms import stage_order
 from ..model.plan import PER_STAGE_MODES, Candidate, Plan, Stages, rank_order_stages
 from .partition import Path, StageGraph, fixed_placement_graph, make_graph, memory_ratio, range_tables
@@ -114,7 +114,7 @@ def candidate_graph(tables, cand: Candidate, model, placement: str, chunks=None,
         costs = model.stage_costs(tables, cand, stages, chunks=chunks)
         graph = fixed_placement_graph(costs, tables.instance.num_layers, _stage_bounds(cand, chunks))
         return graph, lambda path: plan_of(model, tables, cand, chunks or path.bounds, stages, chunks=chunks)
-    fg = free_graph(tables, cand, chunks, stop=stop)
+    fg = free_graph(tables, cand, chunks, stop=stop, model=model)
     return fg.graph, lambda path: plan_of(model, tables, cand, chunks or path.bounds,
                                           stages_of_path(tables.instance, cand, fg, path.transitions), chunks=chunks)
 
@@ -124,14 +124,14 @@ def _stage_bounds(cand: Candidate, chunks):
 
 
 def free_graph(tables, cand: Candidate, chunks=None, max_transitions: int = MAX_TRANSITIONS,
-               stop: Callable[[], bool] | None = None) -> FreeGraph:
-    """The stage graph of every free grouping of a candidate (hetero cost model); with
-    interleaving its ``chunks`` are fixed.
+               stop: Callable[[], bool] | None = None, model: CostModel = HETERO) -> FreeGraph:
+    """The stage graph of every free grouping of a candidate (a hetero cost model: ``hetero`` or
+    ``hetero-closed``); with interleaving its ``chunks`` are fixed.
 
     Raises SearchTooLarge once the graph has more than ``max_transitions`` transitions, and
     Stopped when ``stop()`` turns true (it is asked every STOP_EVERY transitions).
     """
-    walk = _StateWalk(tables, cand, chunks)
+    walk = _StateWalk(tables, cand, chunks, model)
     # A state: (groups left and "hosts the previous stage" per node in canonical order,
     # min inter-node bandwidth of the previous stage when it spans several nodes).  The
     # next boundary's link depends on a multi-node previous stage only through that
@@ -156,7 +156,8 @@ def free_graph(tables, cand: Candidate, chunks=None, max_transitions: int = MAX_
     ratio = np.stack([np.stack([memory_ratio(c, L, s) for c in walk.kind_costs]) for s in range(cand.pp)])
     volume = np.concatenate([[0.0], walk.kind_costs[0].p2p_volume()])
     graph = make_graph(cand.n_micro(tables.instance), np.stack([t[0] for t in ranges]), np.stack([t[1] for t in ranges]),
-                       ratio, True, volume, transitions, virtual=cand.virtual_stages, bounds=_stage_bounds(cand, chunks))
+                       ratio, True, volume, transitions, pipeline=walk.kind_costs[0].pipeline,
+                       bounds=_stage_bounds(cand, chunks))
     return FreeGraph(graph, tuple(moves), tuple(perms), tuple(walk.order))
 
 
@@ -166,9 +167,10 @@ class _StateWalk:
     ``per_stage`` candidate a kind is a set of devices and a recomputation mode (none or full):
     every move comes once per mode, and the DP takes each stage's faster mode that fits."""
 
-    def __init__(self, tables, cand: Candidate, chunks=None):
+    def __init__(self, tables, cand: Candidate, chunks=None, model: CostModel = HETERO):
         instance = tables.instance
         self.tables, self.cand, self.instance, self.chunks = tables, cand, instance, chunks
+        self.model = model
         cls = class_of_node(instance)
         self.order = sorted(range(len(instance.nodes)), key=lambda j: (cls[j], j))
         class_of = [cls[j] for j in self.order]
@@ -200,7 +202,7 @@ class _StateWalk:
                 key = _kind_key(self.instance, used)
                 if key not in self.kinds:
                     self.kinds[key] = len(self.kind_costs)
-                    self.kind_costs += [_kind_costs(self.tables, mode, y, order, self.chunks) for mode in self.modes]
+                    self.kind_costs += [_kind_costs(self.model, self.tables, mode, y, order, self.chunks) for mode in self.modes]
                 # H3 (H11: an interleaved boundary is crossed v times)
                 factor = self.cand.virtual_stages / hetero_link(self.instance, prev + used) if s > 0 else 0.0
                 single = len(positions) == 1
@@ -227,13 +229,13 @@ def _kind_key(instance, used: tuple[int, ...]):
     return classes, hetero_link(instance, used), len(set(used)) == 1
 
 
-def _kind_costs(tables, cand, y, order, chunks) -> StageCosts:
+def _kind_costs(model: CostModel, tables, cand, y, order, chunks) -> StageCosts:
     """A StageCosts whose every stage has this kind's devices (to tabulate its terms)."""
     groups = []
     for pos, count in enumerate(y):
         first = tables.instance.node_first_device[order[pos]]
         groups += [tuple(range(first, first + cand.tp))] * count
-    return HETERO.stage_costs(tables, cand, (tuple(groups),) * cand.pp, chunks=chunks)
+    return model.stage_costs(tables, cand, (tuple(groups),) * cand.pp, chunks=chunks)
 
 
 def stages_of_path(instance, cand, fg: FreeGraph, transitions: tuple[int, ...]) -> Stages:

@@ -8,15 +8,18 @@ factor of the boundary before the stage.  For AMP's rank order there is one
 state and one transition per stage; for free grouping the states are the
 groups still unassigned (see :mod:`amp_opt.search.grouping`).  Minimise
 
-    f = w * max_s C_s + max_s A_s + sum_s (C_s + P_s),   w = n - 1.
+    f = max_s w_s C_s + max_s A_s + sum_s (C_s + r P_s)
+
+with the cost model's weights (:class:`~amp_opt.model.costs.terms.Pipeline`): w_s = n - 1
+and r = 1 in the closed form H6, w_s by the stage's position and r = 2 under 1F1B (H13).
 
 Two maxima make a plain min-sum DP inexact (AMP's own DP is not exact).  For
 thresholds (T, U) let h(T, U) be the least sum over paths whose every stage
-has C <= T and A <= U (a min-sum DP).  Then
+has w_s C <= T and A <= U (a min-sum DP).  Then
 
-    min f = min over (T, U) of  w*T + U + h(T, U)
+    min f = min over (T, U) of  T + U + h(T, U)
 
-over the distinct values of C and A.  Pairs whose bound w*T + U + h(inf, inf)
+over the distinct values of w_s C and A.  Pairs whose bound T + U + h(inf, inf)
 cannot beat the incumbent are skipped; the rest are solved in numpy batches.
 :func:`brute_force` checks the result on small cases.
 """
@@ -29,7 +32,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..model.costs import StageCosts, iteration_time
+from ..model.costs import StageCosts
+from ..model.costs.terms import Pipeline
 from ..model.ranges import INF, backtrack, grid, min_max_step, stage_room, start_row
 
 
@@ -45,17 +49,17 @@ class StageGraph:
     transitions: tuple  # per stage: tuple of (from_state, kind, p2p factor of the boundary before, to_state)
     memory_ratio: np.ndarray  # (p, K, L+1, L+1) per-device memory over capacity
     structural: np.ndarray  # (p, 1, L+1, L+1) bool: non-empty and leaving room
-    virtual: int = 1  # virtual stages per device: f weighs max C by n - 1/v and the sum of C by 1/v (eq. H11)
+    pipeline: Pipeline  # f's weights: per stage on the bottleneck, 1/v on the sum of C, r on the p2p
 
     @property
-    def w(self) -> float:
-        """The weight of the largest stage compute in f."""
-        return self.n_micro - 1 / self.virtual
+    def weighted(self) -> bool:
+        """Whether the bottleneck term is there at all (not with one micro-batch and no interleaving)."""
+        return max(self.pipeline.bottleneck) > 0
 
     @property
     def fill(self) -> float:
         """The weight of each stage's compute in f's sum."""
-        return 1 / self.virtual
+        return self.pipeline.fill
 
     @property
     def stages(self) -> int:
@@ -110,10 +114,10 @@ def fixed_placement_graph(costs: StageCosts, num_layers: int, bounds=None) -> St
     factors = [0.0] + [costs.p2p_factor(s) for s in range(p - 1)]
     transitions = tuple(((0, kind_of[s], factors[s], 0),) for s in range(p))
     return make_graph(costs.n_micro, np.stack(compute), np.stack(allreduce), ratio, costs.enforces_memory, volume,
-                      transitions, virtual=costs.cand.virtual_stages, bounds=bounds)
+                      transitions, pipeline=costs.pipeline, bounds=bounds)
 
 
-def make_graph(n_micro, compute, allreduce, ratio, enforce_memory: bool, volume, transitions, *, virtual: int = 1,
+def make_graph(n_micro, compute, allreduce, ratio, enforce_memory: bool, volume, transitions, *, pipeline: Pipeline,
                bounds=None) -> StageGraph:
     """A stage graph; stage s may take any range leaving room for the others, or only
     [bounds[s], bounds[s+1]) when ``bounds`` fixes the partition."""
@@ -125,7 +129,7 @@ def make_graph(n_micro, compute, allreduce, ratio, enforce_memory: bool, volume,
         for s in range(p):
             structural[s, 0, bounds[s], bounds[s + 1]] = True
     feasible = structural & (ratio <= 1.0) if enforce_memory else np.broadcast_to(structural, ratio.shape).copy()
-    return StageGraph(n_micro, compute, allreduce, feasible, volume, tuple(transitions), ratio, structural, virtual)
+    return StageGraph(n_micro, compute, allreduce, feasible, volume, tuple(transitions), ratio, structural, pipeline)
 
 
 def path_terms(g: StageGraph, path: Path):
@@ -139,8 +143,8 @@ def path_terms(g: StageGraph, path: Path):
 
 
 def path_value(g: StageGraph, path: Path) -> float:
-    """f of a path through the shared iteration-time formula."""
-    return iteration_time(g.n_micro, *path_terms(g, path), g.virtual)
+    """f of a path through the cost model's iteration-time formula."""
+    return g.pipeline.time(*path_terms(g, path))
 
 
 def _sweep(g: StageGraph, T: np.ndarray, U: np.ndarray, pointers: bool = False):
@@ -151,6 +155,7 @@ def _sweep(g: StageGraph, T: np.ndarray, U: np.ndarray, pointers: bool = False):
     p, L = g.stages, g.layers
     width = L - p + 1
     batch = len(T)
+    weights, r = g.pipeline.bottleneck, g.pipeline.p2p
     values = {0: np.tile(start_row(L), (batch, 1))}
     back = []
     for s in range(p):
@@ -159,16 +164,17 @@ def _sweep(g: StageGraph, T: np.ndarray, U: np.ndarray, pointers: bool = False):
         for t, (src, kind, factor, dst) in enumerate(g.transitions[s]):
             if src in values:
                 groups.setdefault((src, kind, factor), []).append((t, dst))
-        masked: dict[int, np.ndarray] = {}
+        masked: dict[int, np.ndarray] = {}  # per kind at this stage's weight
         new: dict[int, np.ndarray] = {}
         ptr: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for (src, kind, factor), targets in groups.items():
             if kind not in masked:
                 C = g.compute[kind, ks, ls]
-                ok = g.feasible[s, kind, ks, ls][None] & (C[None] <= T[:, None, None])
+                lead = C * weights[s] if weights[s] > 0 else np.zeros_like(C)  # (0 * inf is nan)
+                ok = g.feasible[s, kind, ks, ls][None] & (lead[None] <= T[:, None, None])
                 ok &= g.allreduce[kind, ks, ls][None] <= U[:, None, None]
                 masked[kind] = np.where(ok, C[None] * g.fill, INF)
-            start = values[src][:, ks] + g.volume[ks] * factor
+            start = values[src][:, ks] + g.volume[ks] * factor * r
             cand = start[:, :, None] + masked[kind]
             row = np.full((batch, L + 1), INF)
             row[:, ls] = cand.min(axis=1)
@@ -228,10 +234,12 @@ def _walk_back(g: StageGraph, back, state: int, at: tuple = ()) -> Path:
     return Path(*backtrack(g.stages, g.layers, state, step))
 
 
-def min_max_path(g: StageGraph, table: np.ndarray, feasible: np.ndarray | None = None) -> tuple[float, Path | None]:
+def min_max_path(g: StageGraph, table: np.ndarray, feasible: np.ndarray | None = None,
+                 scale=None) -> tuple[float, Path | None]:
     """min over paths of max over stages of a table (a min-max DP) and a path reaching it.
 
-    ``table`` is indexed [kind, k, l], or [stage, kind, k, l] when it depends on the stage.
+    ``table`` is indexed [kind, k, l], or [stage, kind, k, l] when it depends on the stage;
+    ``scale[s]`` (optional) multiplies stage s's entries (the bottleneck weights).
     """
     p, L = g.stages, g.layers
     feasible = g.feasible if feasible is None else feasible
@@ -244,6 +252,8 @@ def min_max_path(g: StageGraph, table: np.ndarray, feasible: np.ndarray | None =
             if src not in values:
                 continue
             tab = table[s, kind] if table.ndim == 4 else table[kind]
+            if scale is not None:
+                tab = tab * scale[s]
             row, arg = min_max_step(values[src], tab, feasible[s, kind], arg=True)
             _keep_better(new, ptr, dst, row, t, arg)
         values = new
@@ -257,8 +267,13 @@ def min_max_path(g: StageGraph, table: np.ndarray, feasible: np.ndarray | None =
     return value, _walk_back(g, back, state)
 
 
-def _bottleneck(g: StageGraph, table: np.ndarray) -> float:
-    return min_max_path(g, table)[0]
+def _bottleneck(g: StageGraph, table: np.ndarray, scale=None) -> float:
+    return min_max_path(g, table, scale=scale)[0]
+
+
+def _weighted_compute(g: StageGraph) -> np.ndarray:
+    """The distinct values of w_s C over the ranges some stage can take: the bottleneck thresholds."""
+    return np.unique(np.concatenate([g.compute[g.feasible[s]] * w for s, w in enumerate(g.pipeline.bottleneck)]))
 
 
 def _batch_size(g: StageGraph, limit_bytes: float = 4e8) -> int:
@@ -281,7 +296,7 @@ def optimal_path(g: StageGraph, batch: int | None = None, cutoff: float = INF,
     batch = batch or _batch_size(g)
     if p > L:
         return None
-    w = float(g.w)
+    weighted, weights = g.weighted, g.pipeline.bottleneck
     h, paths = _paths(g, np.array([INF]), np.array([INF]))
     h0 = float(h[0])
     if not np.isfinite(h0):
@@ -295,12 +310,12 @@ def optimal_path(g: StageGraph, batch: int | None = None, cutoff: float = INF,
     # Distinct thresholds in the window where they could still pay off.
     usable = g.feasible.any(axis=0)
     U_lo = _bottleneck(g, g.allreduce)
-    T_lo = _bottleneck(g, g.compute) if w > 0 else 0.0
-    T_all = np.unique(g.compute[usable]) if w > 0 else np.array([INF])
-    if w > 0:
-        T_all = T_all[(T_all >= T_lo) & (w * T_all + U_lo + h0 < target())]
+    T_lo = _bottleneck(g, g.compute, weights) if weighted else 0.0
+    T_all = _weighted_compute(g) if weighted else np.array([INF])
+    if weighted:
+        T_all = T_all[(T_all >= T_lo) & (T_all + U_lo + h0 < target())]
     U_all = np.unique(g.allreduce[usable])
-    U_all = U_all[(U_all >= U_lo) & ((w * T_lo if w > 0 else 0.0) + U_all + h0 < target())]
+    U_all = U_all[(U_all >= U_lo) & (T_lo + U_all + h0 < target())]
     if not len(T_all) or not len(U_all):
         return best, best_path
 
@@ -320,7 +335,7 @@ def optimal_path(g: StageGraph, batch: int | None = None, cutoff: float = INF,
         hU[i:i + batch], found = _paths(g, np.full(len(U_all[i:i + batch]), INF), U_all[i:i + batch])
         best, best_path = _better(g, best, best_path, found)
 
-    lead_T = (w * T_all if w > 0 else np.zeros(len(T_all)))
+    lead_T = T_all if weighted else np.zeros(len(T_all))
     TT, UU = np.meshgrid(np.arange(len(T_all)), np.arange(len(U_all)), indexing="ij")
     TT, UU = TT.ravel(), UU.ravel()
     base = lead_T[TT] + U_all[UU]
@@ -349,9 +364,9 @@ def good_path(g: StageGraph, samples: int = 64) -> tuple[float, Path] | None:
     best = path_value(g, best_path)
     usable = g.feasible.any(axis=0)
     sweeps = []
-    if g.w > 0:
-        T = np.unique(g.compute[usable])
-        T = T[T >= _bottleneck(g, g.compute)][:samples]
+    if g.weighted:
+        T = _weighted_compute(g)
+        T = T[T >= _bottleneck(g, g.compute, g.pipeline.bottleneck)][:samples]
         sweeps.append((T, np.full(len(T), INF)))
     U = np.unique(g.allreduce[usable])
     U = U[U >= _bottleneck(g, g.allreduce)][:samples]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from ...errors import InputError
 from .amp import AMP
-from .hetero import HETERO
+from .hetero import HETERO, HETERO_CLOSED
 from .terms import CandidateTerms, CostModel, StageCosts, allreduce_factor, hetero_link, iteration_time, plan_of
 
-COST_MODELS: dict[str, CostModel] = {model.name: model for model in (HETERO, AMP)}
+COST_MODELS: dict[str, CostModel] = {model.name: model for model in (HETERO, AMP, HETERO_CLOSED)}
 
 
 def cost_model(model: str | CostModel, field: str = "--cost-model") -> CostModel:
@@ -31,5 +31,5 @@ def cost_model(model: str | CostModel, field: str = "--cost-model") -> CostModel
     return COST_MODELS[model]
 
 
-__all__ = ["AMP", "HETERO", "COST_MODELS", "CostModel", "StageCosts", "CandidateTerms", "cost_model", "iteration_time",
+__all__ = ["AMP", "HETERO", "HETERO_CLOSED", "COST_MODELS", "CostModel", "StageCosts", "CandidateTerms", "cost_model", "iteration_time",
            "hetero_link", "allreduce_factor", "plan_of"]

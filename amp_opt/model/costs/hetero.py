@@ -83,10 +83,15 @@ def _ring_bytes_per_layer(terms: CandidateTerms) -> np.ndarray:
 
 
 class HeteroModel(CostModel):
-    name = "hetero"
-    description = "per-device speeds, the slowest links a stage uses, memory limits"
+    """The hetero model under a schedule: ``hetero`` (H13, the 1F1B order's position weights)
+    or ``hetero-closed`` (AMP's closed form H6, for comparison with the plans of before H13)."""
+
     enforces_memory = True
     placements = ("free", "rank-order")
+
+    def __init__(self, name: str = "hetero", schedule: str = "1f1b", description: str = ""):
+        self.name, self.schedule = name, schedule
+        self.description = description or "per-device speeds, the slowest links a stage uses, memory limits"
 
     def prices(self, cand) -> bool:
         return True
@@ -95,7 +100,8 @@ class HeteroModel(CostModel):
         return HeteroCosts(self, tables, cand, stages, chunks=chunks, modes=modes)
 
     def lower_bound(self, tables, cand, *, labelled: bool = True, enough: float = INF) -> float:
-        """time >= (n-1) T_lb + S_lb (+ U_lb under B2); communication otherwise left out.
+        """time >= c T_lb + S_lb (+ U_lb under B2), c the least bottleneck weight of the candidate's
+        iteration time (n - 1/v, or under H13 that of stage 0); p2p otherwise left out.
 
         A stage's label is the slowest compute class among its groups; at most
         floor((G_1 + ... + G_k) / dp) stages carry one of the k fastest labels.  B2: DPs over
@@ -104,10 +110,11 @@ class HeteroModel(CostModel):
         The parts are computed cheapest first, and once one reaches ``enough`` (a caller's
         cutoff: nothing at or above it matters to it) that part is returned, a valid bound.
         """
-        v, n, p = cand.virtual_stages, cand.n_micro(tables.instance), cand.pp
+        v, p = cand.virtual_stages, cand.pp
+        weight = self.pipeline(tables, cand).least
         # Every stage pays at least the smallest calibrated step overhead (C3) per micro-batch.
         step = min(tables.instance.device_types[c.device_type].step_overhead for c in node_classes(tables.instance))
-        overhead = (n - 1 / v) * step + p * step / v
+        overhead = weight * step + p * step / v
         return overhead + self._bound(tables, cand, labelled, enough - overhead)
 
     def _bound(self, tables, cand, labelled: bool, enough: float) -> float:
@@ -116,12 +123,12 @@ class HeteroModel(CostModel):
         terms = CandidateTerms(tables, cand)
         classes = compute_classes(terms)
         caps = _caps(classes, cand.replicas, cand.pp)
-        n, p, L = terms.n_micro, cand.pp, tables.instance.num_layers
+        w, p, L = self.pipeline(tables, cand).least, cand.pp, tables.instance.num_layers
         fastest = np.min([c.times for c in classes], axis=0)
         # The fractional speed bound takes microseconds; on a subset of the cluster searched
         # below the whole cluster's plan it rules out most candidates before their memory check.
         speed = _fractional_speed_bound(classes, caps, p)
-        floor = (n - 1) * speed + float(fastest.sum())
+        floor = w * speed + float(fastest.sum())
         if floor >= enough:
             return floor
         if not fits_somewhere(terms, max(c.capacity for c in classes)):
@@ -129,15 +136,17 @@ class HeteroModel(CostModel):
         if labelled:
             vectors = _label_vectors(caps, int(LABELLED_BUDGET // (len(classes) * (L + 1) ** 2)))
             if vectors is not None:
-                return _labelled_bound(terms, classes, caps, vectors)
+                return _labelled_bound(terms, classes, caps, vectors, w)
         # B3's bottleneck: the larger of the speed bound and the min-max partition of the fastest times.
-        floor = (n - 1) * max(speed, min_max_chain([range_table(fastest)] * p)) + float(fastest.sum())
+        floor = w * max(speed, min_max_chain([range_table(fastest)] * p)) + float(fastest.sum())
         if floor >= enough:
             return floor
         return floor + _allreduce_floor(terms, max(c.link for c in classes))
 
 
 HETERO = HeteroModel()
+HETERO_CLOSED = HeteroModel("hetero-closed", "closed", "the hetero model's terms under AMP's closed-form "
+                            "iteration time (H6) instead of the 1F1B schedule's (H13)")
 
 
 def fits_somewhere(terms: CandidateTerms, capacity: float) -> bool:
@@ -212,15 +221,15 @@ def _label_vectors(caps: list[int], limit: int) -> list[tuple[int, ...]] | None:
     return out if rec(0, 0) else None
 
 
-def _labelled_bound(terms: CandidateTerms, classes, caps, vectors) -> float:
+def _labelled_bound(terms: CandidateTerms, classes, caps, vectors, weight: float) -> float:
     """Eq. B2: DPs over (labels used so far, layer position), with memory.
 
     Stage s labelled c holds a group of class c, so it runs no faster than c (E >= range
     time of c), fits no more memory than c's capacity, and reduces its gradients no faster
     than c's best ring link.  The three terms are minimised separately, which keeps their
-    sum a valid bound.
+    sum a valid bound; ``weight`` is the least bottleneck weight (:attr:`Pipeline.least`).
     """
-    n, p = terms.n_micro, terms.pp
+    p = terms.pp
     L, C = terms.instance.num_layers, len(classes)
     g = grid(L)
     compute = [range_table(c.times) for c in classes]
@@ -257,7 +266,7 @@ def _labelled_bound(terms: CandidateTerms, classes, caps, vectors) -> float:
     u_lb = min(r[2][L] for r in finals)
     if not np.isfinite(t_lb):
         return INF
-    return float((n - 1) * t_lb + s_lb + u_lb)
+    return float(weight * t_lb + s_lb + u_lb)
 
 
 def _fixed_partition_bound(tables, cand, enough: float = INF) -> float:

@@ -1,11 +1,13 @@
 """The terms every cost model prices, and the protocol a cost model implements.
 
-Every cost model scores a plan with the same iteration-time formula
-(``formulations/amp.md`` eq. A5, ``formulations/hetero.md`` eq. H6, H11)::
+Every cost model scores a plan with one iteration-time formula, a weighted maximum plus
+sums (:class:`Pipeline`)::
 
-    time = (n - 1/v) max_s E_s + (1/v) sum_s E_s + sum_s P_s + max_s AR_s
+    time = max_s c_s E_s + (1/v) sum_s E_s + r sum_s P_s + max_s AR_s
 
-(v = 1 without interleaving) and differs in how the stage terms are computed.  A cost
+whose weights come from the model's schedule: AMP's closed form (``formulations/amp.md``
+eq. A5, ``formulations/hetero.md`` H6, H11: c_s = n - 1/v, r = 1) or the 1F1B schedule's
+(H13: c_s by the stage's position, r = 2), and differs in how the stage terms are computed.  A cost
 model (:class:`CostModel`) turns a candidate on a placement (the devices of every
 stage) into a :class:`StageCosts`, which computes the terms of any stage for any layer
 range, vectorised, so that the evaluator, the partition DP and the MIPs all read their
@@ -25,10 +27,73 @@ from ..plan import Candidate, Stages
 FORWARD_SHARE = 1.0 / 3.0  # a layer's forward share of its forward+backward time (backward = 2 forward)
 
 
-def iteration_time(n_micro: int, compute, p2p, allreduce, virtual_stages: int = 1) -> float:
-    """Eq. A5 / H6 (H11 with interleaving): seconds per iteration from the per-stage terms."""
-    v = virtual_stages
-    return float((n_micro - 1 / v) * max(compute) + sum(compute) / v + sum(p2p) + max(allreduce))
+SCHEDULES = ("closed", "1f1b")  # the iteration-time formulas a cost model may use
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The weights of the iteration-time formula of one candidate::
+
+        time = max_s bottleneck[s] E_s + (1/v) sum_s E_s + p2p sum_s P_s + max_s AR_s
+
+    ``bottleneck`` has one weight per stage (all n - 1/v in the closed form, eq. H6/H11; by
+    position under 1F1B, eq. H13), ``p2p`` weighs the boundary transfers (1, or 2 when the
+    first micro-batch's round trip is counted both ways, H13).
+    """
+
+    bottleneck: tuple[float, ...]
+    virtual: int = 1
+    p2p: float = 1.0
+
+    @property
+    def fill(self) -> float:
+        """The weight of each stage's compute in the sum."""
+        return 1 / self.virtual
+
+    @property
+    def least(self) -> float:
+        """The smallest bottleneck weight: least * max_s E_s bounds the weighted maximum from below."""
+        return min(self.bottleneck)
+
+    @property
+    def uniform(self) -> bool:
+        return len(set(self.bottleneck)) == 1
+
+    def time(self, compute, p2p, allreduce) -> float:
+        """Seconds per iteration from the per-stage terms (``p2p[s]``: boundary s to s+1)."""
+        lead = max(w * e for w, e in zip(self.bottleneck, compute))
+        return float(lead + sum(compute) / self.virtual + self.p2p * sum(p2p) + max(allreduce))
+
+
+def pipeline_weights(n_micro: int, pp: int, virtual_stages: int = 1, schedule: str = "closed") -> Pipeline:
+    """The weights of a candidate's iteration time under a schedule model (``SCHEDULES``).
+
+    ``"closed"``: AMP's closed form, every stage weighed n - 1/v (eq. A5, H6, H11).  ``"1f1b"``
+    (eq. H13, non-interleaved only; with v > 1 the closed form H11): stage s is weighed
+    (n-1) B + max(n - w_s - 1, 0) F with F = 1/3, B = 2/3 its forward and backward shares and
+    w_s = min(p-s-1, n) its warm-up forwards, and each boundary is crossed twice.
+
+    Examples
+    --------
+    >>> pipeline_weights(4, 2, schedule="closed").bottleneck
+    (3.0, 3.0)
+    >>> [round(w, 4) for w in pipeline_weights(4, 2, schedule="1f1b").bottleneck]
+    [2.6667, 3.0]
+    """
+    n, v = n_micro, virtual_stages
+    if schedule == "closed" or v > 1:
+        return Pipeline((n - 1 / v,) * pp, v)
+    if schedule != "1f1b":
+        raise ValueError(f"unknown schedule {schedule!r} (choose from {', '.join(SCHEDULES)})")
+    # (n-1) B + max(n - w - 1, 0) F = (n-1) - min(w, n-1) F: exactly n - 1 on the last stage.
+    weights = tuple((n - 1) - min(pp - s - 1, n - 1) * FORWARD_SHARE for s in range(pp))
+    return Pipeline(weights, 1, 2.0)
+
+
+def iteration_time(n_micro: int, compute, p2p, allreduce, virtual_stages: int = 1, schedule: str = "closed") -> float:
+    """Seconds per iteration from the per-stage terms: eq. A5 / H6 (H11 with interleaving), or
+    H13 under the 1F1B schedule model."""
+    return pipeline_weights(n_micro, len(compute), virtual_stages, schedule).time(compute, p2p, allreduce)
 
 
 def hetero_link(instance, nodes) -> float:
@@ -301,6 +366,7 @@ class StageCosts:
         self.cand = cand
         self.tp, self.dp, self.pp, self.micro_batch = cand.tp, cand.dp, cand.pp, cand.micro_batch
         self.n_micro = self.terms.n_micro
+        self.pipeline = pipeline_weights(self.n_micro, cand.pp, cand.virtual_stages, model.schedule)
         self.sums = self.terms.sums
         self.stages = stages
         self.estimated = False  # whether any compute time came from FLOPs
@@ -436,6 +502,7 @@ class CostModel:
     """The protocol of a cost model (a strategy): its name, whether it enforces memory, the
     placements it can price, the candidates it can price, its stage terms and its bound.
 
+    ``schedule`` names the iteration-time formula (:func:`pipeline_weights`);
     ``placements`` lists the placements the model prices, the default first; ``idle`` says
     whether the model prices a plan by the devices it uses alone, so that some may stay idle.
     ``prices(cand)`` says whether the model prices a candidate's decisions.
@@ -450,6 +517,7 @@ class CostModel:
     name: str = ""
     description: str = ""
     enforces_memory: bool = True
+    schedule: str = "closed"  # the iteration-time formula: "closed" (H6, H11) or "1f1b" (H13)
     placements: tuple[str, ...] = ()
     idle: bool = True  # whether a plan's price depends only on the devices it uses (so some may idle)
 
@@ -461,6 +529,10 @@ class CostModel:
 
     def lower_bound(self, tables, cand, *, labelled: bool = True, enough: float = np.inf) -> float:  # pragma: no cover
         raise NotImplementedError
+
+    def pipeline(self, tables, cand: Candidate) -> Pipeline:
+        """The weights of a candidate's iteration time under this model's schedule."""
+        return pipeline_weights(cand.n_micro(tables.instance), cand.pp, cand.virtual_stages, self.schedule)
 
     def __repr__(self) -> str:
         return f"<cost model {self.name}>"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...model.costs import HETERO, plan_of
+from ...model.costs import plan_of
 from ...model.evaluate import evaluate
 from ...model.ranges import INF, backtrack, band_min_sum_step
 from ..grouping import assign_groups
@@ -164,8 +164,8 @@ def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float
             continue
         placed = realise(model, counts)
         partition = model.chunks or found[1].bounds
-        plan = plan_of(HETERO, model.tables, c, partition, placed, chunks=model.chunks)
-        ev = evaluate(model.instance, plan, HETERO, tables=model.tables)
+        plan = plan_of(model.cost_model, model.tables, c, partition, placed, chunks=model.chunks)
+        ev = evaluate(model.instance, plan, model.cost_model, tables=model.tables)
         if ev.feasible and (best is None or ev.predicted_time < best.value):
             best = Incumbent.of_plan(ev.predicted_time, c, plan)
     return best

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...model.classes import node_classes
-from ...model.costs import CandidateTerms
+from ...model.costs import HETERO, CandidateTerms, CostModel
 from ...model.costs.terms import stage_order
 from ...model.plan import PER_STAGE_MODES
 from ...model.ranges import INF, backtrack, band_min_sum_step, grid, min_max_chain
@@ -58,12 +58,16 @@ class KindModel:
     ``canonical[i]`` the first of them.
     """
 
-    def __init__(self, tables, cand, chunks=None):
+    def __init__(self, tables, cand, chunks=None, cost_model: CostModel = HETERO):
         instance = tables.instance
         self.tables, self.instance, self.cand, self.chunks = tables, instance, cand, chunks
+        self.cost_model = cost_model  # a hetero model: its stage terms, its schedule's weights
         m, d = cand.tp, cand.replicas
-        self.fill = 1 / cand.virtual_stages  # the weight of a stage's compute in the sum (H11)
-        self.w = cand.n_micro(instance) - self.fill
+        pipe = cost_model.pipeline(tables, cand)
+        self.fill = pipe.fill  # the weight of a stage's compute in the sum (H11)
+        # The bottleneck's weight: the least stage weight, so that w max_s E_s never exceeds the
+        # weighted maximum of H13 and every bound stays valid; the heaviest for the ceiling.
+        self.w, self.w_top = pipe.least, max(pipe.bottleneck)
         self.classes = node_classes(instance)
         C, self.L = len(self.classes), instance.num_layers
         self.supply = np.array([c.groups(m) for c in self.classes], dtype=float)
@@ -86,8 +90,8 @@ class KindModel:
             for i, S in enumerate(self.kinds)])
         # K3: a boundary at position k costs volume[k] over the slower of its two stages' links,
         # so the DP remembers the link level of the previous stage.
-        # An interleaved boundary is crossed v times (H11).
-        self.volume = cand.virtual_stages * np.concatenate([[0.0], terms.volume[:-1], [0.0]])  # boundary at position k
+        # An interleaved boundary is crossed v times (H11); under 1F1B each boundary is paid twice (H13).
+        self.volume = (cand.virtual_stages * pipe.p2p) * np.concatenate([[0.0], terms.volume[:-1], [0.0]])
         self.links = np.array(sorted({self.ring(S) for S in self.kinds}))
         self.link_of = np.array([int(np.searchsorted(self.links, self.ring(S))) for S in self.kinds])
         self.p2p_factor = 1.0 / np.minimum(self.links[:, None], self.links[None, :])  # [previous, next]
@@ -158,7 +162,7 @@ class KindModel:
         p = self.cand.pp
         slow = min(min(c.inter, c.intra) for c in self.classes)
         sync = 2 * self.instance.training.allreduce_bytes_per_param  # at least the candidate's per parameter
-        crude = ((self.w + p) * float(self.compute[self.fitting].max())
+        crude = ((self.w_top + p) * float(self.compute[self.fitting].max())
                  + (p - 1) * float(self.volume.max()) / slow
                  + float(params[usable].max()) * sync / slow)
         return 2.0 * crude
@@ -318,7 +322,7 @@ def min_max(model: KindModel, table: np.ndarray) -> float:
     return min_max_chain([best_kind[f] for f in model.in_flight])
 
 
-def kind_model(tables, cand, chunks=None) -> KindModel | None:
+def kind_model(tables, cand, chunks=None, cost_model: CostModel = HETERO) -> KindModel | None:
     """The candidate's kind model; None when there are too many kinds (node classes) for it."""
     classes = len(node_classes(tables.instance))
-    return KindModel(tables, cand, chunks) if 2 ** classes - 1 <= MAX_KINDS else None
+    return KindModel(tables, cand, chunks, cost_model) if 2 ** classes - 1 <= MAX_KINDS else None

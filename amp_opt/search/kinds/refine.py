@@ -52,7 +52,7 @@ class KindPhase:
         """The candidate's kind search (eq. B4), started at target ``best`` on first use (its first
         dual steps stop at ``deadline``, by default the search's)."""
         if cand not in self.searches:
-            model = kind_model(self.search.tables, cand, self.search.chunks(cand))
+            model = kind_model(self.search.tables, cand, self.search.chunks(cand), self.search.model)
             deadline = self.search.deadline if deadline is None else deadline
             self.searches[cand] = None if model is None else KindSearch(model, min(best, model.ceiling), deadline)
         return self.searches[cand]

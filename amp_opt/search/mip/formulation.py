@@ -48,6 +48,7 @@ class Program:
         self.L, p = search.instance.num_layers, cand.pp
         chunks = search.chunks(cand)
         self.terms = CandidateTerms(search.tables, cand, chunks=chunks)
+        self.pipeline = search.model.pipeline(search.tables, cand)  # the objective's weights (H6, H11, H13)
         self.enforce_memory = search.model.enforces_memory
         self.total_params = float(self.terms.sums.params.sum())
         self.mdl = LinearModel()
@@ -182,19 +183,22 @@ class Program:
                 self.memory_row(s, costs.capacity[s], {}, None, f"memory[{s}]")
 
     def objective(self) -> int:
-        """(M9, H11) (n - 1/v) Emax + (1/v) sum E + sum P + ARmax; returns the rounded coefficients
-        on its path."""
+        """(M9, H11, H13) w Emax + (1/v) sum E + r sum P + ARmax with Emax >= (w_s / w) E[s], w the
+        largest bottleneck weight w_s (all equal in the closed form); returns the rounded
+        coefficients on its path."""
         mdl, E, P = self.mdl, self.E, self.P
-        for s in range(self.cand.pp):
-            mdl.add(lin({self.Emax: 1}, (-1, {E[s]: 1})), ">=", 0, "time", f"bottleneck[{s}]")
+        pipe = self.pipeline
+        w = max(pipe.bottleneck)
+        for s, (a, b) in enumerate(_bottleneck_rows(pipe.bottleneck)):
+            mdl.add(lin((a, {self.Emax: 1}), (-b, {E[s]: 1})), ">=", 0, "time", f"bottleneck[{s}]")
         for v, key in [(self.Emax, "E"), (self.ARmax, "AR")] + [(x, "E") for x in E] + [(x, "P") for x in P]:
             mdl.vars[v].ub = self.ub[key] * (1 + 1e-6) + 1e-12  # slack for float round-off in hints
         v = self.cand.virtual_stages
-        w = self.terms.n_micro - 1 / v
-        mdl.objective = lin({self.Emax: float(w)}, *[{x: 1 / v} for x in E], *[{x: 1.0} for x in P], {self.ARmax: 1.0})
+        mdl.objective = lin({self.Emax: float(w)}, *[{x: 1 / v} for x in E], *[{x: pipe.p2p} for x in P],
+                            {self.ARmax: 1.0})
         mdl.objective_scale = v
-        # Rounded coefficients on the objective's path: w * L (Emax), L (sum E), p (P), L (AR).
-        return (math.ceil(w) + 2) * self.L + self.cand.pp
+        # Rounded coefficients on the objective's path: w * L (Emax), L (sum E), r p (P), L (AR).
+        return (math.ceil(w) + 2) * self.L + math.ceil(pipe.p2p) * self.cand.pp
 
     def hint_times(self, bounds, stages) -> None:
         """The time and buffer variables' values for a plan (``bounds`` in stage order), priced by
@@ -205,7 +209,9 @@ class Program:
             hint[self.E[s]] = float(costs.compute(s, bounds[s], bounds[s + 1]))
             if s < p - 1:
                 hint[self.P[s]] = float(costs.p2p(s, bounds[s + 1]))
-        hint[self.Emax] = max(hint[self.E[s]] for s in range(p))
+        top = max(self.pipeline.bottleneck)
+        hint[self.Emax] = max(hint[self.E[s]] * (w / top if top > 0 else 1.0)
+                              for s, w in enumerate(self.pipeline.bottleneck))
         hint[self.ARmax] = max(float(costs.allreduce(s, bounds[s], bounds[s + 1])) for s in range(p))
         for (s, kind), (var, per_layer) in self.peak.items():
             k, l = bounds[s], bounds[s + 1]
@@ -215,6 +221,26 @@ class Program:
             hint[var] = float(bounds[s] <= l < costs.split(s, bounds[s], bounds[s + 1]))
         for s, var in self.rec.items():
             hint[var] = float(costs.split(s, bounds[s], bounds[s + 1]) > bounds[s])
+
+
+def _bottleneck_rows(weights) -> list[tuple[float, float]]:
+    """Per stage the coefficients (a, b) of a Emax >= b E[s], i.e. Emax >= (w_s / w) E[s] with w the
+    largest weight: (1, 1) where w_s = w, else whole numbers when some m <= 12 makes every m w_s
+    whole (H13's weights are thirds), since CP-SAT rounds time-by-time coefficients."""
+    w = max(weights)
+    if w <= 0:
+        return [(1.0, 1.0)] * len(weights)
+    m = next((m for m in range(1, 13) if all(abs(m * x - round(m * x)) <= 1e-9 * max(1.0, m * x) for x in weights)),
+             None)
+    rows = []
+    for x in weights:
+        if x == w:
+            rows.append((1.0, 1.0))
+        elif m is not None:
+            rows.append((float(round(m * w)), float(round(m * x))))
+        else:
+            rows.append((1.0, x / w))
+    return rows
 
 
 def build(search, cand, fixed_stages=None) -> Formulation:
