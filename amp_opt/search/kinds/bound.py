@@ -1,10 +1,11 @@
 """The Lagrangian kind bound of a candidate (``formulations/mip.md`` eq. B4).
 
-For thresholds T on the largest stage compute and U on the largest allreduce,
+For thresholds T on the largest weighted stage compute (max_s w_s E_s, H6/H13's bottleneck
+term) and U on the largest allreduce,
 
-    time >= w * T_lo + U_lo + h_lambda(T, U) - lambda . G
+    time >= w * T_lo + U_lo + h_lambda(T, U) - lambda . G,   w = 1 (0 without a bottleneck term)
 
-for every plan whose largest stage compute lies in (T_lo, T] and whose largest
+for every plan whose largest weighted stage compute lies in (T_lo, T] and whose largest
 allreduce lies in (U_lo, U] (h from :meth:`KindModel.sweep`).  :class:`KindSearch`
 works best-first over such threshold cells, raising each cell's dual by a
 trust-region cutting-plane ascent (:class:`Ascent`); a bound that reaches
@@ -168,7 +169,7 @@ class KindSearch:
         self.model, self.sweeps, self.pushed = model, 0, 0
         self.heap: list = []
         self.floor = INF
-        T0 = min_max(model, model.compute) if w > 0 else 0.0
+        T0 = min_max(model, model.compute, weighted=True) if w > 0 else 0.0
         U0 = min_max(model, model.allreduce)
         if not (np.isfinite(T0) and np.isfinite(U0)):
             return

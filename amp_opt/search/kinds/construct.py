@@ -21,7 +21,7 @@ from ...model.ranges import INF, backtrack, band_min_sum_step
 from ..grouping import assign_groups
 from ..result import Incumbent
 from .bound import Cell
-from .model import KindModel, KindPath, band_layout
+from .model import KindModel, KindPath, _weighted, band_layout
 
 POLISH_WORK = 2e9  # array operations one polish may spend by default (a few seconds)
 POLISH_RATE = 5e8  # array operations per second the multiset DP is assumed to run at before it has run
@@ -135,9 +135,10 @@ def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float
     states = int(np.prod([n + 1 for n in merged.values()]))
     window = model.L - model.cand.pp + 1
     kept, spent, budgeted = [], 0.0, 0.0
+    least = min(model.weight.values())  # thresholds are on the weighted compute (:class:`KindModel`)
     for T, U in thresholds:
         for k in merged:
-            usable = np.any([(model.compute[j] <= T) & (model.allreduce[j] <= U) & model.fitting[j]
+            usable = np.any([(_weighted(model.compute[j], least) <= T) & (model.allreduce[j] <= U) & model.fitting[j]
                              for j in model.siblings[k]], axis=0)
             first, last = np.nonzero(usable)
             spent += states * len(model.links) * window * (int((last - first).max()) if len(first) else 1)
@@ -193,7 +194,7 @@ def _kind_arcs(model: KindModel, kinds, T: np.ndarray, U: np.ndarray):
     pos = np.arange(model.L + 1)
     tables = {}
     for a, k in enumerate(kinds):
-        ok = {(f, j): fits[j][None] & (model.compute[j][None] <= T[:, None, None])
+        ok = {(f, j): fits[j][None] & (_weighted(model.compute[j], model.weight[f])[None] <= T[:, None, None])
               & (model.allreduce[j][None] <= U[:, None, None]) for f, fits in model.fits.items() for j in model.siblings[k]}
         starts, valid = band_layout(np.any([x.any(axis=0) for x in ok.values()], axis=0))
         for f in model.fits:

@@ -65,9 +65,12 @@ class KindModel:
         m, d = cand.tp, cand.replicas
         pipe = cost_model.pipeline(tables, cand)
         self.fill = pipe.fill  # the weight of a stage's compute in the sum (H11)
-        # The bottleneck's weight: the least stage weight, so that w max_s E_s never exceeds the
-        # weighted maximum of H13 and every bound stays valid; the heaviest for the ceiling.
-        self.w, self.w_top = pipe.least, max(pipe.bottleneck)
+        # Thresholds T are on the weighted stage compute w_f E (H13: a stage's bottleneck weight
+        # depends on its position only through its micro-batches in flight f, so the weight of f
+        # is exact; were it not, the least weight of f keeps every bound valid).  ``w`` is the
+        # threshold's weight in the bound (1, or 0 when there is no bottleneck term).
+        self.pipe = pipe
+        self.w, self.w_top = (1.0 if max(pipe.bottleneck) > 0 else 0.0), max(pipe.bottleneck)
         self.classes = node_classes(instance)
         C, self.L = len(self.classes), instance.num_layers
         self.supply = np.array([c.groups(m) for c in self.classes], dtype=float)
@@ -142,6 +145,9 @@ class KindModel:
             for s in range(self.cand.pp):
                 allowed[bounds[s], bounds[s + 1]] = True
         self.in_flight = [terms.in_flight(s) for s in range(self.cand.pp)]
+        self.weight: dict = {}  # micro-batches in flight f -> the least bottleneck weight of a stage with f
+        for s, f in enumerate(self.in_flight):
+            self.weight[f] = min(self.weight.get(f, INF), self.pipe.bottleneck[s])
         self.fits = {}
         for s, f in enumerate(self.in_flight):
             if f not in self.fits:
@@ -230,8 +236,11 @@ class KindModel:
         batch, B, L = len(T), len(self.links), self.L
         y = np.broadcast_to(y, (batch, self.dims))
         prices = np.array([self.prices(row) for row in y])  # (batch, K)
-        # Ranges within the thresholds (batch, K, k, l); memory per micro-batches in flight apart.
-        timely = (self.compute[None] <= T[:, None, None, None]) & (self.allreduce[None] <= U[:, None, None, None])
+        # Ranges within the thresholds at the least weight (batch, K, k, l), which holds every
+        # range some stage can use; memory and the weight per micro-batches in flight apart.
+        least = min(self.weight.values())
+        timely = (_weighted(self.compute, least)[None] <= T[:, None, None, None]) \
+            & (self.allreduce[None] <= U[:, None, None, None])
         pos = np.arange(L + 1)
         layout = [band_layout((timely[:, self.link_of == b] & self.fitting[self.link_of == b][None]).any(axis=(0, 1)))
                   for b in range(B)]
@@ -240,14 +249,22 @@ class KindModel:
             kinds = np.flatnonzero(self.link_of == b)
             window = (slice(None), starts, pos[:, None])  # kinds, then the band layout
             # Per kind in the band layout (batch, kinds, L+1, width): usable within the thresholds, and its cost.
-            ok = timely[:, kinds][(slice(None),) + window] & valid
-            cost = self.compute[kinds][window][None] * self.fill + prices[:, kinds, None, None]
-            # Micro-batches in flight that fit the same usable ranges give the same arcs: usually
-            # only ranges too slow for the thresholds fit differently, so most are computed once.
-            anywhere, done = ok.any(axis=0), {}
+            loose = timely[:, kinds][(slice(None),) + window] & valid
+            compute = self.compute[kinds][window]
+            cost = compute[None] * self.fill + prices[:, kinds, None, None]
+            by_weight = {}  # the ranges within the thresholds at each weight of the stages
+            # Micro-batches in flight that fit the same usable ranges at the same weight give the
+            # same arcs: usually only ranges too slow for the thresholds fit differently, so most
+            # are computed once.
+            anywhere, done = loose.any(axis=0), {}
             for f, fits in self.fits.items():
+                weight = self.weight[f]
+                if weight not in by_weight:
+                    by_weight[weight] = loose if weight == least else \
+                        loose & (_weighted(compute, weight)[None] <= T[:, None, None, None])
+                ok = by_weight[weight]
                 usable = fits[kinds][window] & anywhere
-                same = done.setdefault(usable.tobytes(), f)
+                same = done.setdefault((weight, usable.tobytes()), f)
                 if same != f:
                     arcs[f, b] = arcs[same, b]
                     if paths:
@@ -315,11 +332,20 @@ class KindModel:
         return counts[list(path.kinds)].sum(axis=0)
 
 
-def min_max(model: KindModel, table: np.ndarray) -> float:
-    """The least possible largest value of ``table`` (indexed [kind, k, l]) over p-stage paths
-    that fit in memory, supply ignored: no plan's maximum is smaller."""
+def min_max(model: KindModel, table: np.ndarray, weighted: bool = False) -> float:
+    """The least possible largest value of ``table`` (indexed [kind, k, l]; with ``weighted``
+    times each stage's bottleneck weight, the thresholds' units) over p-stage paths that fit in
+    memory, supply ignored: no plan's maximum is smaller."""
     best_kind = {f: np.where(fits, table, INF).min(axis=0) for f, fits in model.fits.items()}
+    if weighted:
+        best_kind = {f: _weighted(row, model.weight[f]) for f, row in best_kind.items()}
     return min_max_chain([best_kind[f] for f in model.in_flight])
+
+
+def _weighted(table: np.ndarray, weight: float) -> np.ndarray:
+    """``weight * table``, inf staying inf (also at weight 0, where 0 * inf would be nan)."""
+    finite = np.isfinite(table)
+    return np.where(finite, np.where(finite, table, 0.0) * weight, INF)
 
 
 def kind_model(tables, cand, chunks=None, cost_model: CostModel = HETERO) -> KindModel | None:
