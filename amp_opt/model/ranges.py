@@ -213,3 +213,16 @@ def backtrack(stages: int, end: int, state, step: Callable) -> tuple[tuple, tupl
         bounds.append(start)
         end = start
     return tuple(reversed(choices)), tuple(reversed(bounds))
+
+
+def weighted(table: np.ndarray, weight: float) -> np.ndarray:
+    """``weight * table`` with inf kept inf (0 * inf would be nan): a range table at a stage's
+    bottleneck weight.
+
+    Examples
+    --------
+    >>> weighted(range_table(np.array([1.0, 2.0])), 0.0)[0, 2], weighted(range_table(np.array([1.0])), 2.0)[0, 1]
+    (np.float64(0.0), np.float64(2.0))
+    """
+    finite = np.isfinite(table)
+    return np.where(finite, np.where(finite, table, 0.0) * weight, INF)

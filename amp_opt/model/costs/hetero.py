@@ -14,6 +14,7 @@ import numpy as np
 
 from ..classes import node_classes
 from ..ranges import INF, grid, min_max_chain, min_max_step, min_sum_step, range_table, stage_room, start_row
+from ..ranges import weighted as _weighted
 from ..candidates import even_partition
 from .terms import CandidateTerms, CostModel, StageCosts, hetero_link, stage_order
 
@@ -123,7 +124,8 @@ class HeteroModel(CostModel):
         terms = CandidateTerms(tables, cand)
         classes = compute_classes(terms)
         caps = _caps(classes, cand.replicas, cand.pp)
-        w, p, L = self.pipeline(tables, cand).least, cand.pp, tables.instance.num_layers
+        pipe = self.pipeline(tables, cand)
+        w, p, L = pipe.least, cand.pp, tables.instance.num_layers
         fastest = np.min([c.times for c in classes], axis=0)
         # The fractional speed bound takes microseconds; on a subset of the cluster searched
         # below the whole cluster's plan it rules out most candidates before their memory check.
@@ -136,9 +138,12 @@ class HeteroModel(CostModel):
         if labelled:
             vectors = _label_vectors(caps, int(LABELLED_BUDGET // (len(classes) * (L + 1) ** 2)))
             if vectors is not None:
-                return _labelled_bound(terms, classes, caps, vectors, w)
-        # B3's bottleneck: the larger of the speed bound and the min-max partition of the fastest times.
-        floor = w * max(speed, min_max_chain([range_table(fastest)] * p)) + float(fastest.sum())
+                return _labelled_bound(terms, classes, caps, vectors, pipe.bottleneck)
+        # B3's bottleneck: the larger of the speed bound (at the least weight) and the min-max
+        # partition of the fastest times, each stage's at its own weight (H13).
+        fast = range_table(fastest)
+        chain = min_max_chain([_weighted(fast, x) for x in pipe.bottleneck])
+        floor = max(w * speed, chain) + float(fastest.sum())
         if floor >= enough:
             return floor
         return floor + _allreduce_floor(terms, max(c.link for c in classes))
@@ -221,19 +226,27 @@ def _label_vectors(caps: list[int], limit: int) -> list[tuple[int, ...]] | None:
     return out if rec(0, 0) else None
 
 
-def _labelled_bound(terms: CandidateTerms, classes, caps, vectors, weight: float) -> float:
+def _labelled_bound(terms: CandidateTerms, classes, caps, vectors, weights) -> float:
     """Eq. B2: DPs over (labels used so far, layer position), with memory.
 
     Stage s labelled c holds a group of class c, so it runs no faster than c (E >= range
     time of c), fits no more memory than c's capacity, and reduces its gradients no faster
     than c's best ring link.  The three terms are minimised separately, which keeps their
-    sum a valid bound; ``weight`` is the least bottleneck weight (:attr:`Pipeline.least`).
+    sum a valid bound.  The largest compute is taken at each stage's bottleneck weight
+    (``weights[s]``, :attr:`Pipeline.bottleneck`): the DP knows the stage index.
     """
     p = terms.pp
     L, C = terms.instance.num_layers, len(classes)
     g = grid(L)
     compute = [range_table(c.times) for c in classes]
     allreduce = [_allreduce_table(terms, c.link) for c in classes]
+    scaled: dict = {}  # (class, weight) -> the class's range times at that weight
+
+    def lead(c: int, weight: float) -> np.ndarray:
+        if (c, weight) not in scaled:
+            scaled[c, weight] = _weighted(compute[c], weight)
+        return scaled[c, weight]
+
     fits = []
     for s in range(p):
         memory = terms.memory(s, g.start, g.stop)
@@ -255,7 +268,7 @@ def _labelled_bound(terms: CandidateTerms, classes, caps, vectors, weight: float
             if not ok(w):
                 continue
             mask = fits[s][c]
-            rows = (min_max_step(bmax, compute[c], mask), min_sum_step(bsum, compute[c], mask),
+            rows = (min_max_step(bmax, lead(c, weights[s]), mask), min_sum_step(bsum, compute[c], mask),
                     min_max_step(bar, allreduce[c], mask))
             best[w] = tuple(np.minimum(a, b) for a, b in zip(best[w], rows)) if w in best else rows
     finals = [rows for v, rows in best.items() if sum(v) == p]
@@ -266,7 +279,7 @@ def _labelled_bound(terms: CandidateTerms, classes, caps, vectors, weight: float
     u_lb = min(r[2][L] for r in finals)
     if not np.isfinite(t_lb):
         return INF
-    return float(weight * t_lb + s_lb + u_lb)
+    return float(t_lb + s_lb + u_lb)
 
 
 def _fixed_partition_bound(tables, cand, enough: float = INF) -> float:

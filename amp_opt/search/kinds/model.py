@@ -25,6 +25,7 @@ from ...model.costs import HETERO, CandidateTerms, CostModel
 from ...model.costs.terms import stage_order
 from ...model.plan import PER_STAGE_MODES
 from ...model.ranges import INF, backtrack, band_min_sum_step, grid, min_max_chain
+from ...model.ranges import weighted as _weighted
 
 MAX_KINDS = 63  # 6 node classes; more and the bound falls back to eq. B2/B3
 
@@ -340,12 +341,6 @@ def min_max(model: KindModel, table: np.ndarray, weighted: bool = False) -> floa
     if weighted:
         best_kind = {f: _weighted(row, model.weight[f]) for f, row in best_kind.items()}
     return min_max_chain([best_kind[f] for f in model.in_flight])
-
-
-def _weighted(table: np.ndarray, weight: float) -> np.ndarray:
-    """``weight * table``, inf staying inf (also at weight 0, where 0 * inf would be nan)."""
-    finite = np.isfinite(table)
-    return np.where(finite, np.where(finite, table, 0.0) * weight, INF)
 
 
 def kind_model(tables, cand, chunks=None, cost_model: CostModel = HETERO) -> KindModel | None:
