@@ -55,10 +55,6 @@ class Pipeline:
         """The smallest bottleneck weight: least * max_s E_s bounds the weighted maximum from below."""
         return min(self.bottleneck)
 
-    @property
-    def uniform(self) -> bool:
-        return len(set(self.bottleneck)) == 1
-
     def time(self, compute, p2p, allreduce) -> float:
         """Seconds per iteration from the per-stage terms (``p2p[s]``: boundary s to s+1)."""
         lead = max(w * e for w, e in zip(self.bottleneck, compute))
