@@ -34,7 +34,7 @@ import numpy as np
 
 from ..model.costs import StageCosts
 from ..model.costs.terms import Pipeline
-from ..model.ranges import INF, backtrack, grid, min_max_step, stage_room, start_row
+from ..model.ranges import INF, backtrack, grid, min_max_step, stage_room, start_row, weighted
 
 
 @dataclass(frozen=True)
@@ -253,7 +253,7 @@ def min_max_path(g: StageGraph, table: np.ndarray, feasible: np.ndarray | None =
                 continue
             tab = table[s, kind] if table.ndim == 4 else table[kind]
             if scale is not None:
-                tab = tab * scale[s]
+                tab = weighted(tab, scale[s])
             row, arg = min_max_step(values[src], tab, feasible[s, kind], arg=True)
             _keep_better(new, ptr, dst, row, t, arg)
         values = new
@@ -296,7 +296,7 @@ def optimal_path(g: StageGraph, batch: int | None = None, cutoff: float = INF,
     batch = batch or _batch_size(g)
     if p > L:
         return None
-    weighted, weights = g.weighted, g.pipeline.bottleneck
+    has_lead, weights = g.weighted, g.pipeline.bottleneck
     h, paths = _paths(g, np.array([INF]), np.array([INF]))
     h0 = float(h[0])
     if not np.isfinite(h0):
@@ -310,9 +310,9 @@ def optimal_path(g: StageGraph, batch: int | None = None, cutoff: float = INF,
     # Distinct thresholds in the window where they could still pay off.
     usable = g.feasible.any(axis=0)
     U_lo = _bottleneck(g, g.allreduce)
-    T_lo = _bottleneck(g, g.compute, weights) if weighted else 0.0
-    T_all = _weighted_compute(g) if weighted else np.array([INF])
-    if weighted:
+    T_lo = _bottleneck(g, g.compute, weights) if has_lead else 0.0
+    T_all = _weighted_compute(g) if has_lead else np.array([INF])
+    if has_lead:
         T_all = T_all[(T_all >= T_lo) & (T_all + U_lo + h0 < target())]
     U_all = np.unique(g.allreduce[usable])
     U_all = U_all[(U_all >= U_lo) & (T_lo + U_all + h0 < target())]
@@ -335,7 +335,7 @@ def optimal_path(g: StageGraph, batch: int | None = None, cutoff: float = INF,
         hU[i:i + batch], found = _paths(g, np.full(len(U_all[i:i + batch]), INF), U_all[i:i + batch])
         best, best_path = _better(g, best, best_path, found)
 
-    lead_T = T_all if weighted else np.zeros(len(T_all))
+    lead_T = T_all if has_lead else np.zeros(len(T_all))
     TT, UU = np.meshgrid(np.arange(len(T_all)), np.arange(len(U_all)), indexing="ij")
     TT, UU = TT.ravel(), UU.ravel()
     base = lead_T[TT] + U_all[UU]

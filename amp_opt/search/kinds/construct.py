@@ -220,7 +220,7 @@ def _least_link(values: np.ndarray, hop: np.ndarray) -> tuple[np.ndarray, np.nda
 
 def multiset_paths(model: KindModel, multiset: dict[int, int], T: np.ndarray, U: np.ndarray):
     """For each threshold pair (T[j], U[j]): the least-sum path using exactly ``multiset``
-    (kind -> number of stages) with every stage's compute <= T[j] and allreduce <= U[j] (eq. K6).
+    (kind -> number of stages) with every stage's weighted compute <= T[j] and allreduce <= U[j] (eq. K6).
 
     A DP over (stages of each kind used so far, link level of the previous stage, layer
     position); p2p is charged at the slower link of the two stages, as in the relaxation.

@@ -282,7 +282,7 @@ class KindModel:
         """h(T, U) under multipliers y for a batch of thresholds (eq. K4, K7) and, if asked, a
         minimising path each.
 
-        h is the least sum over p stages of E + P + price(kind) with every stage's compute <= T,
+        h is the least sum over p stages of E + P + price(kind) with every stage's weighted compute <= T,
         allreduce <= U and memory within its kind's capacity.  States: (link level of the
         previous stage, layer position).  Ranges are stored by (end l, length - 1) up to the
         longest usable one.
