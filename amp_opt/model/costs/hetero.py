@@ -101,8 +101,9 @@ class HeteroModel(CostModel):
         return HeteroCosts(self, tables, cand, stages, chunks=chunks, modes=modes)
 
     def lower_bound(self, tables, cand, *, labelled: bool = True, enough: float = INF) -> float:
-        """time >= c T_lb + S_lb (+ U_lb under B2), c the least bottleneck weight of the candidate's
-        iteration time (n - 1/v, or under H13 that of stage 0); p2p otherwise left out.
+        """time >= T_lb + S_lb (+ U_lb under B2), T_lb a bound on the weighted bottleneck
+        max_s w_s E_s (each stage at its own weight where the DP knows the stage, else the least
+        weight times a bound on max_s E_s); p2p otherwise left out.
 
         A stage's label is the slowest compute class among its groups; at most
         floor((G_1 + ... + G_k) / dp) stages carry one of the k fastest labels.  B2: DPs over
