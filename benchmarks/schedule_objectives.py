@@ -41,7 +41,7 @@ def instances():
 
 
 def describe(plan) -> str:
-    return f"pp {plan.pp} dp {plan.dp} tp {plan.tp} b {plan.micro_batch} [{'|'.join(map(str, plan.partition))}]"
+    return f"pp {plan.pp} dp {plan.dp} tp {plan.tp} b {plan.micro_batch} [{', '.join(map(str, plan.partition))}]"
 
 
 def main() -> None:
