@@ -138,7 +138,7 @@ def predictions(instance, records) -> tuple[list[float], list[float]]:
 
 def describe(plan: dict) -> str:
     p = plan
-    kind = f"pp=2 [{p['partition'][1]}|{6 - p['partition'][1]}]" if p["pp"] == 2 else (
+    kind = f"pp=2 [{p['partition'][1]}+{6 - p['partition'][1]}]" if p["pp"] == 2 else (
         "dp=2" if p["dp"] == 2 else "tp=2")
     return f"{kind} b={p['micro_batch']}"
 
