@@ -350,3 +350,37 @@ def test_cbc_runs_serially_with_one_worker():
     two = _cbc_args("cbc", "m.mps", "m.sol", "m.mst", 0, 2, None, None, 0.0)
     assert "-threads" not in one
     assert two[two.index("-threads") + 1] == "2"
+
+
+def test_a_candidate_without_a_fitting_fixed_order_hands_phase_1_to_its_leanest_sibling(monkeypatch):
+    """192 GPUs of four types for a model of 5e11 parameters (the CI run whose 4-s solve found no
+    plan): among the tp=1 candidates, the ten of the lowest bounds keep too much memory for every
+    fixed node order.  Phase 1 tries the leanest sibling (same degrees, the least memory) of such
+    a candidate at once, so the first plan comes with the second DP, not the eleventh."""
+    from amp_opt.model.candidates import candidates
+    from amp_opt.search.context import Search
+    from amp_opt.search.mip import driver
+    from amp_opt.search.options import solve_options
+
+    inst = parse_instance(generate_instance(7, nodes=24, devices_per_node=8, device_types=4, layers=96,
+                                            global_batch=512))
+    search = Search(inst, solve_options(solver="cpsat"))
+    cands = [c for c in candidates(inst, search.model) if c.tp == 1]
+    lower = {c: search.lower_bound(c, labelled=False) for c in cands}
+    tried = []
+    heuristic = driver.heuristic
+
+    def recorded(search, cand):
+        found = heuristic(search, cand)
+        tried.append((cand, found))
+        return found
+
+    monkeypatch.setattr(driver, "heuristic", recorded)
+    monkeypatch.setattr(search, "share", lambda fraction: 0.0)  # every share spent: stop at the first plan
+    best = driver._incumbents(search, cands, lower, None, set(), {}, set())
+    assert np.isfinite(best)
+    (first, none), (lean, plan) = tried
+    assert none is None and plan is not None and plan.value == best
+    lean_of = driver.leanest_siblings(cands)[driver._degrees(first)]
+    assert lean == lean_of != first and lower[first] == min(lower.values())
+    assert lean.recompute == "full" and lean.micro_batch == min(c.micro_batch for c in cands)

@@ -185,6 +185,17 @@ def _incumbents(search, cands, lower: dict, phase: KindPhase | None, unbounded: 
     best = min([search.options.cutoff] + [inc.value for inc in incumbents.values()])
     until = search.share(P1_SHARE if phase is None else P1_KINDS_SHARE)
     quick_until = search.share(P1_QUICK_SHARE)
+    leanest = leanest_siblings(cands)
+
+    def incumbent(c):
+        """The candidate's DP incumbent into ``incumbents`` (None if no fixed order fits)."""
+        inc = heuristic(search, c) if search.options.incumbents else None
+        if not search.out_of_time():  # (else its DP may have tried only some node orders)
+            reached.add(c)
+        if inc is not None:
+            incumbents[c] = inc
+        return inc
+
     for c in sorted(cands, key=lambda c: (c in unbounded, lower[c], c)):
         if lower[c] >= best or c in reached:
             continue  # an unbounded candidate may follow
@@ -200,15 +211,40 @@ def _incumbents(search, cands, lower: dict, phase: KindPhase | None, unbounded: 
             lower[c] = phase.quick_bound(c, lower[c], best, quick_until)
             if lower[c] >= best:
                 continue
-        inc = heuristic(search, c) if search.options.incumbents else None
-        if not search.out_of_time():  # (else its DP may have tried only some node orders)
-            reached.add(c)
+        inc = incumbent(c)
+        if inc is None and not np.isfinite(best) and search.options.incumbents and not search.out_of_time():
+            # No plan yet, and none of this candidate's fixed orders fits: the candidates of the
+            # lowest bounds are often those that keep the most memory.  Its leanest sibling (same
+            # degrees, the least memory) is tried at once, so that a plan comes early.
+            lean = leanest[_degrees(c)]
+            if lean not in reached and lower[lean] < best:
+                inc = incumbent(lean)
         if inc is not None:
-            incumbents[c] = inc
             best = min(best, inc.value)
         elif phase is not None and not np.isfinite(best) and not stop.past(quick_until):
             lower[c] = phase.quick_bound(c, lower[c], best, quick_until)  # may prove it has no plan
     return best
+
+
+def _degrees(c: Candidate) -> tuple:
+    return c.tp, c.cp, c.dp, c.pp, c.virtual_stages
+
+
+def leanest_siblings(cands) -> dict:
+    """Per (tp, cp, dp, pp, virtual stages): the candidate that keeps the least memory per device
+    on every stage, whatever its layers (the smallest micro-batch, full recomputation of every
+    layer (or each stage's choice of it), the highest ZeRO stage, sequence parallelism): phase 1's
+    fallback for a first plan."""
+    def lean(c):
+        full = c.recompute == "full" and c.recompute_layers == 0
+        return (c.micro_batch, not full, c.recompute != "selective", -c.zero_stage, not c.sequence_parallel, c)
+
+    out: dict = {}
+    for c in cands:
+        key = _degrees(c)
+        if key not in out or lean(c) < lean(out[key]):
+            out[key] = c
+    return out
 
 
 def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
