@@ -180,3 +180,42 @@ def test_mips_with_the_kind_search_still_equal_the_enumerator(monkeypatch, insta
             assert result.solver.status == "OPTIMAL"
             assert result.best.predicted_time == pytest.approx(ref, rel=1e-5)
             assert result.solver.objective == pytest.approx(result.best.predicted_time, rel=1e-5)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances, st.integers(0, 2**32 - 1))
+def test_sweep_arcs_are_the_cheapest_usable_kind_of_every_range(instance, seed):
+    """The sweep's arcs (which take the cheapest kind over the ranges usable at the least weight
+    and search again only where that kind is not usable at a stage's weight and memory) equal a
+    kind-by-kind minimum at every stage's own weight, memory and thresholds, ties to the first kind."""
+    rng = np.random.default_rng(seed)
+    tables = Tables(instance)
+    for cand in sample(candidates(instance, COST_MODELS["hetero"]))[:6]:
+        model = kind_model(tables, cand, chunks_of(instance, cand))
+        if model is None:
+            continue
+        C, batch = len(model.classes), 3
+        y = np.concatenate([rng.normal(0, 1e-3, (batch, C)), rng.exponential(1e-3, (batch, model.dims - C))], axis=1)
+        top = model.w_top * np.nanmax(np.where(np.isfinite(model.compute), model.compute, np.nan))
+        T = rng.uniform(0.05, 1.2, batch) * top
+        U = rng.uniform(0.2, 1.2, batch) * np.nanmax(np.where(np.isfinite(model.allreduce), model.allreduce, np.nan))
+        arcs, which = model._arcs(y, T, U)
+        prices = np.array([model.prices(row) for row in y])
+        L = model.L
+        for (f, b), row in arcs.items():
+            kinds = np.flatnonzero(model.link_of == b)
+            width = 0 if row is None else row.shape[-1]
+            for j in range(batch):
+                for l in range(1, L + 1):
+                    for length in range(1, l + 1):
+                        k = l - length
+                        costs = [model.compute[i, k, l] * model.fill + prices[j, i]
+                                 if model.fits[f][i, k, l] and model.weight[f] * model.compute[i, k, l] <= T[j]
+                                 and model.allreduce[i, k, l] <= U[j] else np.inf for i in kinds]
+                        expect = min(costs)
+                        if length > width:  # beyond the band: no kind of this level may use it
+                            assert row is None or not np.isfinite(expect), (f, b, j, k, l)
+                            continue
+                        assert row[j, l, length - 1] == expect, (f, b, j, k, l)
+                        if np.isfinite(expect):
+                            assert which[f, b][j, l, length - 1] == kinds[int(np.argmin(costs))]

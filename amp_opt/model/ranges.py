@@ -164,8 +164,10 @@ def start_row(num_layers: int) -> np.ndarray:
 
 
 def min_max_chain(tables: Sequence[np.ndarray], feasible: Sequence[np.ndarray] | None = None,
-                  *, with_path: bool = False):
-    """min over partitions into ``len(tables)`` ranges of max_s tables[s][range s].
+                  *, weights: Sequence[float] | None = None, with_path: bool = False):
+    """min over partitions into ``len(tables)`` ranges of max_s tables[s][range s] (times
+    ``weights[s]`` if given: each stage's table at its weight, :func:`weighted`, only over the
+    window the stage can use).
 
     Returns the value (inf if no partition is feasible) and, with ``with_path``, the p+1
     boundaries of a partition reaching it (None if there is none).
@@ -186,11 +188,12 @@ def min_max_chain(tables: Sequence[np.ndarray], feasible: Sequence[np.ndarray] |
     for s, table in enumerate(tables):
         window = (slice(s, s + width), slice(s + 1, s + 1 + width))
         mask = None if feasible is None else feasible[s][window]
+        part = table[window] if weights is None else weighted(table[window], weights[s])
         if with_path:
-            values, arg = min_max_step(values, table[window], mask, arg=True)
+            values, arg = min_max_step(values, part, mask, arg=True)
             back.append(arg + s)
         else:
-            values = min_max_step(values, table[window], mask)
+            values = min_max_step(values, part, mask)
     value = float(values[-1])  # position L, the window's last end
     if not with_path:
         return value
@@ -224,5 +227,7 @@ def weighted(table: np.ndarray, weight: float) -> np.ndarray:
     >>> weighted(range_table(np.array([1.0, 2.0])), 0.0)[0, 2], weighted(range_table(np.array([1.0])), 2.0)[0, 1]
     (np.float64(0.0), np.float64(2.0))
     """
+    if 0.0 < weight < INF:  # inf * weight stays inf: one pass (the tables hold no nan or -inf)
+        return table * weight
     finite = np.isfinite(table)
     return np.where(finite, np.where(finite, table, 0.0) * weight, INF)

@@ -143,7 +143,7 @@ class HeteroModel(CostModel):
         # B3's bottleneck: the larger of the speed bound (at the least weight) and the min-max
         # partition of the fastest times, each stage's at its own weight (H13).
         fast = range_table(fastest)
-        chain = min_max_chain([_weighted(fast, x) for x in pipe.bottleneck])
+        chain = min_max_chain([fast] * p, weights=pipe.bottleneck)
         floor = max(w * speed, chain) + float(fastest.sum())
         if floor >= enough:
             return floor

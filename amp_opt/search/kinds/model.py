@@ -98,6 +98,7 @@ class KindModel:
         self.volume = (cand.virtual_stages * pipe.p2p) * np.concatenate([[0.0], terms.volume[:-1], [0.0]])
         self.links = np.array(sorted({self.ring(S) for S in self.kinds}))
         self.link_of = np.array([int(np.searchsorted(self.links, self.ring(S))) for S in self.kinds])
+        self._level_kinds = [np.flatnonzero(self.link_of == b) for b in range(len(self.links))]
         self.p2p_factor = 1.0 / np.minimum(self.links[:, None], self.links[None, :])  # [previous, next]
         self.ceiling = self._ceiling(params)
         self._cuts()
@@ -159,6 +160,12 @@ class KindModel:
                     need = terms.memory(s, g.start, g.stop)[None]
                 self.fits[f] = allowed[None] & (need <= self.capacity[:, None, None])
         self.fitting = np.any(list(self.fits.values()), axis=0)  # (K, k, l): fits at some stage
+        # For the sweep's arcs: the least weight and the compute at it (the loosest threshold test),
+        # and which micro-batches in flight fit the same ranges.
+        self._least = min(self.weight.values())
+        self._least_compute = _weighted(self.compute, self._least)
+        seen: dict = {}
+        self._fits_id = {f: seen.setdefault(fits.tobytes(), len(seen)) for f, fits in self.fits.items()}
 
     def _ceiling(self, params: np.ndarray) -> float:
         """A cost above every plan's: each term at its largest over ranges that fit, links at the
@@ -233,49 +240,67 @@ class KindModel:
         """The arcs of the sweep: per (micro-batches in flight f, link level b), the cheapest kind's
         compute plus price for every (batch, end l, length - 1) whose range is usable under the
         thresholds; ranges are stored by (end, length - 1) up to the longest usable one per level.
-        Returns the arc costs (None where no arc exists) and, with ``paths``, the kinds."""
+        Returns the arc costs (None where no arc exists) and, with ``paths``, the kinds.
+
+        A stage with f in flight may use a subset of the ranges usable at the least weight and in
+        the memory of some stage, so the cheapest kind over that superset (the first one, as a
+        loop over kinds would pick) is its cheapest wherever that kind is usable at f; only the
+        other cells are searched again at f.  Micro-batches in flight of the same weight and the
+        same fitting ranges share their arcs."""
         batch, B, L = len(T), len(self.links), self.L
         y = np.broadcast_to(y, (batch, self.dims))
         prices = np.array([self.prices(row) for row in y])  # (batch, K)
+        Tq, Uq = T[:, None, None, None], U[:, None, None, None]
         # Ranges within the thresholds at the least weight (batch, K, k, l), which holds every
         # range some stage can use; memory and the weight per micro-batches in flight apart.
-        least = min(self.weight.values())
-        timely = (_weighted(self.compute, least)[None] <= T[:, None, None, None]) \
-            & (self.allreduce[None] <= U[:, None, None, None])
+        timely = (self._least_compute[None] <= Tq) & (self.allreduce[None] <= Uq)
         pos = np.arange(L + 1)
-        layout = [band_layout((timely[:, self.link_of == b] & self.fitting[self.link_of == b][None]).any(axis=(0, 1)))
-                  for b in range(B)]
         arcs, which = {}, {}
-        for b, (starts, valid) in enumerate(layout):
-            kinds = np.flatnonzero(self.link_of == b)
+        for b in range(B):
+            kinds = self._level_kinds[b]
+            starts, valid = band_layout((timely[:, kinds] & self.fitting[kinds][None]).any(axis=(0, 1)))
             window = (slice(None), starts, pos[:, None])  # kinds, then the band layout
-            # Per kind in the band layout (batch, kinds, L+1, width): usable within the thresholds, and its cost.
-            loose = timely[:, kinds][(slice(None),) + window] & valid
+            # Per kind in the band layout (batch, kinds, L+1, width): usable at the least weight in
+            # some stage's memory, and its cost; the cheapest such kind per cell.
             compute = self.compute[kinds][window]
-            cost = compute[None] * self.fill + prices[:, kinds, None, None]
-            by_weight = {}  # the ranges within the thresholds at each weight of the stages
-            # Micro-batches in flight that fit the same usable ranges at the same weight give the
-            # same arcs: usually only ranges too slow for the thresholds fit differently, so most
-            # are computed once.
-            anywhere, done = loose.any(axis=0), {}
+            loose = timely[:, kinds][(slice(None),) + window] & valid & self.fitting[kinds][window][None]
+            cost = np.where(loose, compute[None] * self.fill + prices[:, kinds, None, None], INF)
+            first = cost.argmin(axis=1)  # (batch, L+1, width)
+            best = np.take_along_axis(cost, first[:, None], axis=1)[:, 0]
+            open_ = np.isfinite(best)
+            base = np.where(open_, best, INF)
+            base_kind = kinds[first].astype(np.int16)
+            chosen = np.take_along_axis(np.broadcast_to(compute[None], cost.shape), first[:, None], axis=1)[:, 0]
+            # Where each cell's cheapest kind sits in a flattened (K, k, l) table.
+            flat = kinds[first] * (L + 1) ** 2 + (starts * (L + 1) + pos[:, None])[None]
+            done: dict = {}
             for f, fits in self.fits.items():
                 weight = self.weight[f]
-                if weight not in by_weight:
-                    by_weight[weight] = loose if weight == least else \
-                        loose & (_weighted(compute, weight)[None] <= T[:, None, None, None])
-                ok = by_weight[weight]
-                usable = fits[kinds][window] & anywhere
-                same = done.setdefault((weight, usable.tobytes()), f)
+                same = done.setdefault((weight, self._fits_id[f]), f)
                 if same != f:
                     arcs[f, b] = arcs[same, b]
                     if paths:
                         which[f, b] = which[same, b]
                     continue
-                options = np.where(ok & usable[None], cost, INF)
-                best = options.min(axis=1)
-                arcs[f, b] = best if np.isfinite(best).any() else None
+                # Where the cheapest kind is usable at f, it is f's cheapest; elsewhere search again.
+                usable = fits.reshape(-1).take(flat)
+                if weight != self._least:
+                    usable &= _weighted(chosen, weight) <= T[:, None, None]
+                again = open_ & ~usable
+                row, kind = base, base_kind
+                if again.any():
+                    row, kind = base.copy(), base_kind.copy()
+                    j, l, w = np.nonzero(again)
+                    ok = loose[j, :, l, w] & fits[kinds[None, :], starts[l, w][:, None], l[:, None]]
+                    if weight != self._least:
+                        ok &= _weighted(compute[:, l, w].T, weight) <= T[j, None]
+                    options = np.where(ok, cost[j, :, l, w], INF)
+                    pick = options.argmin(axis=1)
+                    row[j, l, w] = options[np.arange(len(j)), pick]
+                    kind[j, l, w] = kinds[pick]
+                arcs[f, b] = row if np.isfinite(row).any() else None
                 if paths:  # the first cheapest kind, as a loop over kinds would pick
-                    which[f, b] = kinds[options.argmin(axis=1)].astype(np.int16)
+                    which[f, b] = kind
         return arcs, which
 
     def sweep(self, y: np.ndarray, T: np.ndarray, U: np.ndarray, paths: bool = False):
@@ -338,9 +363,8 @@ def min_max(model: KindModel, table: np.ndarray, weighted: bool = False) -> floa
     times each stage's bottleneck weight, the thresholds' units) over p-stage paths that fit in
     memory, supply ignored: no plan's maximum is smaller."""
     best_kind = {f: np.where(fits, table, INF).min(axis=0) for f, fits in model.fits.items()}
-    if weighted:
-        best_kind = {f: _weighted(row, model.weight[f]) for f, row in best_kind.items()}
-    return min_max_chain([best_kind[f] for f in model.in_flight])
+    weights = [model.weight[f] for f in model.in_flight] if weighted else None
+    return min_max_chain([best_kind[f] for f in model.in_flight], weights=weights)
 
 
 def kind_model(tables, cand, chunks=None, cost_model: CostModel = HETERO) -> KindModel | None:
