@@ -129,6 +129,7 @@ def test_a_run_out_of_memory_is_a_record(workflow):
     assert "run FAILED (oom)" in out.stdout
     [record] = json.loads((tmp / "oom.json").read_text())
     assert record["failed"] == "oom" and record["plan"]["micro_batch"] == 2
+    assert record["memory_limit"] == 1000  # what calibrate compares the plan's peak with
 
 
 @needs_torch

@@ -168,8 +168,24 @@ def test_a_hanging_worker_times_out_and_leaves_no_process():
 
 
 def test_out_of_memory_is_a_record():
-    record = run_plan(doc(), plan(pp=2, partition=[0, 2, 4]), memory_limit=50_000, **RUN)
+    record = run_plan(dict(doc(), training={"global_batch": 8, "memory_reserve": 0}), plan(pp=2, partition=[0, 2, 4]),
+                      memory_limit=50_000, **RUN)
     assert record["failed"] == "oom" and "exceed the memory limit" in record["error"]
+
+
+def test_memory_limit_stands_for_the_device_memory_and_is_recorded(pipelined):
+    """--memory-limit is the memory of each device: the tracked total (model state, reduction buffer,
+    reserve, activations, buffers) may reach it and not exceed it; the record says what it was."""
+    assert "memory_limit" not in pipelined  # CPU without a limit: the processes share the machine's memory
+    no_reserve = doc()
+    no_reserve["training"]["memory_reserve"] = 0
+    peak = pipelined["peak_memory"]
+    record = run_plan(no_reserve, plan(pp=2, partition=[0, 2, 4]), memory_limit=peak, **RUN)
+    assert "failed" not in record and record["peak_memory"] == peak and record["memory_limit"] == peak
+    record = run_plan(no_reserve, plan(pp=2, partition=[0, 2, 4]), memory_limit=peak - 1, **RUN)
+    assert record["failed"] == "oom" and record["memory_limit"] == peak - 1
+    with pytest.raises(InputError, match="memory_reserve"):  # 1 GiB by default: nothing would be left
+        run_plan(doc(), plan(pp=2, partition=[0, 2, 4]), memory_limit=peak, **RUN)
 
 
 def test_no_worker_outlives_the_tests():

@@ -54,8 +54,9 @@ def add_arguments(p) -> None:
     p.add_argument("--attention", choices=("eager", "flash"), default=None,
                    help="attention kernel (default: the model's attention setting)")
     p.add_argument("--memory-limit", type=positive_int, default=None, metavar="BYTES",
-                   help="bytes per rank of activations and pipeline buffers before a simulated out-of-memory "
-                        "(a CPU stand-in for a device's capacity)")
+                   help="memory of each device, a CPU stand-in for a GPU's: a simulated out-of-memory once the "
+                        "tracked total (model state, reduction buffer, the instance's memory_reserve, activations "
+                        "and pipeline buffers) exceeds it; written into the record as memory_limit")
     p.add_argument("--timeout", type=positive_float, default=600.0, metavar="S",
                    help="seconds for one launch; then every process is stopped (default 600)")
     p.add_argument("--seed", type=int, default=0, help="model initialisation and synthetic data")
@@ -74,6 +75,10 @@ def run(args) -> int:
     if args.warmup < 0:
         raise InputError("--warmup", f"must be 0 or more, got {args.warmup}")
     instance = load_instance(args.instance)
+    if args.memory_limit is not None and args.memory_limit <= instance.training.memory_reserve:
+        raise InputError("--memory-limit", f"{args.memory_limit} bytes leave nothing beyond the instance's "
+                                           f"training.memory_reserve ({instance.training.memory_reserve:.0f} bytes), "
+                                           "which counts toward it as toward a device's memory")
     plan = check_plan(instance, load_single_plan(args.plan))
     types = sorted({instance.nodes[instance.device_node[d]].device_type
                     for stage in plan.stages for group in stage for d in group})

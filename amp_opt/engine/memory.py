@@ -41,7 +41,10 @@ class SavedTensorTracker:
         Parameters and buffers of these modules (or these tensors) are model
         state: their storages are not counted.
     limit : int, optional
-        Raise ``torch.OutOfMemoryError`` when live + extra bytes exceed it.
+        Raise ``torch.OutOfMemoryError`` when reserved + live + extra bytes exceed it.
+    reserved : int
+        Bytes already taken toward ``limit`` (model state, buffers the caller holds); not
+        part of ``live`` or ``peak``.
 
     Examples
     --------
@@ -53,8 +56,9 @@ class SavedTensorTracker:
     32
     """
 
-    def __init__(self, exclude=(), limit: int | None = None):
+    def __init__(self, exclude=(), limit: int | None = None, reserved: int = 0):
         self.limit = limit  # bytes; beyond it torch.OutOfMemoryError (a CPU stand-in for a device's capacity)
+        self.reserved = reserved
         self._exclude = set()
         for item in exclude:
             tensors = list(item.parameters()) + list(item.buffers()) if isinstance(item, torch.nn.Module) else [item]
@@ -93,9 +97,11 @@ class SavedTensorTracker:
 
     def _update_peak(self):
         self.peak = max(self.peak, self.live + self.extra)
-        if self.limit is not None and self.live + self.extra > self.limit:
-            raise torch.OutOfMemoryError(
-                f"tracked activations {self.live + self.extra} bytes exceed the memory limit {self.limit} bytes")
+        if self.limit is not None and self.reserved + self.live + self.extra > self.limit:
+            what = (f"tracked memory {self.reserved + self.live + self.extra} bytes ({self.reserved} of model state "
+                    f"and reserve, {self.live + self.extra} of activations and buffers)" if self.reserved else
+                    f"tracked activations {self.live + self.extra} bytes")
+            raise torch.OutOfMemoryError(f"{what} exceed the memory limit {self.limit} bytes")
 
     def add_extra(self, nbytes: int) -> None:
         """Report other live bytes (positive) or their release (negative)."""

@@ -26,6 +26,10 @@ allocator counter, so it is TRACKED: parameters + gradients + Adam's two moments
 schedule of live saved activations (saved_tensors_hooks) plus pipeline buffers
 (stage outputs held for backward, gradients received or being sent).  Each part's
 peak is added: an upper bound on what is live at once, not an allocator figure.
+A task's ``memory_limit`` (bytes, a stand-in for the device's memory) raises an
+out-of-memory error once the tracked total exceeds it: the model state, the flat
+buffer and the instance's memory reserve count first, then the activations and
+pipeline buffers as they come.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from ._torch import require_torch
 from .memory import SavedTensorTracker, tensor_bytes
 from .modules import TensorParallel, build_model, run_layers, torch_dtype
 from .profile import Timer
-from .provenance import provenance, set_threads
+from .provenance import device_memory, provenance, set_threads
 
 torch = require_torch()
 import torch.distributed as dist  # noqa: E402
@@ -153,7 +157,12 @@ def run_worker(task: dict, rank: int, world: int) -> dict:
     has_head = "head" in layers
     word = _word_grad(layers, s, pp) if groups.tie is not None else None
     flat_bytes = sum(tensor_bytes(p) for p in params) if dp > 1 else 0
-    tracker = SavedTensorTracker(exclude=[layers], limit=task.get("memory_limit"))
+    state = sum(tensor_bytes(p) for p in params)
+    # --memory-limit stands for the device's memory: parameters, gradients, two Adam moments, the
+    # reduction buffer and the instance's reserve count toward it before any activation.
+    tracker = SavedTensorTracker(exclude=[layers], limit=task.get("memory_limit"),
+                                 reserved=4 * state + flat_bytes + int(task.get("memory_reserve", 0)))
+    tracker.add_extra(0)  # the model state alone may exceed the limit
     buffers = _Buffers(tracker)
     schedule = [(kind, j) for kind, j, _ in pipeline_order(s, pp, n)]  # Megatron's 1F1B
     records, losses, grads_dump = [], [], None
@@ -252,7 +261,6 @@ def run_worker(task: dict, rank: int, world: int) -> dict:
         losses.append(loss_sum if has_head else None)
     if grads_dump is not None:
         torch.save(grads_dump, f"{task['dump_grads']}/grads.{rank}.pt")
-    state = sum(tensor_bytes(p) for p in params)
     memory = {"parameters": state, "gradients": state, "optimizer": 2 * state,
               "communication_buffers": flat_bytes, "activations_peak": tracker.peak}
     if device == "cuda":
@@ -261,7 +269,8 @@ def run_worker(task: dict, rank: int, world: int) -> dict:
         peak, kind = int(sum(memory.values())), "tracked"
     mine = {"rank": rank, "stage": s, "dp_rank": groups.dp_rank, "tp_rank": groups.tp_rank,
             "device": plan["stages"][s][groups.dp_rank][groups.tp_rank], "layers": [first, last],
-            "records": records, "losses": losses, "peak_memory": peak, "memory_kind": kind, "memory": memory}
+            "records": records, "losses": losses, "peak_memory": peak, "memory_kind": kind, "memory": memory,
+            "device_memory": device_memory(device, int(task.get("local_rank", rank)))}
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank != 0:
@@ -270,4 +279,4 @@ def run_worker(task: dict, rank: int, world: int) -> dict:
                       backend=dist.get_backend(), warmup=task["warmup"], iterations=task["iterations"])
     from .record import assemble
 
-    return {"record": assemble(plan, gathered, n=n, provenance=prov, tp=tp)}
+    return {"record": assemble(plan, gathered, n=n, provenance=prov, tp=tp, memory_limit=task.get("memory_limit"))}

@@ -95,6 +95,14 @@ def check_local(type_names, device: str) -> None:
                                             f"{memory / 2**30:.1f} GiB)")
 
 
+def device_memory(device: str, local_rank: int = 0) -> int | None:
+    """Bytes of memory of the GPU a local rank runs on (its total, as the instance's device memory
+    counts it); None on CPU, whose processes share the machine's memory."""
+    if device != "cuda":
+        return None
+    return int(torch.cuda.get_device_properties(local_rank % torch.cuda.device_count()).total_memory)
+
+
 def set_threads(threads: int | None) -> int:
     """Set torch's intra-op threads (default: usable cores) and return the value set."""
     from ..errors import InputError

@@ -5,6 +5,8 @@ Shape (seconds, bytes)::
     {"plan": <Plan.to_json()>,
      "iteration_time": median over iterations of the slowest rank's iteration,
      "peak_memory": max over ranks,
+     "memory_limit": bytes of memory each device had (--memory-limit, else the smallest GPU's
+                     total memory; absent on CPU without a limit),
      "measured": {
         "iteration_times": [per measured iteration, max over ranks],
         "micro_batches_per_iteration": n,
@@ -31,7 +33,25 @@ def _median(records, key: str) -> float:
     return float(statistics.median(r.get(key, 0.0) for r in records))
 
 
-def assemble(plan: dict, ranks: list[dict], *, n: int, provenance: dict, tp: int) -> dict:
+def run_memory_limit(memory_limit: int | None, ranks) -> int | None:
+    """The ``memory_limit`` of a run record: the simulated limit if one was set, else the smallest
+    device memory the ranks report (None when any rank reports none: CPU).
+
+    Examples
+    --------
+    >>> run_memory_limit(None, [{"device_memory": 16 * 2**30}, {"device_memory": 15 * 2**30}]) == 15 * 2**30
+    True
+    >>> run_memory_limit(30_000_000, [{"device_memory": None}]), run_memory_limit(None, [{"device_memory": None}])
+    (30000000, None)
+    """
+    if memory_limit is not None:
+        return memory_limit
+    sizes = [r.get("device_memory") for r in ranks]
+    return min(sizes) if sizes and all(sizes) else None
+
+
+def assemble(plan: dict, ranks: list[dict], *, n: int, provenance: dict, tp: int,
+             memory_limit: int | None = None) -> dict:
     """The run record of a finished run (see the module docstring for its shape)."""
     iterations = len(ranks[0]["records"])
     iteration_times = [max(r["records"][i]["iteration"] for r in ranks) for i in range(iterations)]
@@ -57,10 +77,12 @@ def assemble(plan: dict, ranks: list[dict], *, n: int, provenance: dict, tp: int
     notes.append("p2p is time blocked in send/recv, pipeline bubbles included")
     if tp > 1:
         notes.append("embedding and head are replicated on every tensor-parallel rank (not vocab-parallel)")
+    limit = run_memory_limit(memory_limit, ranks)
     return {
         "plan": plan,
         "iteration_time": float(statistics.median(iteration_times)),
         "peak_memory": max(r["peak_memory"] for r in ranks),
+        **({"memory_limit": limit} if limit is not None else {}),
         "measured": {
             "iteration_times": iteration_times,
             "micro_batches_per_iteration": n,

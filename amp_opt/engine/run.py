@@ -22,6 +22,7 @@ from ._torch import require_torch
 from .launch import launch
 from .modules import ATTENTION_KERNELS, model_shape, torch_dtype
 from .provenance import resolve_device, usable_cores
+from .record import run_memory_limit
 
 require_torch()
 
@@ -102,6 +103,13 @@ def build_run_task(instance, plan, *, iterations: int = 5, warmup: int = 2, devi
     document, inst, plan, shape = prepare(instance, plan, oversubscribe=oversubscribe)
     _positive("iterations", iterations)
     _positive("warmup", warmup, 0)
+    if memory_limit is not None:
+        _positive("memory_limit", memory_limit)
+        reserve = inst.training.memory_reserve
+        if memory_limit <= reserve:
+            raise InputError("memory_limit", f"{memory_limit} bytes leave nothing beyond the instance's "
+                                             f"training.memory_reserve ({reserve:.0f} bytes), which counts toward "
+                                             "it as toward a device's memory")
     device = resolve_device(device)
     dt = torch_dtype(dtype, shape)
     if attention not in ATTENTION_KERNELS:
@@ -113,7 +121,8 @@ def build_run_task(instance, plan, *, iterations: int = 5, warmup: int = 2, devi
     return {"kind": "run", "model": asdict(shape), "plan": plan.to_json(), "device": device,
             "dtype": str(dt).replace("torch.", ""), "attention": attention, "threads": threads, "seed": seed,
             "lr": lr, "iterations": iterations, "warmup": warmup, "global_batch": inst.training.global_batch,
-            "memory_limit": memory_limit, "dump_grads": str(dump_grads) if dump_grads else None,
+            "memory_limit": memory_limit, "memory_reserve": inst.training.memory_reserve,
+            "dump_grads": str(dump_grads) if dump_grads else None,
             "fault": dict(fault) if fault else None, "collective_timeout": timeout}
 
 
@@ -138,8 +147,10 @@ def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: st
     lr : Adam learning rate.
     timeout : seconds for the whole run; then every worker is stopped.
     oversubscribe : allow more processes than usable cores.
-    memory_limit : bytes per rank of tracked activations and pipeline buffers before a
-        simulated out-of-memory (CPU stand-in for a device's capacity).
+    memory_limit : bytes of memory each device stands for: a simulated out-of-memory once the
+        tracked total (model state, reduction buffer and the instance's memory reserve, then
+        saved activations and pipeline buffers) exceeds it (a CPU stand-in for a device's
+        memory).  Written into the record as ``memory_limit``, as is a GPU's memory without it.
     dump_grads : folder; each rank saves its first iteration's reduced gradients there.
     on_start : called with the worker pids once started.
     fault : testing hook, see :mod:`amp_opt.engine.worker`.
@@ -148,7 +159,8 @@ def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: st
     -------
     dict
         ``{"plan", "iteration_time", "peak_memory", "measured"}``, or
-        ``{"plan", "failed": "oom" | "error", "error"}``.
+        ``{"plan", "failed": "oom" | "error", "error"}``; each with ``"memory_limit"`` when
+        one applied (``memory_limit``, or the GPUs' memory).
 
     Raises
     ------
@@ -172,9 +184,11 @@ def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: st
     if result.status == "ok" and result.results[0] and "record" in result.results[0]:
         return result.results[0]["record"]
     failures = [r for r in result.results if r and r.get("failed")]
+    limit = run_memory_limit(memory_limit, failures)
     if any(r["failed"] == "oom" for r in failures):
         oom = next(r for r in failures if r["failed"] == "oom")
-        return {"plan": plan_json, "failed": "oom", "error": f"rank {oom['rank']}: {oom['error']}"}
+        return {"plan": plan_json, "failed": "oom", "error": f"rank {oom['rank']}: {oom['error']}",
+                **({"memory_limit": limit} if limit is not None else {})}
     if result.status == "timeout":
         return {"plan": plan_json, "failed": "error", "error": f"timed out after {timeout:g} s"}
     if failures:

@@ -49,6 +49,16 @@ def _write(out: Path, rank: int, result: dict) -> None:
     tmp.replace(out / f"result.{rank}.json")
 
 
+def _device_memory(task: dict) -> int | None:
+    """The memory of this rank's GPU for a failure result (None on CPU or when it cannot be read)."""
+    try:
+        from .provenance import device_memory
+
+        return device_memory(task.get("device", "cpu"), int(task.get("local_rank", 0)))
+    except Exception:  # noqa: BLE001 - a failure report must not fail
+        return None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m amp_opt.engine.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--task", required=True, help="task JSON file")
@@ -92,7 +102,7 @@ def main(argv=None) -> int:
 
         oom = is_oom(exc)
         _write(out, rank, {"failed": "oom" if oom else "error", "error": f"{type(exc).__name__}: {exc}"[:2000],
-                           "rank": rank})
+                           "rank": rank, "device_memory": _device_memory(task)})
         traceback.print_exc(file=sys.stderr)
         return EXIT_OOM if oom else 1
 
