@@ -226,28 +226,100 @@ def test_memory_fit_recovers_activation_factor_and_buffers(base):
     assert e["calibrated"].max_abs_error < 0.01 < e["uncalibrated"].max_abs_error
 
 
-def test_out_of_memory_runs_are_predicted_not_to_fit():
-    doc = document(nodes=1, devices=2, global_batch=16)
-    roomy = parse_instance(doc)
+MEMORY_TRUTH = {"activation_factor": 1.25, "gradient_buffer_bytes_per_param": 4.0}
+WHOLE = {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 16, "partition": [0, 6]}  # needs the most memory
 
-    def need(p):
-        return max(s.memory for s in evaluate(roomy, parse_plan(p)).stages)
 
-    small, mid, big = ({"tp": 1, "dp": 1, "pp": 2, "micro_batch": b, "partition": [0, 3, 6]} for b in (1, 8, 16))
-    whole = {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 16, "partition": [0, 6]}
-    assert need(small) < need(mid) < need(big) < need(whole)
-    doc["device_types"][0]["memory"] = need(big) + 2**20
-    instance = parse_instance(doc)
-    assert evaluate(instance, parse_plan(big)).feasible  # the model says it fits...
-    records = timed(instance, {}, [small]) + [{"plan": big, "failed": "oom"}]  # ... it did not
-    cal = fitted(instance, records, loo=False)
-    assert [(a.device_type, a.records, a.conflicts) for a in cal.oom] == [("cpu", (1,), ())]
-    calibrated = apply_calibration(instance, cal.section)
-    assert not evaluate(calibrated, parse_plan(big)).feasible
-    assert evaluate(calibrated, parse_plan(mid)).feasible and evaluate(calibrated, parse_plan(small)).feasible
-    # A run that finished although it needs more than the one that failed: reported as a conflict.
-    records += timed(instance, {}, [whole])
-    assert [a.conflicts for a in fitted(instance, records, loo=False).oom] == [(2,)]
+def _predicted_peaks(instance, section, records):
+    calibrated = apply_calibration(instance, section)
+    return [max(peak_of_stage(calibrated, s) for s in evaluate(calibrated, parse_plan(r["plan"])).stages)
+            for r in records]
+
+
+def _without_headroom(section):
+    out = copy.deepcopy(section)
+    for entry in out.get("device_types", {}).values():
+        entry.pop("memory_headroom", None)
+    return out
+
+
+def test_out_of_memory_under_its_limit_tightens_capacity_not_peaks(base):
+    """A run out of memory under a limit (--memory-limit on CPU): the calibrated model predicts it
+    does not fit under that limit, while every finished run's predicted peak is what the memory fit
+    made it (no worse than uncalibrated) and it still fits, and the plan that failed still fits the
+    instance's 8 GiB devices (it ran out of 1.02 times its peak, not of 8 GiB)."""
+    finished = _peaks(base, MEMORY_TRUTH, plans()[:12])
+    [whole] = _peaks(base, MEMORY_TRUTH, [WHOLE])
+    limit = 1.02 * whole["peak_memory"]  # the calibrated model predicts it fits: it did not (2% it does not know)
+    records = finished + [{"plan": WHOLE, "failed": "oom", "memory_limit": limit}]
+    cal = fitted(base, records, loo=False)
+    measured = [r["peak_memory"] for r in finished]
+    after = _predicted_peaks(base, cal.section, finished)
+    assert after == pytest.approx(_predicted_peaks(base, _without_headroom(cal.section), finished), rel=1e-12)
+    assert errors(after, measured).max_abs_error < 0.02
+    assert errors(after, measured).rms_log_error <= errors(_predicted_peaks(base, {}, finished), measured).rms_log_error
+    # the scores reported are those of the section written
+    assert cal.memory.after == pytest.approx(after, rel=1e-12)
+    assert [(a.device_type, a.records, a.unexplained) for a in cal.headroom] == [("cpu", (12,), ())]
+    assert 0 < cal.section["device_types"]["cpu"]["memory_headroom"] < 0.05 * limit
+    assert cal.section["device_types"]["cpu"].get("memory_overhead", 0) < 0.01 * limit  # what F5 fitted, no more
+    doc = document()
+    doc["device_types"][0]["memory"] = limit
+    assert not evaluate(apply_calibration(parse_instance(doc), cal.section), parse_plan(WHOLE)).feasible
+    calibrated = apply_calibration(base, cal.section)
+    assert all(evaluate(calibrated, parse_plan(r["plan"])).feasible for r in records)
+    assert cal.wrong == {"uncalibrated": (12,), "calibrated": ()}
+    report = cal.fit_report(date="2026-01-01")
+    assert report["out_of_memory"][0]["runs"] == [12] and report["outcomes_predicted_wrong"]["calibrated"] == []
+
+
+def test_out_of_memory_without_a_limit_is_compared_with_the_device_memory(base):
+    """Records without memory_limit (other tools') keep working: the plan that failed is predicted not
+    to fit the instance's devices, the finished ones still fit, and no predicted peak moves."""
+    finished = _peaks(base, MEMORY_TRUTH, plans()[:12])
+    records = finished + [{"plan": WHOLE, "failed": "oom"}]
+    cal = fitted(base, records, loo=False)
+    after = _predicted_peaks(base, cal.section, finished)
+    assert after == pytest.approx(_predicted_peaks(base, _without_headroom(cal.section), finished), rel=1e-12)
+    assert errors(after, [r["peak_memory"] for r in finished]).max_abs_error < 0.02
+    calibrated = apply_calibration(base, cal.section)
+    assert not evaluate(calibrated, parse_plan(WHOLE)).feasible
+    assert all(evaluate(calibrated, parse_plan(r["plan"])).feasible for r in finished)
+    assert [(a.records, a.unexplained) for a in cal.headroom] == [((12,), ())]
+    assert any("carry no memory_limit" in n for n in cal.notes)
+
+
+def test_out_of_memory_contradicted_by_a_finished_run_is_reported_not_forced(base):
+    """A finished run that needs more memory than the one that ran out bounds the headroom: it is
+    still predicted to fit, the run out of memory is reported as predicted wrongly, nothing else moves."""
+    small = {"tp": 1, "dp": 1, "pp": 2, "micro_batch": 4, "partition": [0, 3, 6]}
+    finished = _peaks(base, MEMORY_TRUTH, plans()[:12] + [WHOLE])
+    records = finished + [{"plan": small, "failed": "oom"}]
+    cal = fitted(base, records, loo=False)
+    calibrated = apply_calibration(base, cal.section)
+    assert all(evaluate(calibrated, parse_plan(r["plan"])).feasible for r in finished)
+    [a] = cal.headroom
+    assert a.unexplained == (13,) and a.limited_by == 12 and a.headroom < a.wanted
+    assert cal.wrong == {"uncalibrated": (13,), "calibrated": (13,)}
+    assert _predicted_peaks(base, cal.section, finished) == pytest.approx(
+        _predicted_peaks(base, _without_headroom(cal.section), finished), rel=1e-12)
+
+
+def test_a_step_that_would_worsen_the_fit_is_shrunk_or_refused():
+    """F7, on a scorer whose measures get worse beyond a quarter of the step."""
+    from amp_opt.calibrate.fit import Scores, _guarded
+
+    before = Scores((0.1, 0.1), (0.1, 0.1), ())
+
+    def score(section):
+        t = section["t"]
+        return Scores((0.1 - 0.1 * t, 0.1), (0.1, 0.1), (3,) if t > 0.25 else ())
+
+    section, t, scores = _guarded(score, before, {"t": 0.0}, lambda t: {"t": t})
+    assert t == 0.25 and section == {"t": 0.25} and scores.no_worse_than(before)
+    section, t, scores = _guarded(lambda s: Scores((0.2, 0.2), (0.1, 0.1), ()), before, {"t": 0.0},
+                                  lambda t: {"t": t})
+    assert (section, t, scores) == ({"t": 0.0}, 0.0, before)
 
 
 # ---------------------------------------------------------------- RUNS.json and the command
@@ -266,6 +338,7 @@ PLAN = {"tp": 1, "dp": 1, "pp": 2, "micro_batch": 2, "partition": [0, 3, 6]}
     ([{"iteration_time": 1.0}], "RUNS.json[0]"),
     ([{"plan": PLAN, "iteration_time": 1.0, "failed": "oom"}], "RUNS.json[0]"),
     ([{"plan": PLAN, "iteration_time": 1.0, "peak_memory": -1}], "RUNS.json[0].peak_memory"),
+    ([{"plan": PLAN, "failed": "oom", "memory_limit": 0}], "RUNS.json[0].memory_limit"),
     ({"plan": PLAN, "iteration_time": 1.0}, "RUNS.json"),
 ])
 def test_runs_validation(records, field):

@@ -1,4 +1,4 @@
-"""Fit the calibration section (``formulations/calibration.md``, C1-C7, F1-F6) to measured runs.
+"""Fit the calibration section (``formulations/calibration.md``, C1-C8, F1-F7) to measured runs.
 
 Two independent fits, each by regularised least squares on the relative (log)
 error, with the one evaluator (:func:`amp_opt.model.evaluate.evaluate`) predicting
@@ -9,8 +9,9 @@ every run under the candidate corrections:
   and C2 ``batch_exponent`` (per device type);
 * memory (F5): peak memory of finished runs against C6 ``activation_factor``, C5
   ``memory_overhead`` (per device type) and C7 ``gradient_buffer_bytes_per_param``;
-  then (F6) the overhead of a device type is raised until every run that ran out
-  of memory is predicted not to fit.
+  then (F6) the capacity of a device type is lowered (C8 ``memory_headroom``, which
+  no predicted peak includes) until the runs that ran out of memory are predicted
+  not to fit under the memory they ran with, as far as the finished runs allow.
 
 Every parameter x is unitless with prior N(0, 1) around the uncalibrated model
 (x = 0): value = initial * exp(scale * x) for factors, initial + scale * x for
@@ -20,14 +21,17 @@ can tell apart enter, at most ceil(runs / 2) of them: all jointly when that many
 are identifiable, else one at a time, each round the one whose joint fit lowers the
 objective most (F3).  The fit is then shrunk toward the uncalibrated model until
 neither the RMS log error nor the median absolute error on the runs is worse (F4).
-Leave-one-out repeats the whole procedure without each run.  Deterministic.
+Each step (time, memory, out of memory) is applied on top of the ones before only as
+far as no in-sample measure gets worse (F7), and the errors reported are those of
+the section written.  Leave-one-out repeats a part's fit without each run.
+Deterministic.
 """
 
 from __future__ import annotations
 
 import datetime
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -381,26 +385,105 @@ def _fit_part(what: str, records: Sequence[RunRecord], measured: np.ndarray, pre
 
 
 @dataclass(frozen=True)
-class OomAdjustment:
-    """F6: a device type's memory overhead raised so that runs that ran out of memory are
-    predicted not to fit; ``conflicts`` are finished runs then predicted not to fit."""
+class Scores:
+    """The in-sample fit of a section on the runs given, every measure a step may not worsen (F7):
+    (RMS log error, median absolute relative error) of the iteration times and of the peaks, and
+    the runs whose outcome the model predicts wrongly (a finished run predicted not to fit, or one
+    that ran out of memory predicted to fit, each under the memory it ran with, eq. F6)."""
+
+    time: tuple[float, float]
+    memory: tuple[float, float]
+    wrong: tuple[int, ...]  # indices in RUNS.json
+
+    def no_worse_than(self, other: "Scores") -> bool:
+        return (all(a <= b + 1e-12 for a, b in zip(self.time + self.memory, other.time + other.memory))
+                and len(self.wrong) <= len(other.wrong))
+
+
+class _Scorer:
+    """The :class:`Scores` of a section on the runs (the one evaluator, through the predictor)."""
+
+    def __init__(self, predictor: Predictor, finished: Sequence[RunRecord], peaks: Sequence[RunRecord],
+                 outcomes: Sequence[RunRecord]):
+        self.predictor, self.finished, self.peaks, self.outcomes = predictor, finished, peaks, outcomes
+        self.times = np.array([r.iteration_time for r in finished])
+        self.bytes = np.array([r.peak_memory for r in peaks])
+
+    def __call__(self, section) -> Scores:
+        p = self.predictor
+        time = _scores(np.log(p.times(self.finished, section) / self.times)) if self.finished else (0.0, 0.0)
+        memory = _scores(np.log(p.peaks(self.peaks, section) / self.bytes)) if self.peaks else (0.0, 0.0)
+        return Scores(time, memory, wrong_outcomes(self.outcomes, p.rooms(self.outcomes, section)))
+
+
+def wrong_outcomes(records: Sequence[RunRecord], rooms: Sequence[Mapping[str, float]]) -> tuple[int, ...]:
+    """The records whose outcome the rooms (eq. F6) contradict: finished with a negative room, or
+    out of memory with none.
+
+    Examples
+    --------
+    >>> from amp_opt.calibrate.runs import parse_runs
+    >>> plan = {"tp": 1, "dp": 1, "pp": 2, "micro_batch": 1, "partition": [0, 3, 6]}
+    >>> recs = parse_runs([{"plan": plan, "iteration_time": 1.0}, {"plan": plan, "failed": "oom"}])
+    >>> wrong_outcomes(recs, [{"cpu": -5.0}, {"cpu": -5.0}]), wrong_outcomes(recs, [{"cpu": 5.0}, {"cpu": 5.0}])
+    ((0,), (1,))
+    """
+    out = []
+    for r, room in zip(records, rooms):
+        fits = min(room.values()) >= 0
+        if (r.finished and not fits) or (r.failed == "oom" and fits):
+            out.append(r.index)
+    return tuple(out)
+
+
+def _guarded(score: _Scorer, before: Scores, base: dict, section_at: Callable[[float], dict]
+             ) -> tuple[dict, float, Scores]:
+    """F7: the step's section at the largest t of 1, 0.75, 0.5, 0.25 at which no measure of
+    :class:`Scores` is worse than ``before`` (the scores of ``base``); t = 0 refuses the step."""
+    for t in SHRINK_STEPS[:-1]:
+        section = section_at(t)
+        scores = score(section)
+        if scores.no_worse_than(before):
+            return section, t, scores
+    return base, 0.0, before
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """F6: a device type's capacity lowered (C8 ``memory_headroom``) so that runs that ran out of
+    memory are predicted not to fit under the memory they ran with, as far as the runs of the
+    type that finished allow (they must still fit under theirs).
+
+    ``wanted`` is the headroom that would explain every out-of-memory run of the type;
+    ``headroom`` the one written (less when a finished run needed more room than it leaves, or
+    when F7 shrank the step by ``shrink``).  ``records`` are the out-of-memory runs now predicted
+    not to fit, ``unexplained`` those still predicted to fit, ``limited_by`` the finished run
+    whose room bounded the headroom (None: not bounded)."""
 
     device_type: str
-    overhead: float  # bytes, the new value
-    records: tuple[int, ...]  # the out-of-memory runs that required it
-    conflicts: tuple[int, ...] = ()
+    headroom: float  # bytes, the value written
+    wanted: float  # bytes
+    records: tuple[int, ...]
+    unexplained: tuple[int, ...] = ()
+    limited_by: int | None = None
+    shrink: float = 1.0
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """The fitted section and how it was obtained (:func:`fit_calibration`)."""
+    """The fitted section and how it was obtained (:func:`fit_calibration`).
+
+    ``time`` and ``memory`` report their errors on ``section`` as written (after every step);
+    ``wrong`` lists the runs whose outcome (finished, out of memory) the uncalibrated and the
+    calibrated model predict wrongly (F6)."""
 
     section: dict
     time: PartFit | None
     memory: PartFit | None
-    oom: tuple[OomAdjustment, ...]
+    headroom: tuple[Headroom, ...]
     runs: Mapping[str, Any] = field(default_factory=dict)  # counts by outcome, instances used
     notes: tuple[str, ...] = field(default=())
+    wrong: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # "uncalibrated" / "calibrated"
 
     def fit_report(self, *, date: str | None = None) -> dict[str, Any]:
         """The ``fit`` entry written into the section (``date`` default: today, UTC)."""
@@ -410,14 +493,24 @@ class Calibration:
             "runs": dict(self.runs),
             "time": self.time.to_json() if self.time else None,
             "memory": self.memory.to_json() if self.memory else None,
-            "out_of_memory": [{"device_type": a.device_type, "memory_overhead": a.overhead, "runs": list(a.records),
-                               "finished_runs_predicted_not_to_fit": list(a.conflicts)} for a in self.oom],
+            "out_of_memory": [{"device_type": a.device_type, "memory_headroom": a.headroom, "wanted": a.wanted,
+                               "runs": list(a.records), "still_predicted_to_fit": list(a.unexplained),
+                               "limited_by_finished_run": a.limited_by, "shrink": a.shrink} for a in self.headroom],
+            "outcomes_predicted_wrong": {k: list(v) for k, v in self.wrong.items()},
             "notes": list(self.notes),
         }
 
 
+def _scaled(part: PartFit, t: float) -> PartFit:
+    """The part with its fitted step scaled by t (F7)."""
+    sol = part.solution
+    return replace(part, solution=Solution(sol.parameters, tuple(t * x for x in sol.x), sol.shrink * t,
+                                           sol.iterations))
+
+
 def fit_calibration(runs: RunSet, *, loo: bool = True, max_parameters: int | None = None) -> Calibration:
-    """Fit the calibration section to measured runs (time F1-F4, memory F5-F6).
+    """Fit the calibration section to measured runs (time F1-F4, memory F5, out of memory F6),
+    each step kept only as far as it leaves the in-sample fit no worse (F7).
 
     Parameters
     ----------
@@ -431,6 +524,7 @@ def fit_calibration(runs: RunSet, *, loo: bool = True, max_parameters: int | Non
     Returns
     -------
     Calibration
+        Its parts' errors are those of the section written.
 
     Examples
     --------
@@ -446,59 +540,94 @@ def fit_calibration(runs: RunSet, *, loo: bool = True, max_parameters: int | Non
     ({'compute_scale[T4]': 1.3}, True)
     """
     finished = [r for r in runs.records if r.finished]
+    peaks = [r for r in finished if r.peak_memory is not None]
+    outcomes = [r for r in runs.records if r.failed != "error"]
     predictor = Predictor(runs)
+    score = _Scorer(predictor, finished, peaks, outcomes)
     notes = []
     time = memory = None
+    section: dict = {}
+    uncalibrated = current = score(section)
     if finished:
         measured = np.array([r.iteration_time for r in finished])
         time = _fit_part("time", finished, measured, predictor.times,
                          lambda recs: time_candidates(runs, recs, predictor), TIME_NOISE, max_parameters, loo)
+        sol, base = time.solution, section
+        section, t, current = _guarded(score, current, base, lambda t: section_of(sol.parameters,
+                                                                                 [t * x for x in sol.x], base))
+        time = _scaled(time, t)
     else:
         notes.append("no finished runs: iteration times not calibrated")
-    peaks = [r for r in finished if r.peak_memory is not None]
     if peaks:
         measured = np.array([r.peak_memory for r in peaks])
         memory = _fit_part("memory", peaks, measured, predictor.peaks, lambda recs: memory_candidates(runs, recs),
                            MEMORY_NOISE, max_parameters, loo)
-    section = section_of(time.solution.parameters if time else (), time.solution.x if time else ())
+        sol, base = memory.solution, section
+        section, t, current = _guarded(score, current, base, lambda t: section_of(sol.parameters,
+                                                                                 [t * x for x in sol.x], base))
+        memory = _scaled(memory, t)
+    section, headroom, current = _headroom(runs, predictor, section, score, current)
+    # The reported errors are those of the section written, after every step.
+    if time:
+        time = replace(time, after=tuple(float(v) for v in predictor.times(finished, section)))
     if memory:
-        section = section_of(memory.solution.parameters, memory.solution.x, section)
-    section, oom = _oom_adjust(runs, predictor, section)
+        memory = replace(memory, after=tuple(float(v) for v in predictor.peaks(peaks, section)))
+    unlimited = [r.index for r in runs.records if r.failed == "oom" and r.memory_limit is None]
+    if unlimited:
+        notes.append(f"out-of-memory runs {unlimited} carry no memory_limit: compared with the instance's device "
+                     "memory")
     skipped = [r.index for r in runs.records if r.failed == "error"]
     if skipped:
         notes.append(f"runs that failed with an error say nothing about the model and were skipped: {skipped}")
     summary = {"finished": len(finished), "out_of_memory": sum(r.failed == "oom" for r in runs.records),
                "error": len(skipped), "with_peak_memory": len(peaks),
                "instances": sorted(k for k in runs.instances if k is not None)}
-    return Calibration(section, time, memory, tuple(oom), summary, tuple(notes))
+    return Calibration(section, time, memory, headroom, summary, tuple(notes),
+                       {"uncalibrated": uncalibrated.wrong, "calibrated": current.wrong})
 
 
-def _oom_adjust(runs: RunSet, predictor: Predictor, section: dict) -> tuple[dict, list[OomAdjustment]]:
-    """F6: raise memory_overhead[g] to the least value at which every out-of-memory run is
-    predicted not to fit (its stage with the least headroom, on that stage's type g)."""
+def _headroom(runs: RunSet, predictor: Predictor, section: dict, score: _Scorer, before: Scores
+              ) -> tuple[dict, tuple[Headroom, ...], Scores]:
+    """F6: lower the capacity of a device type (C8, never the predicted peaks) until every run of
+    it that ran out of memory is predicted not to fit under the memory it ran with, but no
+    further than the finished runs of the type still fit under theirs; then F7."""
     ooms = [r for r in runs.records if r.failed == "oom"]
     if not ooms:
-        return section, []
-    needed: dict[str, tuple[float, list[int]]] = {}
-    for r, ev in zip(ooms, predictor.evaluations(ooms, section)):
-        inst = apply_calibration(runs.instance_of(r), section)
-        margins = [(inst.device_types[t].capacity - s.memory, t) for s in ev.stages for t in s.device_types]
-        room, t = min(margins)
-        if room >= 0:  # predicted to fit, yet it ran out of memory: the overhead must grow past the room
-            overhead = inst.device_types[t].memory_overhead + room + max(1.0, 1e-6 * inst.device_types[t].memory)
-            value, recs = needed.get(t, (-math.inf, []))
-            needed[t] = (max(value, overhead), recs + [r.index])
-    if not needed:
-        return section, []
-    out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in section.items()}
-    types = out.setdefault("device_types", {})
-    for t, (value, _) in needed.items():
-        types[t] = {**types.get(t, {}), "memory_overhead": value}
-    finished = [r for r in runs.records if r.finished]
-    adjustments = []
-    evs = predictor.evaluations(finished, out)
-    for t, (value, recs) in sorted(needed.items()):
-        conflicts = tuple(r.index for r, ev in zip(finished, evs)
-                          if any(t in s.device_types and not s.fits for s in ev.stages))
-        adjustments.append(OomAdjustment(t, value, tuple(recs), conflicts))
-    return out, adjustments
+        return section, (), before
+    wanted: dict[str, float] = {}
+    owners: dict[str, list[RunRecord]] = {}
+    for r, rooms in zip(ooms, predictor.rooms(ooms, section)):
+        room, t = min((v, k) for k, v in rooms.items())
+        owners.setdefault(t, []).append(r)
+        if room >= 0:  # predicted to fit, yet it ran out of memory: take more than its room off
+            limit = r.memory_limit or runs.instance_of(r).device_types[t].memory
+            wanted[t] = max(wanted.get(t, 0.0), room + max(1.0, 1e-6 * limit))
+    if not wanted:
+        return section, (), before
+    finished = list(runs.finished)
+    allowed: dict[str, tuple[float, int | None]] = {t: (math.inf, None) for t in wanted}
+    for r, rooms in zip(finished, predictor.rooms(finished, section)):
+        if min(rooms.values()) < 0:
+            continue  # already predicted not to fit: no headroom changes that (reported)
+        for t, room in rooms.items():
+            if t in allowed and room - 1.0 < allowed[t][0]:  # a byte to spare against rounding
+                allowed[t] = (max(0.0, room - 1.0), r.index)
+    delta = {t: min(wanted[t], allowed[t][0]) for t in wanted}
+    old = {t: float(section.get("device_types", {}).get(t, {}).get("memory_headroom", 0.0)) for t in wanted}
+
+    def section_at(t_: float) -> dict:
+        out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in section.items()}
+        types = out.setdefault("device_types", {})
+        for t in sorted(delta):
+            types[t] = {**types.get(t, {}), "memory_headroom": old[t] + t_ * delta[t]}
+        return out
+
+    new, shrink, scores = _guarded(score, before, section, section_at)
+    rooms = dict(zip((r.index for r in ooms), predictor.rooms(ooms, new)))
+    out = []
+    for t in sorted(delta):
+        fits = tuple(r.index for r in owners[t] if min(rooms[r.index].values()) >= 0)
+        out.append(Headroom(t, old[t] + shrink * delta[t], old[t] + wanted[t],
+                            tuple(r.index for r in owners[t] if r.index not in fits), fits,
+                            allowed[t][1] if allowed[t][0] < wanted[t] else None, shrink))
+    return new, tuple(out), scores

@@ -1,7 +1,8 @@
 """Predictions of measured runs under a calibration section, by the one evaluator
 (:func:`amp_opt.model.evaluate.evaluate`): iteration times (eq. H13) and allocator peaks
-(``formulations/calibration.md`` eq. C5').  The fits of :mod:`.fit` score their candidate
-corrections with these, and ``run`` compares a measured peak with :func:`peak_of_stage`."""
+(``formulations/calibration.md`` eq. C5') and the memory room a plan has under the memory a run
+had (eq. F6).  The fits of :mod:`.fit` score their candidate corrections with these, and ``run``
+compares a measured peak with :func:`peak_of_stage`."""
 
 from __future__ import annotations
 
@@ -48,6 +49,16 @@ class Predictor:
         """Predicted seconds per iteration (eq. H13) of each record's plan."""
         return np.array([e.predicted_time for e in self.evaluations(records, section)])
 
+    def rooms(self, records: Sequence[RunRecord], section) -> list[dict[str, float]]:
+        """Each record's least memory room per device type under the memory it ran with (eq. F6,
+        :func:`memory_rooms`)."""
+        cal = self._calibrated(section)
+        out = []
+        for r in records:
+            inst, tables = cal[r.instance]
+            out.append(memory_rooms(inst, evaluate(inst, r.plan, COST_MODEL, tables=tables), r.memory_limit))
+        return out
+
     def peaks(self, records: Sequence[RunRecord], section) -> np.ndarray:
         """Predicted peak bytes of each record's fullest device (eq. C5'): max over stages of
         M_s - reserve + the largest memory overhead among the stage's device types."""
@@ -58,6 +69,33 @@ class Predictor:
             ev = evaluate(inst, r.plan, COST_MODEL, tables=tables)
             out.append(max(peak_of_stage(inst, s) for s in ev.stages))
         return np.array(out)
+
+
+def memory_rooms(instance, evaluation, limit: float | None = None) -> dict[str, float]:
+    """The least room (bytes) a run's plan is predicted to have on each of its device types
+    (eq. F6): min over the stages s holding type g of L - M_s - o_g - h_g, L the memory each
+    device had (the record's ``memory_limit``; None: the instance's memory of g).  The plan is
+    predicted to fit under L when no room is negative; with L = memory(g) that is eq. H5's
+    M_s <= capacity (C5, C8).
+
+    Examples
+    --------
+    >>> from amp_opt import load_instance, parse_plan
+    >>> inst = load_instance("instances/amp_het_cluster.json")
+    >>> ev = evaluate(inst, parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}))
+    >>> rooms = memory_rooms(inst, ev)
+    >>> sorted(rooms), min(rooms.values()) == min(s.capacity - s.memory for s in ev.stages)
+    (['T4', 'V100-16GB'], True)
+    >>> min(memory_rooms(inst, ev, limit=2**30).values()) < 0  # on devices of 1 GiB it would not fit
+    True
+    """
+    rooms: dict[str, float] = {}
+    for s in evaluation.stages:
+        for t in s.device_types:
+            dev = instance.device_types[t]
+            room = (dev.memory if limit is None else limit) - s.memory - dev.memory_overhead - dev.memory_headroom
+            rooms[t] = min(rooms.get(t, room), room)
+    return rooms
 
 
 def peak_of_stage(instance, stage) -> float:

@@ -11,7 +11,10 @@ A plan is as in ``plan.schema.json`` (``stages`` optional: rank order).  A recor
 may add ``"instance": <path>`` (relative to the RUNS.json file) when the run was
 made on another cluster or batch than the instance being calibrated, and
 ``"peak_memory": <bytes>``, the largest peak over the run's devices as the
-framework's allocator reports it.  Other fields are ignored.  Every problem is an
+framework's allocator reports it, and ``"memory_limit": <bytes>``, the memory each
+device of the run had (what ``run`` ran under: ``--memory-limit`` or the GPU's
+memory), which an out-of-memory or finished run is compared with instead of the
+instance's device memory.  Other fields are ignored.  Every problem is an
 :class:`~amp_opt.errors.InputError` naming the record: ``RUNS.json[3].iteration_time``.
 """
 
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -44,6 +47,7 @@ class RunRecord:
     failed: str | None = None  # "oom" or "error"
     peak_memory: float | None = None  # bytes, largest over the run's devices
     instance: str | None = None
+    memory_limit: float | None = None  # bytes of memory each device of the run had (None: the instance's)
 
     @property
     def finished(self) -> bool:
@@ -60,6 +64,8 @@ class RunRecord:
             out["peak_memory"] = self.peak_memory
         if self.instance is not None:
             out["instance"] = self.instance
+        if self.memory_limit is not None:
+            out["memory_limit"] = self.memory_limit
         return out
 
 
@@ -120,7 +126,10 @@ def parse_runs(data: Any, *, base_dir: str | Path = ".", where: str = "RUNS.json
             if not isinstance(instance, str) or not instance:
                 raise InputError(f"{at}.instance", f"must be a path (relative to {where}), got {instance!r}")
             instance = str(Path(base_dir) / instance)
-        records.append(RunRecord(i, plan, time, failed, peak, instance))
+        limit = raw.get("memory_limit")
+        if limit is not None:
+            limit = _positive(limit, f"{at}.memory_limit", "bytes")
+        records.append(RunRecord(i, plan, time, failed, peak, instance, limit))
     return tuple(records)
 
 
@@ -217,12 +226,12 @@ def bind_runs(records: Sequence[RunRecord], instance, *, where: str = "RUNS.json
     for r in records:
         at = f"{where}[{r.index}]"
         if r.instance is not None and own is not None and Path(r.instance).resolve() == own:
-            r = RunRecord(r.index, r.plan, r.iteration_time, r.failed, r.peak_memory, None)
+            r = replace(r, instance=None)
         if r.instance is not None and r.instance not in instances:
             try:
                 instances[r.instance] = load_uncalibrated(r.instance)[1]
             except InputError as exc:
                 raise InputError(f"{at}.instance", str(exc)) from None
         plan = check_plan(instances[r.instance], r.plan, where=f"{at}.plan")
-        checked.append(RunRecord(r.index, plan, r.iteration_time, r.failed, r.peak_memory, r.instance))
+        checked.append(replace(r, plan=plan))
     return RunSet(tuple(checked), instances, where)

@@ -76,6 +76,29 @@ def format_part(part, unit: str) -> list[str]:
     return lines
 
 
+def format_headroom(calibration) -> list[str]:
+    """Lines on the runs that ran out of memory (F6) and the outcomes the model gets wrong."""
+    lines = []
+    for a in calibration.headroom:
+        line = (f"out of memory: memory_headroom[{a.device_type}] = {a.headroom:.6g} bytes off the capacity "
+                "(predicted peaks unchanged)")
+        if a.records:
+            line += f"; runs {list(a.records)} are predicted not to fit under the memory they ran with"
+        if a.unexplained:
+            why = (f"finished run {a.limited_by} fits with less room" if a.limited_by is not None
+                   else f"the step was shrunk to {a.shrink:.2f} to keep the fit no worse")
+            line += (f"; runs {list(a.unexplained)} are still predicted to fit ({a.wanted:.6g} bytes would be "
+                     f"needed, but {why})")
+        lines.append(line)
+    wrong = calibration.wrong.get("calibrated", ())
+    finished = [i for i in wrong if i not in {j for a in calibration.headroom for j in a.unexplained}]
+    if wrong:
+        lines.append(f"outcomes predicted wrongly: runs {list(wrong)} (uncalibrated: "
+                     f"{list(calibration.wrong.get('uncalibrated', ()))})"
+                     + (f"; runs {finished} finished but are predicted not to fit" if finished else ""))
+    return lines
+
+
 def format_report(calibration, output: str) -> str:
     """The text report of a calibration."""
     runs = calibration.runs
@@ -87,11 +110,7 @@ def format_report(calibration, output: str) -> str:
         lines += format_part(calibration.time, "iteration time")
     if calibration.memory:
         lines += format_part(calibration.memory, "peak memory")
-    for a in calibration.oom:
-        lines.append(f"out of memory: memory_overhead[{a.device_type}] raised to {a.overhead:.6g} bytes so that runs "
-                     f"{list(a.records)} are predicted not to fit"
-                     + (f"; finished runs {list(a.conflicts)} are then predicted not to fit either" if a.conflicts
-                        else ""))
+    lines += format_headroom(calibration)
     lines += [f"note: {n}" for n in calibration.notes]
     lines.append(f"wrote {output}")
     return "\n".join(lines) + "\n"

@@ -16,6 +16,9 @@ calibrate``), each entering one equation of the hetero cost model:
 * C6 ``activation_factor``: measured over modelled activation bytes (eq. H5, H7);
 * C7 ``gradient_buffer_bytes_per_param``: bytes per parameter of the buffers a
   stage with data-parallel replicas allocates for its gradient reduction (eq. H5).
+* C8 ``memory_headroom`` (per device type): bytes taken off the capacity because
+  runs ran out of memory where the model said they fit; unlike C5 it is no part of
+  the predicted peak, so it tightens feasibility without moving any prediction.
 
 Every correction scales a per-layer table, adds a constant or scales a capacity, so
 the programs stay linear.  The section is keyed by device type and link kind:
@@ -28,13 +31,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping
 
-DEVICE_FIELDS = ("compute_scale", "batch_exponent", "step_overhead", "memory_overhead")  # C1, C2, C3, C5
+DEVICE_FIELDS = ("compute_scale", "batch_exponent", "step_overhead", "memory_overhead", "memory_headroom")  # C1-3, C5, C8
 LINK_FIELDS = ("intra_bandwidth_factor", "inter_bandwidth_factor")  # C4, per device type
 TRAINING_FIELDS = ("activation_factor", "gradient_buffer_bytes_per_param")  # C6, C7
 
 
 def apply_calibration(instance, section: Mapping[str, Any] | None):
-    """The instance with a calibration section's corrections applied (C1-C7).
+    """The instance with a calibration section's corrections applied (C1-C8).
 
     ``instance`` must be uncalibrated (its bandwidths nominal): link factors multiply
     the bandwidths it holds.  Device types the section names that the instance does

@@ -62,7 +62,7 @@ class Layer:
 
 @dataclass(frozen=True)
 class DeviceType:
-    """A GPU type.  The last four fields are corrections an instance's ``calibration`` section
+    """A GPU type.  The last five fields are corrections an instance's ``calibration`` section
     sets (``formulations/calibration.md``); their defaults leave the model as it is."""
 
     name: str
@@ -73,11 +73,13 @@ class DeviceType:
     batch_exponent: float = 1.0  # C2: time grows as micro_batch ** exponent away from measured sizes
     step_overhead: float = 0.0  # C3: seconds every stage spends per micro-batch beyond its layers
     memory_overhead: float = 0.0  # C5: bytes per device the framework takes beyond the model's count
+    memory_headroom: float = 0.0  # C8: bytes per device runs out of memory showed not to be usable
 
     @property
     def capacity(self) -> float:
-        """Bytes a stage may use per device: the memory less the learned overhead (C5)."""
-        return self.memory - self.memory_overhead
+        """Bytes a stage may use per device: the memory less the learned overhead (C5) and the
+        headroom out-of-memory runs called for (C8)."""
+        return self.memory - self.memory_overhead - self.memory_headroom
 
 
 @dataclass(frozen=True)
