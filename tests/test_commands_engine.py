@@ -138,6 +138,9 @@ def test_a_run_out_of_memory_is_a_record(workflow):
      "processes"),
     (lambda d: (d["device_types"][0].update(name="T4"), d["nodes"][0].update(device_type="T4")),
      {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4]}, "'T4' is a GPU"),
+    (lambda d: (d["device_types"][0].update(name="mygpu", catalog="T4"), d["nodes"][0].update(device_type="mygpu")),
+     {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4]},
+     "instance.device_types[0].catalog: 'mygpu' is a GPU (T4)"),
     (lambda d: d.update(model={"layers": [{"name": "a", "params": 10, "activation_bytes": 4},
                                           {"name": "b", "params": 10, "activation_bytes": 4}]}),
      {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 2]}, "has no dimensions"),
@@ -169,4 +172,20 @@ def test_profile_refuses_bad_options(tmp_path, capsys, monkeypatch, args, expect
     except SystemExit as exc:  # argparse refuses malformed option values itself, with exit 2
         code, err = exc.code, capsys.readouterr().err
     assert code == 2 and expected in err, err
+    assert not (tmp_path / "out.json").exists()
+
+
+@needs_torch
+@pytest.mark.parametrize("name, catalog, expected", [
+    ("T4", None, "device_type: 'T4' is a GPU (T4)"),
+    ("mygpu", "T4", "instance.device_types[0].catalog: 'mygpu' is a GPU (T4)"),
+])
+def test_profile_refuses_a_gpu_type_on_cpu(tmp_path, capsys, monkeypatch, name, catalog, expected):
+    """A type is a GPU by its name or by its catalog field; on CPU it is refused either way, naming the field."""
+    doc = document(device_type=name)
+    if catalog:
+        doc["device_types"][0]["catalog"] = catalog
+    (tmp_path / "inst.json").write_text(json.dumps(doc))
+    code, err = main(capsys, monkeypatch, tmp_path, "profile", "inst.json", "-o", "out.json", "--device", "cpu")
+    assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out.json").exists()

@@ -105,7 +105,7 @@ def run(args) -> int:
     torch = require_torch()
     from ..engine.modules import model_shape, torch_dtype
     from ..engine.profile import merge_profiles, profile_model
-    from ..engine.provenance import check_local, resolve_device, usable_cores
+    from ..engine.provenance import catalog_fields, check_local, resolve_device, usable_cores
 
     document = load_json(args.instance, "instance")
     instance = load_instance(args.instance)
@@ -113,7 +113,7 @@ def run(args) -> int:
     shape = model_shape(document, base_dir=base_dir)
     device = resolve_device(args.device)
     name = _device_type(instance, args.device_type)
-    check_local([name], device)
+    check_local([name], device, catalog_fields(document))
     per_node = max(n.devices for n in instance.nodes if n.device_type == name)
     available = usable_cores() if device == "cpu" else torch.cuda.device_count()
     for tp in args.tp:

@@ -69,7 +69,7 @@ def run(args) -> int:
     require_torch()
     from ..engine.compare import compare_run
     from ..engine.modules import model_shape
-    from ..engine.provenance import check_local, resolve_device, usable_cores
+    from ..engine.provenance import catalog_fields, check_local, resolve_device, usable_cores
     from ..engine.run import prepare, run_plan
 
     if args.warmup < 0:
@@ -86,7 +86,7 @@ def run(args) -> int:
         raise InputError("plan.stages", f"the plan uses device types {', '.join(types)}; one machine runs one kind "
                                         "of device")
     device = resolve_device(args.device)
-    check_local(types, device)
+    check_local(types, device, catalog_fields(load_json(args.instance, "instance")))
     prepare(args.instance, plan)  # every other check (engine support, model dimensions, processes) before starting
     shape = model_shape(load_json(args.instance, "instance"), base_dir=Path(args.instance).parent)
     threads = args.threads

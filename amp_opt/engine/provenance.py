@@ -57,13 +57,30 @@ def _gpu_family(spec) -> str:
     return spec.name.split("-")[1] if head == "RTX" else head
 
 
-def check_local(type_names, device: str) -> None:
+def catalog_fields(document) -> dict[str, tuple[str, str]]:
+    """Device type name -> (field, catalog GPU name) for the instance document's device types
+    that name a ``catalog`` entry (whatever they are called).
+
+    Examples
+    --------
+    >>> catalog_fields({"device_types": [{"name": "cpu", "memory": 1}, {"name": "mygpu", "catalog": "T4"}]})
+    {'mygpu': ('instance.device_types[1].catalog', 'T4')}
+    """
+    out = {}
+    for i, raw in enumerate(document.get("device_types", ()) if isinstance(document, dict) else ()):
+        if isinstance(raw, dict) and "catalog" in raw:
+            out[raw.get("name")] = (f"instance.device_types[{i}].catalog", raw["catalog"])
+    return out
+
+
+def check_local(type_names, device: str, catalogs: dict[str, tuple[str, str]] | None = None) -> None:
     """Refuse device types that are not this machine's device (:class:`InputError`, exit 2).
 
-    A type named after a catalog GPU must be that GPU: on CPU it never is; on CUDA the
-    local device's name must carry the GPU's model ("A100", "T4") and its memory be
-    within 10% of the catalog's.  Other names ("cpu", "my-gpu") are the user's word
-    for this machine's device and pass.
+    A type that is a catalog GPU, by its name or by its ``catalog`` field (``catalogs``, from
+    :func:`catalog_fields`), must be that GPU: on CPU it never is; on CUDA the local device's
+    name must carry the GPU's model ("A100", "T4") and its memory be within 10% of the
+    catalog's.  Other types ("cpu", "my-gpu" without ``catalog``) are the user's word for this
+    machine's device and pass.  The error names the field that made the type a GPU.
 
     Examples
     --------
@@ -72,6 +89,10 @@ def check_local(type_names, device: str) -> None:
     Traceback (most recent call last):
     ...
     amp_opt.errors.InputError: device_type: 'T4' is a GPU (T4) and this machine runs on its CPU; name the CPU's own device type (any name not in the GPU catalog)
+    >>> check_local(["mygpu"], "cpu", {"mygpu": ("instance.device_types[0].catalog", "T4")})
+    Traceback (most recent call last):
+    ...
+    amp_opt.errors.InputError: instance.device_types[0].catalog: 'mygpu' is a GPU (T4) and this machine runs on its CPU; drop its catalog field and give its memory, or profile and run it on that GPU
     """
     import re
 
@@ -79,20 +100,23 @@ def check_local(type_names, device: str) -> None:
     from ..model import catalog
 
     for name in type_names:
+        field, given = (catalogs or {}).get(name, ("device_type", None))
         try:
-            spec = catalog.lookup(name, "")
+            spec = catalog.lookup(name if given is None else given, field)
         except InputError:
+            if given is not None:
+                raise
             continue
         if device != "cuda":
-            raise InputError("device_type", f"{name!r} is a GPU ({spec.name}) and this machine runs on its CPU; "
-                                            "name the CPU's own device type (any name not in the GPU catalog)")
+            fix = ("name the CPU's own device type (any name not in the GPU catalog)" if given is None else
+                   "drop its catalog field and give its memory, or profile and run it on that GPU")
+            raise InputError(field, f"{name!r} is a GPU ({spec.name}) and this machine runs on its CPU; {fix}")
         local = torch.cuda.get_device_name()
         memory = torch.cuda.get_device_properties(0).total_memory
         family = _gpu_family(spec)
         if not re.search(rf"(?<![A-Za-z0-9]){re.escape(family)}(?![A-Za-z0-9])", local, re.IGNORECASE) or not (
                 0.9 * spec.memory_bytes <= memory <= 1.1 * spec.memory_bytes):
-            raise InputError("device_type", f"{name!r} is not this machine's GPU ({local}, "
-                                            f"{memory / 2**30:.1f} GiB)")
+            raise InputError(field, f"{name!r} is not this machine's GPU ({local}, {memory / 2**30:.1f} GiB)")
 
 
 def device_memory(device: str, local_rank: int = 0) -> int | None:
