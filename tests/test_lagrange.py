@@ -56,7 +56,7 @@ def path_cost(model, path, y, T, U):
                                                       for S in model.kinds])
     total = 0.0
     for s, (i, k, l) in enumerate(zip(path.kinds, path.bounds, path.bounds[1:])):
-        assert model.fits[model.in_flight[s]][i, k, l]
+        assert model.fits_at(model.in_flight[s])[i, k, l]
         # T is on the weighted compute: the stage's bottleneck weight (by its micro-batches in flight) times E.
         assert model.compute[i, k, l] * model.weight[model.in_flight[s]] <= T and model.allreduce[i, k, l] <= U
         total += model.compute[i, k, l] * model.fill + prices[i]
@@ -210,7 +210,7 @@ def test_sweep_arcs_are_the_cheapest_usable_kind_of_every_range(instance, seed):
                     for length in range(1, l + 1):
                         k = l - length
                         costs = [model.compute[i, k, l] * model.fill + prices[j, i]
-                                 if model.fits[f][i, k, l] and model.weight[f] * model.compute[i, k, l] <= T[j]
+                                 if model.fits_at(f)[i, k, l] and model.weight[f] * model.compute[i, k, l] <= T[j]
                                  and model.allreduce[i, k, l] <= U[j] else np.inf for i in kinds]
                         expect = min(costs)
                         if length > width:  # beyond the band: no kind of this level may use it
@@ -219,3 +219,31 @@ def test_sweep_arcs_are_the_cheapest_usable_kind_of_every_range(instance, seed):
                         assert row[j, l, length - 1] == expect, (f, b, j, k, l)
                         if np.isfinite(expect):
                             assert which[f, b][j, l, length - 1] == kinds[int(np.argmin(costs))]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances)
+def test_fit_ranks_hold_every_stage_memory_test(instance):
+    """A kind model keeps, per kind and range, how many in-flight counts (smallest first) the range
+    fits; for every stage that says exactly what eq. H5 says of the stage's own memory."""
+    from amp_opt.model.costs import CandidateTerms
+    from amp_opt.model.costs.terms import stage_order
+
+    tables = Tables(instance)
+    for cand in sample(candidates(instance, COST_MODELS["hetero"])):
+        chunks = chunks_of(instance, cand)
+        model = kind_model(tables, cand, chunks)
+        if model is None:
+            continue
+        terms = CandidateTerms(tables, cand, chunks=chunks)
+        fixed = None if chunks is None else stage_order(chunks, cand.pp)[1]
+        for s, f in enumerate(model.in_flight):
+            table = model.fits_at(f)
+            for i in range(len(model.kinds)):
+                for k in range(model.L):
+                    for l in range(k + 1, model.L + 1):
+                        need = terms.memory_in(s, k, l, model.mode[i]) if terms.per_stage else terms.memory(s, k, l)
+                        expect = bool(need <= model.capacity[i])
+                        if fixed is not None:  # interleaved: only the stages' own chunks
+                            expect &= any((fixed[t], fixed[t + 1]) == (k, l) for t in range(cand.pp))
+                        assert table[i, k, l] == expect, (cand, s, i, k, l)

@@ -195,10 +195,11 @@ def _kind_arcs(model: KindModel, kinds, T: np.ndarray, U: np.ndarray):
     pos = np.arange(model.L + 1)
     tables = {}
     for a, k in enumerate(kinds):
-        ok = {(f, j): fits[j][None] & (_weighted(model.compute[j], model.weight[f])[None] <= T[:, None, None])
-              & (model.allreduce[j][None] <= U[:, None, None]) for f, fits in model.fits.items() for j in model.siblings[k]}
+        ok = {(f, j): (model.fit_rank[j] >= model.flight_rank[f])[None]
+              & (_weighted(model.compute[j], model.weight[f])[None] <= T[:, None, None])
+              & (model.allreduce[j][None] <= U[:, None, None]) for f in model.flights for j in model.siblings[k]}
         starts, valid = band_layout(np.any([x.any(axis=0) for x in ok.values()], axis=0))
-        for f in model.fits:
+        for f in model.flights:
             tables[f, a] = np.min([np.where(ok[f, j][:, starts, pos[:, None]] & valid,
                                             model.compute[j][starts, pos[:, None]][None] * model.fill, INF)
                                    for j in model.siblings[k]], axis=0)

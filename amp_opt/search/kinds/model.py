@@ -52,7 +52,7 @@ class KindModel:
     """Per-kind range tables of one candidate (eq. K1-K3), and the Lagrangian DP over them (K4).
 
     Tables are indexed [kind, k, l] over layer ranges [k, l): ``compute`` (seconds of one
-    micro-batch, the slowest class of the kind), ``allreduce`` (seconds), ``fits[f]`` (bool:
+    micro-batch, the slowest class of the kind), ``allreduce`` (seconds), ``fits_at(f)`` (bool:
     the range fits the kind's capacity with f micro-batches in flight).  For a ``per_stage``
     candidate a kind is a class set and a recomputation mode (``mode``: none or full; the
     stage takes the faster that fits); ``siblings[i]`` lists the kinds of kind i's class set,
@@ -150,22 +150,41 @@ class KindModel:
         self.weight: dict = {}  # micro-batches in flight f -> the least bottleneck weight of a stage with f
         for s, f in enumerate(self.in_flight):
             self.weight[f] = min(self.weight.get(f, INF), self.pipe.bottleneck[s])
-        self.fits = {}
-        for s, f in enumerate(self.in_flight):
-            if f not in self.fits:
-                if terms.per_stage:
-                    need = {m: terms.memory_in(s, g.start, g.stop, m) for m in set(self.mode)}
-                    need = np.stack([need[m] for m in self.mode])
-                else:
-                    need = terms.memory(s, g.start, g.stop)[None]
-                self.fits[f] = allowed[None] & (need <= self.capacity[:, None, None])
-        self.fitting = np.any(list(self.fits.values()), axis=0)  # (K, k, l): fits at some stage
+        # Memory grows with the micro-batches in flight (H5), so a range that fits a kind with f in
+        # flight fits it with fewer: per kind and range, how many of the distinct in-flight counts
+        # (smallest first) it fits, ``fit_rank``, stands for every f's table (``fits_at``).
+        # Kinds of the same capacity (and mode) are compared once.
+        self.flights = sorted(set(self.in_flight))
+        self.flight_rank = {f: r + 1 for r, f in enumerate(self.flights)}
+        first_stage = {f: self.in_flight.index(f) for f in self.flights}
+        groups: dict = {}
+        for i in range(len(self.kinds)):
+            groups.setdefault((self.capacity[i], self.mode[i] if terms.per_stage else None), []).append(i)
+        rank = np.zeros((len(groups), self.L + 1, self.L + 1), dtype=np.int32)
+        for r, f in enumerate(self.flights, start=1):
+            s = first_stage[f]
+            if terms.per_stage:
+                need = {m: terms.memory_in(s, g.start, g.stop, m) for m in set(self.mode)}
+            else:
+                need = terms.memory(s, g.start, g.stop)
+            for j, (capacity, mode) in enumerate(groups):
+                # only where it fitted every smaller count: the ranks count from the smallest up
+                fits = allowed & ((need[mode] if terms.per_stage else need) <= capacity) & (rank[j] == r - 1)
+                rank[j][fits] = r
+        self.fit_rank = np.empty((len(self.kinds), self.L + 1, self.L + 1), dtype=np.int32)
+        for j, members in enumerate(groups.values()):
+            self.fit_rank[members] = rank[j]
+        self.fitting = self.fit_rank > 0  # (K, k, l): fits at some stage
         # For the sweep's arcs: the least weight and the compute at it (the loosest threshold test),
-        # and which micro-batches in flight fit the same ranges.
+        # and which micro-batches in flight fit the same ranges (no kind's rank falls between them).
         self._least = min(self.weight.values())
         self._least_compute = _weighted(self.compute, self._least)
-        seen: dict = {}
-        self._fits_id = {f: seen.setdefault(fits.tobytes(), len(seen)) for f, fits in self.fits.items()}
+        ranks = np.unique(self.fit_rank)
+        self._fits_id = {f: int(np.searchsorted(ranks, r)) for f, r in self.flight_rank.items()}
+
+    def fits_at(self, f) -> np.ndarray:
+        """(K, k, l): the ranges each kind holds with f micro-batches in flight (eq. H5)."""
+        return self.fit_rank >= self.flight_rank[f]
 
     def _ceiling(self, params: np.ndarray) -> float:
         """A cost above every plan's: each term at its largest over ranges that fit, links at the
@@ -274,8 +293,8 @@ class KindModel:
             # Where each cell's cheapest kind sits in a flattened (K, k, l) table.
             flat = kinds[first] * (L + 1) ** 2 + (starts * (L + 1) + pos[:, None])[None]
             done: dict = {}
-            for f, fits in self.fits.items():
-                weight = self.weight[f]
+            for f in self.flights:
+                weight, rank = self.weight[f], self.flight_rank[f]
                 same = done.setdefault((weight, self._fits_id[f]), f)
                 if same != f:
                     arcs[f, b] = arcs[same, b]
@@ -283,7 +302,7 @@ class KindModel:
                         which[f, b] = which[same, b]
                     continue
                 # Where the cheapest kind is usable at f, it is f's cheapest; elsewhere search again.
-                usable = fits.reshape(-1).take(flat)
+                usable = self.fit_rank.reshape(-1).take(flat) >= rank
                 if weight != self._least:
                     usable &= _weighted(chosen, weight) <= T[:, None, None]
                 again = open_ & ~usable
@@ -291,7 +310,7 @@ class KindModel:
                 if again.any():
                     row, kind = base.copy(), base_kind.copy()
                     j, l, w = np.nonzero(again)
-                    ok = loose[j, :, l, w] & fits[kinds[None, :], starts[l, w][:, None], l[:, None]]
+                    ok = loose[j, :, l, w] & (self.fit_rank[kinds[None, :], starts[l, w][:, None], l[:, None]] >= rank)
                     if weight != self._least:
                         ok &= _weighted(compute[:, l, w].T, weight) <= T[j, None]
                     options = np.where(ok, cost[j, :, l, w], INF)
@@ -362,7 +381,11 @@ def min_max(model: KindModel, table: np.ndarray, weighted: bool = False) -> floa
     """The least possible largest value of ``table`` (indexed [kind, k, l]; with ``weighted``
     times each stage's bottleneck weight, the thresholds' units) over p-stage paths that fit in
     memory, supply ignored: no plan's maximum is smaller."""
-    best_kind = {f: np.where(fits, table, INF).min(axis=0) for f, fits in model.fits.items()}
+    least: dict = {}  # in-flight counts that fit the same ranges share their row
+    for f in model.flights:
+        if model._fits_id[f] not in least:
+            least[model._fits_id[f]] = np.where(model.fits_at(f), table, INF).min(axis=0)
+    best_kind = {f: least[model._fits_id[f]] for f in model.flights}
     weights = [model.weight[f] for f in model.in_flight] if weighted else None
     return min_max_chain([best_kind[f] for f in model.in_flight], weights=weights)
 
