@@ -120,6 +120,22 @@ def test_calibrate_reads_what_run_writes(workflow):
 
 
 @needs_torch
+def test_run_json_predicts_the_peak_the_text_prints(workflow):
+    """run --json pairs the measured peak with the calibrated model's predicted peak (eq. C5': the stage's
+    memory less the reserve, plus memory_overhead), the figure the text prints."""
+    tmp, _ = workflow
+    doc = json.loads((tmp / "profiled.json").read_text())
+    doc["calibration"] = {"device_types": {"cpu": {"memory_overhead": 2**20}}}
+    (tmp / "overhead.json").write_text(json.dumps(doc))
+    out = cli("run", "overhead.json", "pipe.json", "--iterations", "1", "--warmup", "0", "--json", cwd=tmp)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    reserve = load_instance(tmp / "overhead.json").training.memory_reserve
+    expected = [s["memory"] - reserve + 2**20 for s in result["predicted"]["stages"]]
+    assert [s["memory"]["predicted"] for s in result["comparison"]["stages"]] == pytest.approx(expected, rel=1e-12)
+
+
+@needs_torch
 def test_a_run_out_of_memory_is_a_record(workflow):
     tmp, _ = workflow
     (tmp / "one.json").write_text(json.dumps({"tp": 1, "dp": 1, "pp": 1, "micro_batch": 2, "partition": [0, 4]}))

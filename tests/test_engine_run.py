@@ -119,13 +119,29 @@ def test_tensor_parallel_run_computes_the_same_model(single):
 
 
 def test_measured_next_to_predicted(pipelined):
-    instance = load_instance(doc())
+    from amp_opt.calibrate.predict import peak_of_stage
+    from amp_opt.commands.run import format_comparison
+
+    calibrated = dict(doc(), calibration={"device_types": {"cpu": {"memory_overhead": 2**20}}})
+    instance = load_instance(calibrated)
     evaluation = evaluate(instance, parse_plan(pipelined["plan"]), "hetero")
-    comparison = compare_run(pipelined, evaluation)
+    comparison = compare_run(pipelined, evaluation, instance)
     assert comparison.iteration_time.measured == pipelined["iteration_time"]
     assert comparison.iteration_time.predicted == evaluation.predicted_time
     assert [s.compute_per_micro_batch.predicted for s in comparison.stages] == [s.compute for s in evaluation.stages]
     assert comparison.to_json()["stages"][1]["memory"]["measured"] == pipelined["measured"]["stages"][1]["peak_memory"]
+    # The predicted memory is the peak the calibrated model predicts (eq. C5'), in the JSON and the text alike.
+    peaks = [peak_of_stage(instance, s) for s in evaluation.stages]
+    assert [s["memory"]["predicted"] for s in comparison.to_json()["stages"]] == peaks
+    assert peaks[0] == evaluation.stages[0].memory - instance.training.memory_reserve + 2**20
+    text = format_comparison(instance, pipelined, evaluation, comparison)
+    for stage, peak in zip(text.splitlines()[6:8], peaks):
+        assert stage.split()[-1] == f"{peak / 2**20:.2f}"
+    assert "peak memory (fullest device, MiB)" in text and f"{max(peaks) / 2**20:.2f}  (tracked)" in text
+    # ... and the notes that explain the comparison are printed: a pp=2 run without replicas shows an
+    # allreduce, of the tied embedding.
+    assert any("tied word embedding" in n for n in comparison.notes)
+    assert all(f"note: {n}" in text for n in comparison.notes)
 
 
 def _refused(instance, bad_plan, match, **kw):

@@ -24,7 +24,6 @@ import statistics
 from pathlib import Path
 
 from ..errors import InputError
-from ..calibrate.predict import peak_of_stage
 from ..model.costs import cost_model
 from ..model.costs.terms import pipeline_weights
 from ..model.evaluate import evaluate
@@ -103,7 +102,7 @@ def run(args) -> int:
             break
     record = _median_record(records)
     evaluation = evaluate(instance, plan, "hetero")
-    comparison = None if record.get("failed") else compare_run(record, evaluation)
+    comparison = None if record.get("failed") else compare_run(record, evaluation, instance)
     if args.output:
         _write_record(record, args.output, args.instance, append=args.append)
     if args.json:
@@ -141,12 +140,6 @@ def _write_record(record: dict, output: str, instance_path: str, *, append: bool
     write_text(json.dumps(records + [out], indent=1) + "\n", output, "--output")
 
 
-def predicted_peak(instance, evaluation) -> float:
-    """Eq. C5': the predicted allocator peak of the fullest device (stage memory less the reserve,
-    plus the calibrated memory overhead of its device types)."""
-    return max(peak_of_stage(instance, s) for s in evaluation.stages)
-
-
 def format_comparison(instance, record: dict, evaluation, comparison) -> str:
     """Measured next to predicted, term by term (text)."""
     plan = evaluation.plan
@@ -169,12 +162,12 @@ def format_comparison(instance, record: dict, evaluation, comparison) -> str:
                  f"{'p2p ms':>19}  {'peak memory MiB':>19}")
     lines.append(f"  {'':>5} {'':>7}  {'measured':>10} {'predicted':>10}  {'measured':>9} {'predicted':>9}  "
                  f"{'blocked':>9} {'predicted':>9}  {'measured':>9} {'predicted':>9}")
-    for s, report in zip(comparison.stages, evaluation.stages):
+    for s in comparison.stages:
         lines.append(f"  {s.stage:>5} {f'{s.layers[0]}-{s.layers[1] - 1}':>7}  "
                      f"{s.compute_per_micro_batch.measured * 1e3:>10.2f} {s.compute_per_micro_batch.predicted * 1e3:>10.2f}  "
                      f"{s.allreduce.measured * 1e3:>9.2f} {s.allreduce.predicted * 1e3:>9.2f}  "
                      f"{s.p2p.measured * 1e3:>9.2f} {s.p2p.predicted * 1e3:>9.3f}  "
-                     f"{s.memory.measured / 2**20:>9.2f} {peak_of_stage(instance, report) / 2**20:>9.2f}")
+                     f"{s.memory.measured / 2**20:>9.2f} {s.memory.predicted / 2**20:>9.2f}")
     n = evaluation.n_micro
     e_m = [s.compute_per_micro_batch.measured for s in comparison.stages]
     e_p = [s.compute_per_micro_batch.predicted for s in comparison.stages]
@@ -194,6 +187,7 @@ def format_comparison(instance, record: dict, evaluation, comparison) -> str:
               f"  the rest: p2p, bubbles, overheads   {rest_m:>9.4f} {rest_p:>11.4f}",
               f"  total                               {it.measured:>9.4f} {it.predicted:>11.4f}",
               f"  peak memory (fullest device, MiB)   {record['peak_memory'] / 2**20:>9.2f} "
-              f"{predicted_peak(instance, evaluation) / 2**20:>11.2f}"
+              f"{max(s.memory.predicted for s in comparison.stages) / 2**20:>11.2f}"
               + (f"  ({m['memory_kind']})" if m.get("memory_kind") else "")]
+    lines += [f"note: {note}" for note in comparison.notes]
     return "\n".join(lines) + "\n"

@@ -13,7 +13,10 @@ P_s (H3)           ``stages[s].p2p``, one transfer         ``p2p`` per iteration
                                                           one to one; given for calibration)
 AR_s (H4)          ``stages[s].allreduce``                 ``allreduce`` (+ ``tie_allreduce``, which H4
                                                           does not model)
-M_s (H5)           ``stages[s].memory`` (with reserve)     ``peak_memory`` (tracked on CPU)
+peak_s (C5')       ``peak_of_stage``: ``stages[s].memory``  ``peak_memory`` (tracked on CPU)
+                   less the reserve, plus the calibrated
+                   ``memory_overhead`` (eq. C5' of
+                   formulations/calibration.md)
 time (H13)         ``predicted_time``                      ``iteration_time`` (median)
 =================  =====================================  ==========================================
 """
@@ -71,8 +74,14 @@ class Comparison:
         }
 
 
-def compare_run(record: dict, evaluation) -> Comparison:
+def compare_run(record: dict, evaluation, instance=None) -> Comparison:
     """Pair a successful run record with the Evaluation of the same plan.
+
+    ``instance`` is the (calibrated) instance the plan was evaluated on: a stage's predicted
+    memory is then the allocator peak the model predicts for it (eq. C5',
+    :func:`amp_opt.calibrate.predict.peak_of_stage`), the figure ``run`` prints and the
+    calibration fits.  Without it the stage's eq. H5 memory stands in (the reserve included,
+    no memory overhead), as before it was given.
 
     Examples
     --------
@@ -87,6 +96,8 @@ def compare_run(record: dict, evaluation) -> Comparison:
     if measured["micro_batches_per_iteration"] != evaluation.n_micro or len(measured["stages"]) != len(
             evaluation.stages):
         raise InputError("record", "the run and the evaluation are not of the same plan")
+    from ..calibrate.predict import peak_of_stage
+
     stages = []
     for m, p in zip(measured["stages"], evaluation.stages):
         stages.append(StageComparison(
@@ -94,11 +105,17 @@ def compare_run(record: dict, evaluation) -> Comparison:
             compute_per_micro_batch=TermPair(m["compute_per_micro_batch"], p.compute),
             p2p=TermPair(m["p2p"], p.p2p),
             allreduce=TermPair(m["allreduce"] + m.get("tie_allreduce", 0.0), p.allreduce),
-            memory=TermPair(float(m["peak_memory"]), p.memory)))
-    notes = list(measured.get("notes", ())) + [
-        "measured p2p is blocked time per iteration (bubbles included); predicted p2p is one transfer",
-        "measured allreduce includes the tied-embedding allreduce the cost model does not count",
-        "predicted memory includes the instance's memory_reserve",
-    ]
+            memory=TermPair(float(m["peak_memory"]), p.memory if instance is None else peak_of_stage(instance, p))))
+    notes = list(measured.get("notes", ()))
+    if len(stages) > 1:
+        notes.append("measured p2p is blocked time per iteration (bubbles included); predicted p2p is one transfer")
+    tied = [m["stage"] for m in measured["stages"] if m.get("tie_allreduce", 0.0) > 0]
+    if tied:
+        notes.append(f"measured allreduce of stages {', '.join(map(str, tied))} includes the allreduce of the tied "
+                     "word embedding between the first and last stage, which the cost model does not count "
+                     "(so a stage without replicas shows one)")
+    notes.append("predicted memory includes the instance's memory_reserve" if instance is None else
+                 "predicted peak memory: the stage's modelled memory less the memory_reserve, plus the calibrated "
+                 "memory_overhead (eq. C5')")
     return Comparison(evaluation.cost_model, TermPair(record["iteration_time"], evaluation.predicted_time),
                       tuple(stages), dict(evaluation.breakdown), tuple(notes))
