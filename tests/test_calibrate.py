@@ -394,6 +394,22 @@ def test_calibrate_command_bad_runs(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "cal.json").exists()
 
 
+def test_a_record_the_model_cannot_price_is_named(tmp_path, capsys, monkeypatch):
+    """A record at a tp degree without a profile (and no peak_flops to estimate from): the error names it."""
+    doc = document()
+    del doc["device_types"][0]["peak_flops"]
+    (tmp_path / "inst.json").write_text(json.dumps(doc))
+    tp2 = {"tp": 2, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 6]}
+    (tmp_path / "runs.json").write_text(json.dumps([{"plan": PLAN, "iteration_time": 1.0},
+                                                    {"plan": tp2, "iteration_time": 1.0}]))
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate", "inst.json", "runs.json", "-o", "cal.json"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("amp-opt: error: runs.json[1]: instance.profiles: no measured profile for device type 'cpu' "
+                           "at tp 2, and device type 'cpu' has no peak_flops to estimate it from"), err
+    assert not (tmp_path / "cal.json").exists()
+
+
 def test_profiles_measured_on_another_model_are_refused():
     doc = document()
     doc["profiles"][0]["layer_names"] = ["embedding", "layer_0", "layer_1", "layer_2", "layer_9", "head"]

@@ -13,9 +13,7 @@ import numpy as np
 from ..model.calibration import apply_calibration
 from ..model.evaluate import evaluate
 from ..model.tables import Tables
-from .runs import RunRecord, RunSet
-
-COST_MODEL = "hetero"
+from .runs import COST_MODEL, RunRecord, RunSet
 
 
 class Predictor:

@@ -28,9 +28,12 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import InputError
 from ..model.load import load_json, parse_instance
+from ..model.evaluate import evaluate
 from ..model.plan import Plan, check_plan, parse_plan
+from ..model.tables import Tables
 
 FAILURES = ("oom", "error")
+COST_MODEL = "hetero"  # the model the fit scores (amp_opt.calibrate.predict)
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,8 @@ class RunSet:
 
 def bind_runs(records: Sequence[RunRecord], instance, *, where: str = "RUNS.json",
               instance_path: str | Path | None = None) -> RunSet:
-    """Load every record's instance (uncalibrated) and check each plan against its instance.
+    """Load every record's instance (uncalibrated), check each plan against its instance and that
+    the cost model can price it (a profile, or FLOPs, for its tensor-parallel degree).
 
     ``instance`` is the uncalibrated instance records without ``"instance"`` ran on (read
     from ``instance_path``, if given: records naming that same file are bound to it).
@@ -221,6 +225,7 @@ def bind_runs(records: Sequence[RunRecord], instance, *, where: str = "RUNS.json
     amp_opt.errors.InputError: RUNS.json[0].plan: tp*cp*dp*pp = 1*1*8*4 = 32, the cluster has 16 devices
     """
     instances: dict[str | None, Any] = {None: instance}
+    tables: dict[str | None, Tables] = {}
     own = Path(instance_path).resolve() if instance_path is not None else None
     checked = []
     for r in records:
@@ -233,5 +238,11 @@ def bind_runs(records: Sequence[RunRecord], instance, *, where: str = "RUNS.json
             except InputError as exc:
                 raise InputError(f"{at}.instance", str(exc)) from None
         plan = check_plan(instances[r.instance], r.plan, where=f"{at}.plan")
+        try:  # the model must price it (a profile or FLOPs for its tp degree): said with the record's name
+            if r.instance not in tables:
+                tables[r.instance] = Tables(instances[r.instance])
+            evaluate(instances[r.instance], plan, COST_MODEL, tables=tables[r.instance])
+        except InputError as exc:
+            raise InputError(at, str(exc)) from None
         checked.append(replace(r, plan=plan))
     return RunSet(tuple(checked), instances, where)
