@@ -60,7 +60,7 @@ def workflow(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("workflow")
     (tmp / "tiny.json").write_text(json.dumps(document()))
     steps = {"profile": cli("profile", "tiny.json", "-o", "profiled.json", "--device", "cpu", "--micro-batches", "1,2",
-                            "--repeats", "2", "--warmup", "1", "--runnable", cwd=tmp)}
+                            "--repeats", "2", "--warmup", "0", "--runnable", cwd=tmp)}
     steps["solve"] = cli("solve", "profiled.json", "--json", cwd=tmp)
     if steps["solve"].returncode == 0:
         (tmp / "best.json").write_text(json.dumps(json.loads(steps["solve"].stdout)["plan"]))
@@ -87,6 +87,7 @@ def test_profile_writes_a_solvable_instance(workflow):
         assert len(p["layer_times"]) == 4 and all(t > 0 for t in p["layer_times"])
         assert all(lo <= t <= hi for lo, t, hi in zip(p["spread"]["min"], p["layer_times"], p["spread"]["max"]))
         assert p["provenance"]["torch"] and p["provenance"]["repeats"] == 2
+        assert p["provenance"]["warmup"] == 0  # --warmup 0 is accepted, as by run
         assert len(p["activation_memory_bytes"]) == 4
     assert doc["training"]["model_state_bytes_per_param"] == {"weights": 4, "gradients": 4, "optimizer": 8}
     assert doc["search"]["recompute"] == ["none"] and doc["search"]["virtual_stages"] == [1]
@@ -151,7 +152,7 @@ def test_a_run_out_of_memory_is_a_record(workflow):
 @needs_torch
 @pytest.mark.parametrize("mutate, plan, expected", [
     (lambda d: (d["nodes"][0].update(devices=64), d["training"].update(global_batch=64)), {"tp": 1, "dp": 64, "pp": 1, "micro_batch": 1, "partition": [0, 4]},
-     "processes"),
+     "processes, this machine has"),
     (lambda d: (d["device_types"][0].update(name="T4"), d["nodes"][0].update(device_type="T4")),
      {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4]}, "'T4' is a GPU"),
     (lambda d: (d["device_types"][0].update(name="mygpu", catalog="T4"), d["nodes"][0].update(device_type="mygpu")),
@@ -163,6 +164,11 @@ def test_a_run_out_of_memory_is_a_record(workflow):
     (lambda d: None, {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4], "recompute": "full"},
      "plan.recompute"),
     (lambda d: None, {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 3, "partition": [0, 4]}, "plan.micro_batch"),
+    (lambda d: None, {"plan": {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4]},
+                      "predicted_time": 0.1, "breakdown": {}, "feasible": True},
+     'plan.breakdown: unknown field (a plan has tp, dp, pp, micro_batch, partition, stages, cp, sequence_parallel, '
+     'recompute, recompute_layers, zero_stage, virtual_stages); this is a result (solve --json, evaluate --json), '
+     'not a plan: take its "plan" member'),
 ])
 def test_run_refuses_before_starting(tmp_path, capsys, monkeypatch, mutate, plan, expected):
     doc = document()
@@ -180,6 +186,7 @@ def test_run_refuses_before_starting(tmp_path, capsys, monkeypatch, mutate, plan
     (["--device-type", "A100"], "--device-type: 'A100' is not a device type"),
     (["--tp", "4"], "--tp: tp 4 is more than the 2 devices"),
     (["--micro-batches", "0"], "expected comma-separated positive integers"),
+    (["--warmup", "-1"], "--warmup: must be 0 or more, got -1"),
 ])
 def test_profile_refuses_bad_options(tmp_path, capsys, monkeypatch, args, expected):
     (tmp_path / "inst.json").write_text(json.dumps(document()))
@@ -205,3 +212,52 @@ def test_profile_refuses_a_gpu_type_on_cpu(tmp_path, capsys, monkeypatch, name, 
     code, err = main(capsys, monkeypatch, tmp_path, "profile", "inst.json", "-o", "out.json", "--device", "cpu")
     assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out.json").exists()
+
+
+@needs_torch
+def test_run_oversubscribe_is_a_flag(workflow, capsys, monkeypatch):
+    """More processes than usable cores: refused, with the flag that runs it anyway, which does."""
+    import amp_opt.engine.run as engine_run
+
+    tmp, _ = workflow
+    monkeypatch.setattr(engine_run, "usable_cores", lambda: 1)
+    (tmp / "dp2.json").write_text(json.dumps({"tp": 1, "dp": 2, "pp": 1, "micro_batch": 1, "partition": [0, 4]}))
+    code, err = main(capsys, monkeypatch, tmp, "run", "profiled.json", "dp2.json")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "plan: needs tp*dp*pp = 2 processes, this machine has 1 usable cores (run --oversubscribe" in err
+    code, err = main(capsys, monkeypatch, tmp, "run", "profiled.json", "dp2.json", "--oversubscribe",
+                     "--iterations", "1", "--warmup", "0")
+    assert code == 0, err
+
+
+@needs_torch
+def test_run_refuses_negative_warmup(tmp_path, capsys, monkeypatch):
+    (tmp_path / "inst.json").write_text(json.dumps(document()))
+    (tmp_path / "plan.json").write_text(json.dumps({"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4]}))
+    code, err = main(capsys, monkeypatch, tmp_path, "run", "inst.json", "plan.json", "--warmup", "-1")
+    assert code == 2 and err.strip() == "amp-opt: error: --warmup: must be 0 or more, got -1", err
+
+
+@needs_torch
+def test_profile_warns_of_sizes_no_plan_can_use(tmp_path):
+    """A micro-batch larger than the global batch (8 here) is profiled, with a one-line warning."""
+    (tmp_path / "tiny.json").write_text(json.dumps(document()))
+    out = cli("profile", "tiny.json", "-o", "out.json", "--device", "cpu", "--micro-batches", "1,16",
+              "--repeats", "1", "--warmup", "0", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.strip() == ("amp-opt: warning: --micro-batches 16: more than the global batch of 8, so no plan "
+                                  "can use it (profiled anyway)")
+
+
+@needs_torch
+def test_run_refuses_a_plan_the_model_cannot_price_before_starting(workflow, capsys, monkeypatch):
+    """tp 2 has no profile in profiled.json (and cpu no peak_flops): bad input before any process starts."""
+    tmp, _ = workflow
+    (tmp / "tp2.json").write_text(json.dumps({"tp": 2, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4]}))
+    started = []
+    import amp_opt.engine.run as engine_run
+
+    monkeypatch.setattr(engine_run, "launch", lambda *a, **k: started.append(1))
+    code, err = main(capsys, monkeypatch, tmp, "run", "profiled.json", "tp2.json", "-o", "tp2_runs.json")
+    assert code == 2 and "instance.profiles: no measured profile for device type 'cpu' at tp 2" in err, err
+    assert not started and not (tmp / "tp2_runs.json").exists()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 from ..errors import InputError
@@ -55,7 +56,9 @@ def add_arguments(p) -> None:
                    help="micro-batch sizes to measure (default 1,2,4,8)")
     p.add_argument("--tp", type=_sizes, default=(1,), metavar="1,2",
                    help="tensor-parallel degrees; tp > 1 runs tp local processes (default 1)")
-    p.add_argument("--warmup", type=positive_int, default=2, help="rounds discarded (default 2)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="rounds discarded, the untimed first round that measures memory counting as one "
+                        "(0 or 1: every timed round is kept; default 2)")
     p.add_argument("--repeats", type=positive_int, default=5, help="rounds kept; the median is written (default 5)")
     p.add_argument("--statistic", choices=("median", "q1", "min"), default="median",
                    help="what of the repeats becomes a layer's time (default median; q1 or min on a shared "
@@ -107,6 +110,8 @@ def run(args) -> int:
     from ..engine.profile import merge_profiles, profile_model
     from ..engine.provenance import catalog_fields, check_local, resolve_device, usable_cores
 
+    if args.warmup < 0:
+        raise InputError("--warmup", f"must be 0 or more, got {args.warmup}")
     document = load_json(args.instance, "instance")
     instance = load_instance(args.instance)
     base_dir = Path(args.instance).parent
@@ -125,6 +130,11 @@ def run(args) -> int:
         for what, count in (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("ffn", shape.ffn)):
             if count % tp:
                 raise InputError("--tp", f"tensor-parallel degree {tp} must divide model.{what} ({count})")
+    unusable = [b for b in args.micro_batches if b > instance.training.global_batch]
+    if unusable:
+        print(f"amp-opt: warning: --micro-batches {','.join(map(str, unusable))}: more than the global batch of "
+              f"{instance.training.global_batch}, so no plan can use {'them' if len(unusable) > 1 else 'it'} "
+              "(profiled anyway)", file=sys.stderr)
     dtype = torch_dtype(args.dtype, shape)
     attention = args.attention or shape.attention
     threads = args.threads

@@ -58,6 +58,9 @@ def add_arguments(p) -> None:
                         "and pipeline buffers) exceeds it; written into the record as memory_limit")
     p.add_argument("--timeout", type=positive_float, default=600.0, metavar="S",
                    help="seconds for one launch; then every process is stopped (default 600)")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="run even when tp*dp*pp is more than the usable cores (the processes share cores, "
+                        "so the times measured say little about the plan)")
     p.add_argument("--seed", type=int, default=0, help="model initialisation and synthetic data")
     p.add_argument("--json", action="store_true", help="print the record and the comparison as JSON")
 
@@ -86,7 +89,9 @@ def run(args) -> int:
                                         "of device")
     device = resolve_device(args.device)
     check_local(types, device, catalog_fields(load_json(args.instance, "instance")))
-    prepare(args.instance, plan)  # every other check (engine support, model dimensions, processes) before starting
+    prepare(args.instance, plan, oversubscribe=args.oversubscribe)  # every other check (engine support, model
+    # dimensions, processes) before starting, and the prediction too (a missing profile is bad input, not a failed run)
+    evaluation = evaluate(instance, plan, "hetero")
     shape = model_shape(load_json(args.instance, "instance"), base_dir=Path(args.instance).parent)
     threads = args.threads
     if threads is None and device == "cpu":
@@ -96,12 +101,12 @@ def run(args) -> int:
     for _ in range(args.repeats):
         record = run_plan(args.instance, plan, iterations=args.iterations, warmup=args.warmup, device=device,
                           dtype=args.dtype, attention=args.attention or shape.attention, threads=threads,
-                          seed=args.seed, timeout=args.timeout, memory_limit=args.memory_limit)
+                          seed=args.seed, timeout=args.timeout, memory_limit=args.memory_limit,
+                          oversubscribe=args.oversubscribe)
         records.append(record)
         if record.get("failed"):
             break
     record = _median_record(records)
-    evaluation = evaluate(instance, plan, "hetero")
     comparison = None if record.get("failed") else compare_run(record, evaluation, instance)
     if args.output:
         _write_record(record, args.output, args.instance, append=args.append)

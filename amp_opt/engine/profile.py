@@ -7,7 +7,8 @@ fixed output gradient (the loss itself for the head), wall-clock seconds
 (``time.perf_counter``; CUDA synchronised).  ``warmup`` rounds are discarded,
 ``repeats`` rounds kept: the median (or, with ``statistic``, the first quartile or
 the minimum) is the layer time, min / quartiles / median / max its spread.  The bytes kept for
-backward are taken in the first warm-up round, untimed: on CPU the tensors
+backward are taken in the first warm-up round, untimed, which runs whatever ``warmup`` is
+(so 0 and 1 both discard no timed round): on CPU the tensors
 autograd saves (:mod:`amp_opt.engine.memory`), on CUDA the allocator's growth
 over the forward (which includes the layer's output).
 
@@ -267,7 +268,8 @@ def profile_model(model, *, micro_batches: Sequence[int] = DEFAULT_MICRO_BATCHES
     device_type : name for the profile entries (default: the device's name).
     dtype : "float32", "bfloat16", "float16" or None (the model's dtype_bytes).
     attention : "eager" or "flash".
-    warmup, repeats : rounds discarded / kept (each round times every layer once).
+    warmup, repeats : rounds discarded (>= 0; the untimed memory round counts as the first) / kept
+        (each round times every layer once).
     threads : torch intra-op threads per process (default: usable cores / tp).
     tp : tensor-parallel degree; > 1 runs tp local processes (gloo on CPU, NCCL on CUDA).
     memory_limit : bytes of saved activations one layer may keep; beyond it the size is
@@ -294,7 +296,7 @@ def profile_model(model, *, micro_batches: Sequence[int] = DEFAULT_MICRO_BATCHES
     torch_dtype(dtype, shape)  # validate before any work
     if statistic not in STATISTICS:
         raise InputError("statistic", f"must be one of {', '.join(STATISTICS)}, got {statistic!r}")
-    for name, value, low in (("warmup", warmup, 1), ("repeats", repeats, 1), ("tp", tp, 1)):
+    for name, value, low in (("warmup", warmup, 0), ("repeats", repeats, 1), ("tp", tp, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise InputError(name, f"must be an integer >= {low}, got {value!r}")
     if tp > 1:

@@ -50,7 +50,8 @@ def prepare(instance, plan, *, oversubscribe: bool = False, base_dir=None):
     world, cores = plan.tp * plan.dp * plan.pp, usable_cores()
     if world > cores and not oversubscribe:
         raise InputError("plan", f"needs tp*dp*pp = {world} processes, this machine has {cores} usable cores "
-                         "(pass oversubscribe=True to run anyway)")
+                         "(run --oversubscribe, or oversubscribe=True from Python, runs it anyway: the "
+                         "processes then share cores and their times say little)")
     return document, inst, plan, shape
 
 

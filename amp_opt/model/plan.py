@@ -211,7 +211,9 @@ def parse_plan(data: Any, *, where: str = "plan") -> Plan:
         raise InputError(where, f"must be a JSON object, got {type(data).__name__}")
     unknown = sorted(set(data) - set(PLAN_KEYS))
     if unknown:
-        raise InputError(f"{where}.{unknown[0]}", f"unknown field (a plan has {', '.join(PLAN_KEYS)})")
+        hint = ("; this is a result (solve --json, evaluate --json), not a plan: take its \"plan\" member"
+                if isinstance(data.get("plan"), Mapping) else "")
+        raise InputError(f"{where}.{unknown[0]}", f"unknown field (a plan has {', '.join(PLAN_KEYS)}){hint}")
     tp, dp, pp, mb = (number_field(data, key, where) for key in PLAN_KEYS[:4])
     cp = number_field(data, "cp", where, default=1)
     v = number_field(data, "virtual_stages", where, default=1)
