@@ -189,7 +189,7 @@ def test_every_solver_optimises_the_calibrated_model():
     """The corrections keep the programs linear: CP-SAT, CBC and the enumerator agree on it."""
     doc = document(nodes=2, devices=2, global_batch=8)
     doc["calibration"] = {"device_types": {"cpu": {"compute_scale": 1.3, "step_overhead": 0.004,
-                                                   "memory_overhead": 2**20}},
+                                                   "memory_overhead": 2**20, "memory_headroom": 2**20}},
                           "links": {"intra": 0.2, "inter": 0.1}, "activation_factor": 1.2,
                           "gradient_buffer_bytes_per_param": 4}
     doc["search"] = {"recompute": ["none"], "cp": [1], "virtual_stages": [1], "zero_stages": [0]}
