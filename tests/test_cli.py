@@ -59,6 +59,9 @@ def test_evaluate_object_and_list(tmp_path):
         (lambda d: d["profiles"][0]["layer_times"].pop(), "profiles[0].layer_times"),
         (lambda d: d.update(version=7), "version"),
         (lambda d: d["model"]["layers"][3].update(params=-5), "model.layers[3].params"),
+        # attention scores are part of what a layer keeps (selective recomputation frees them)
+        (lambda d: d["model"]["layers"][3].update(activation_memory_bytes=10, attention_memory_bytes=11),
+         "model.layers[3].attention_memory_bytes"),
     ],
 )
 def test_bad_instance_exits_2_with_one_line(tmp_path, mutate, field):

@@ -106,7 +106,10 @@ def _model(rng, types, counts, devices_per_node, layers) -> list[dict]:
             layer = dict(layer)
             layer["params"] = {k: round(v * scale) for k, v in layer["params"].items()}
             layer["flops"] = layer["flops"] * scale
-            layer["activation_memory_bytes"] = {k: v * scale for k, v in layer["activation_memory_bytes"].items()}
+            # The whole block's activation memory, its attention scores included (selective
+            # recomputation frees the scores, never more than the block keeps).
+            for key in ("activation_memory_bytes", "attention_memory_bytes"):
+                layer[key] = {k: v * scale for k, v in layer[key].items()}
             layer["name"] = f"block{i - 1}"
         out.append(layer)
     return out

@@ -237,6 +237,12 @@ def _parse_model(model: Mapping, base_dir: Path, notes: list[str]) -> tuple[tupl
                 kv_bytes=_split(raw.get("kv_bytes", 0.0), default_sharded=True),
             )
         )
+        scores, kept = layers[-1].attention_memory_bytes, layers[-1].activation_memory_bytes
+        for part in ("replicated", "sharded"):
+            if getattr(scores, part) > getattr(kept, part):
+                raise InputError(f"instance.model.layers[{i}].attention_memory_bytes",
+                                 f"{part} {getattr(scores, part):.6g} B is more than the layer's activation_memory_bytes "
+                                 f"({getattr(kept, part):.6g} B): the attention scores are part of what the layer keeps")
     return tuple(layers), tokens
 
 
