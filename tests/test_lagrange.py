@@ -225,7 +225,8 @@ def test_sweep_arcs_are_the_cheapest_usable_kind_of_every_range(instance, seed):
 @given(instances)
 def test_fit_ranks_hold_every_stage_memory_test(instance):
     """A kind model keeps, per kind and range, how many in-flight counts (smallest first) the range
-    fits; for every stage that says exactly what eq. H5 says of the stage's own memory."""
+    fits; for every stage that says exactly what eq. H5 says of the stage's own memory, for the
+    ranges a stage of a p-stage partition can take (at most L - p + 1 layers)."""
     from amp_opt.model.costs import CandidateTerms
     from amp_opt.model.costs.terms import stage_order
 
@@ -243,7 +244,7 @@ def test_fit_ranks_hold_every_stage_memory_test(instance):
                 for k in range(model.L):
                     for l in range(k + 1, model.L + 1):
                         need = terms.memory_in(s, k, l, model.mode[i]) if terms.per_stage else terms.memory(s, k, l)
-                        expect = bool(need <= model.capacity[i])
+                        expect = bool(need <= model.capacity[i]) and l - k <= model.L - cand.pp + 1
                         if fixed is not None:  # interleaved: only the stages' own chunks
                             expect &= any((fixed[t], fixed[t + 1]) == (k, l) for t in range(cand.pp))
                         assert table[i, k, l] == expect, (cand, s, i, k, l)

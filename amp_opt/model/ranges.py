@@ -163,11 +163,20 @@ def start_row(num_layers: int) -> np.ndarray:
     return row
 
 
+def chain_window(num_layers: int, stages: int, stage: int) -> tuple[slice, slice]:
+    """The ranges [k, l) stage ``stage`` of a partition into ``stages`` ranges can take, as the
+    (k, l) slices of a range table: k in [s, L-p+s], l in [s+1, L-p+s+1] (a start outside it
+    cannot lead to a partition of all L layers)."""
+    width = num_layers - stages + 1
+    return slice(stage, stage + width), slice(stage + 1, stage + 1 + width)
+
+
 def min_max_chain(tables: Sequence[np.ndarray], feasible: Sequence[np.ndarray] | None = None,
-                  *, weights: Sequence[float] | None = None, with_path: bool = False):
+                  *, weights: Sequence[float] | None = None, windowed: bool = False, with_path: bool = False):
     """min over partitions into ``len(tables)`` ranges of max_s tables[s][range s] (times
     ``weights[s]`` if given: each stage's table at its weight, :func:`weighted`, only over the
-    window the stage can use).
+    window the stage can use).  With ``windowed`` each table (and mask) is already that window
+    (:func:`chain_window`); ``tables[0]`` then needs L: the window is (L-p+1, L-p+1).
 
     Returns the value (inf if no partition is feasible) and, with ``with_path``, the p+1
     boundaries of a partition reaching it (None if there is none).
@@ -178,15 +187,15 @@ def min_max_chain(tables: Sequence[np.ndarray], feasible: Sequence[np.ndarray] |
     >>> min_max_chain([t, t], with_path=True)
     (3.0, (0, 1, 4))
     """
-    L, p = tables[0].shape[-1] - 1, len(tables)
+    p = len(tables)
+    L = tables[0].shape[-1] + p - 1 if windowed else tables[0].shape[-1] - 1
     if p > L:  # every range is non-empty: no partition
         return (INF, None) if with_path else INF
-    # Stage s starts at k in [s, L-p+s] and ends at l in [s+1, L-p+s+1]: only that window of
-    # each table is read (a start outside it cannot lead to a partition of all L layers).
+    # Only each stage's window of its table is read (chain_window).
     width = L - p + 1
     values, back = start_row(L)[:width], []
     for s, table in enumerate(tables):
-        window = (slice(s, s + width), slice(s + 1, s + 1 + width))
+        window = (slice(None), slice(None)) if windowed else chain_window(L, p, s)
         mask = None if feasible is None else feasible[s][window]
         part = table[window] if weights is None else weighted(table[window], weights[s])
         if with_path:

@@ -24,7 +24,7 @@ from ...model.classes import node_classes
 from ...model.costs import HETERO, CandidateTerms, CostModel
 from ...model.costs.terms import stage_order
 from ...model.plan import PER_STAGE_MODES
-from ...model.ranges import INF, backtrack, band_min_sum_step, grid, min_max_chain
+from ...model.ranges import INF, backtrack, band_min_sum_step, chain_window, grid, min_max_chain
 from ...model.ranges import weighted as _weighted
 
 MAX_KINDS = 63  # 6 node classes; more and the bound falls back to eq. B2/B3
@@ -138,9 +138,10 @@ class KindModel:
 
     def _memory(self, terms: CandidateTerms) -> None:
         """Which ranges fit each kind (eq. H5), by micro-batches in flight, the only way the
-        stage index enters memory."""
+        stage index enters memory; only ranges some stage of a p-stage partition can take."""
         g = grid(self.L)
-        allowed = g.nonempty
+        # A stage of a p-stage partition holds at most L - p + 1 layers (the others one each).
+        allowed = g.nonempty & (g.l - g.k <= self.L - self.cand.pp + 1)
         if self.chunks is not None:  # interleaving: the stages' ranges are fixed (and tile the layers)
             allowed = np.zeros_like(g.nonempty)
             bounds = stage_order(self.chunks, self.cand.pp)[1]
@@ -175,12 +176,39 @@ class KindModel:
         for j, members in enumerate(groups.values()):
             self.fit_rank[members] = rank[j]
         self.fitting = self.fit_rank > 0  # (K, k, l): fits at some stage
+        self._rank_order = None
         # For the sweep's arcs: the least weight and the compute at it (the loosest threshold test),
         # and which micro-batches in flight fit the same ranges (no kind's rank falls between them).
         self._least = min(self.weight.values())
-        self._least_compute = _weighted(self.compute, self._least)
+        # The sweep's tables in its layout, by (end l, length - 1) up to the L - p + 1 layers a stage
+        # can hold, computed once: compute (also at the least weight), allreduce, fit and fit ranks.
+        room = max(1, self.L - self.cand.pp + 1)
+        starts = np.arange(self.L + 1)[:, None] - 1 - np.arange(room)[None, :]
+        valid = starts >= 0
+        take = (slice(None), np.where(valid, starts, 0), np.arange(self.L + 1)[:, None])
+        self._compute_band = np.where(valid, self.compute[take], INF)
+        self._least_band = _weighted(self._compute_band, self._least)
+        self._allreduce_band = np.where(valid, self.allreduce[take], INF)
+        self._fitting_band = self.fitting[take] & valid
+        self._rank_band = np.where(valid, self.fit_rank[take], 0)
         ranks = np.unique(self.fit_rank)
         self._fits_id = {f: int(np.searchsorted(ranks, r)) for f, r in self.flight_rank.items()}
+        groups: dict = {}  # (weight, fitting ranges) -> the in-flight counts that share their arcs
+        for f in self.flights:
+            groups.setdefault((self.weight[f], self._fits_id[f]), []).append(f)
+        self._group_flights = list(groups.values())
+        self._group_rank = np.array([self.flight_rank[fs[0]] for fs in self._group_flights])
+        self._group_weight = np.array([self.weight[fs[0]] for fs in self._group_flights])
+
+    @property
+    def rank_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """The (kind, range) entries of ``fit_rank`` flattened and sorted by rank (stable), and where
+        each rank's entries start (``ends[r]``: the entries of rank below r); computed once."""
+        if self._rank_order is None:
+            ranks = self.fit_rank.reshape(-1)
+            order = np.argsort(ranks, kind="stable")
+            self._rank_order = order, np.searchsorted(ranks[order], np.arange(len(self.flights) + 2))
+        return self._rank_order
 
     def fits_at(self, f) -> np.ndarray:
         """(K, k, l): the ranges each kind holds with f micro-batches in flight (eq. H5)."""
@@ -264,25 +292,25 @@ class KindModel:
         A stage with f in flight may use a subset of the ranges usable at the least weight and in
         the memory of some stage, so the cheapest kind over that superset (the first one, as a
         loop over kinds would pick) is its cheapest wherever that kind is usable at f; only the
-        other cells are searched again at f.  Micro-batches in flight of the same weight and the
-        same fitting ranges share their arcs."""
+        other cells are searched again at f, for every f at once.  Micro-batches in flight of the
+        same weight and the same fitting ranges share their arcs."""
         batch, B, L = len(T), len(self.links), self.L
         y = np.broadcast_to(y, (batch, self.dims))
         prices = np.array([self.prices(row) for row in y])  # (batch, K)
         Tq, Uq = T[:, None, None, None], U[:, None, None, None]
-        # Ranges within the thresholds at the least weight (batch, K, k, l), which holds every
-        # range some stage can use; memory and the weight per micro-batches in flight apart.
-        timely = (self._least_compute[None] <= Tq) & (self.allreduce[None] <= Uq)
-        pos = np.arange(L + 1)
+        # Ranges (batch, K, end l, length - 1) within the thresholds at the least weight and in the
+        # memory of some stage, which holds every range some stage can use.
+        timely = (self._least_band[None] <= Tq) & (self._allreduce_band[None] <= Uq) & self._fitting_band[None]
         arcs, which = {}, {}
+        room = self._rank_band.shape[-1]
         for b in range(B):
             kinds = self._level_kinds[b]
-            starts, valid = band_layout((timely[:, kinds] & self.fitting[kinds][None]).any(axis=(0, 1)))
-            window = (slice(None), starts, pos[:, None])  # kinds, then the band layout
-            # Per kind in the band layout (batch, kinds, L+1, width): usable at the least weight in
-            # some stage's memory, and its cost; the cheapest such kind per cell.
-            compute = self.compute[kinds][window]
-            loose = timely[:, kinds][(slice(None),) + window] & valid & self.fitting[kinds][window][None]
+            lengths = np.flatnonzero(timely[:, kinds].any(axis=(0, 1, 2)))
+            width = int(lengths[-1]) + 1 if len(lengths) else 1  # up to the longest usable range
+            # Per kind (batch, kinds, L+1, width): usable at the least weight in some stage's memory,
+            # and its cost; the cheapest such kind per cell.
+            compute = self._compute_band[kinds, :, :width]
+            loose = timely[:, kinds, :, :width]
             cost = np.where(loose, compute[None] * self.fill + prices[:, kinds, None, None], INF)
             first = cost.argmin(axis=1)  # (batch, L+1, width)
             best = np.take_along_axis(cost, first[:, None], axis=1)[:, 0]
@@ -290,36 +318,37 @@ class KindModel:
             base = np.where(open_, best, INF)
             base_kind = kinds[first].astype(np.int16)
             chosen = np.take_along_axis(np.broadcast_to(compute[None], cost.shape), first[:, None], axis=1)[:, 0]
-            # Where each cell's cheapest kind sits in a flattened (K, k, l) table.
-            flat = kinds[first] * (L + 1) ** 2 + (starts * (L + 1) + pos[:, None])[None]
-            done: dict = {}
-            for f in self.flights:
-                weight, rank = self.weight[f], self.flight_rank[f]
-                same = done.setdefault((weight, self._fits_id[f]), f)
-                if same != f:
-                    arcs[f, b] = arcs[same, b]
-                    if paths:
-                        which[f, b] = which[same, b]
-                    continue
-                # Where the cheapest kind is usable at f, it is f's cheapest; elsewhere search again.
-                usable = self.fit_rank.reshape(-1).take(flat) >= rank
-                if weight != self._least:
-                    usable &= _weighted(chosen, weight) <= T[:, None, None]
-                again = open_ & ~usable
-                row, kind = base, base_kind
-                if again.any():
-                    row, kind = base.copy(), base_kind.copy()
-                    j, l, w = np.nonzero(again)
-                    ok = loose[j, :, l, w] & (self.fit_rank[kinds[None, :], starts[l, w][:, None], l[:, None]] >= rank)
-                    if weight != self._least:
-                        ok &= _weighted(compute[:, l, w].T, weight) <= T[j, None]
-                    options = np.where(ok, cost[j, :, l, w], INF)
-                    pick = options.argmin(axis=1)
-                    row[j, l, w] = options[np.arange(len(j)), pick]
-                    kind[j, l, w] = kinds[pick]
-                arcs[f, b] = row if np.isfinite(row).any() else None
-                if paths:  # the first cheapest kind, as a loop over kinds would pick
-                    which[f, b] = kind
+            # Where each cell's cheapest kind sits in the flattened (K, L+1, room) rank band.
+            flat = (kinds[first] * (L + 1) + np.arange(L + 1)[:, None]) * room + np.arange(width)
+            # Per group of in-flight counts (G, batch, L+1, width): where the cheapest kind is
+            # usable at the group's memory and weight it is the group's cheapest; elsewhere search again.
+            usable = self._rank_band.reshape(-1).take(flat)[None] >= self._group_rank[:, None, None, None]
+            tight = self._group_weight != self._least
+            if tight.any():
+                usable[tight] &= self._group_weight[tight, None, None, None] * chosen[None] <= T[None, :, None, None]
+            again = open_[None] & ~usable
+            rows = kind = None
+            if again.any():
+                rows, kind = np.repeat(base[None], len(usable), axis=0), np.repeat(base_kind[None], len(usable), axis=0)
+                g, j, l, w = np.nonzero(again)
+                ok = loose[j, :, l, w] & (self._rank_band[kinds[None, :], l[:, None], w[:, None]]
+                                          >= self._group_rank[g][:, None])
+                t = tight[g]
+                if t.any():
+                    ok[t] &= self._group_weight[g[t]][:, None] * compute[:, l[t], w[t]].T <= T[j[t], None]
+                options = np.where(ok, cost[j, :, l, w], INF)
+                pick = options.argmin(axis=1)
+                rows[g, j, l, w] = options[np.arange(len(g)), pick]
+                kind[g, j, l, w] = kinds[pick]
+                some = np.isfinite(rows).any(axis=(1, 2, 3))
+            else:
+                some = np.full(len(usable), bool(open_.any()))
+            for gi, members in enumerate(self._group_flights):
+                row = base if rows is None else rows[gi]
+                for f in members:
+                    arcs[f, b] = row if some[gi] else None
+                    if paths:  # the first cheapest kind, as a loop over kinds would pick
+                        which[f, b] = base_kind if kind is None else kind[gi]
         return arcs, which
 
     def sweep(self, y: np.ndarray, T: np.ndarray, U: np.ndarray, paths: bool = False):
@@ -381,13 +410,26 @@ def min_max(model: KindModel, table: np.ndarray, weighted: bool = False) -> floa
     """The least possible largest value of ``table`` (indexed [kind, k, l]; with ``weighted``
     times each stage's bottleneck weight, the thresholds' units) over p-stage paths that fit in
     memory, supply ignored: no plan's maximum is smaller."""
-    least: dict = {}  # in-flight counts that fit the same ranges share their row
-    for f in model.flights:
-        if model._fits_id[f] not in least:
-            least[model._fits_id[f]] = np.where(model.fits_at(f), table, INF).min(axis=0)
-    best_kind = {f: least[model._fits_id[f]] for f in model.flights}
+    # The least over the kinds that fit with f in flight is the least over the kinds of rank >= f's:
+    # taken rank by rank from the largest down, each (kind, range) entry is read once, and each
+    # stage keeps the window of ranges it can take (chain_window).
+    L, p = model.L, model.cand.pp
+    if p > L:
+        return INF
+    order, ends = model.rank_order
+    values, where = table.reshape(-1)[order], order % (L + 1) ** 2
+    least = np.full((L + 1) ** 2, INF)
+    square = least.reshape(L + 1, L + 1)
+    best_kind = [None] * p
+    stages: dict = {}
+    for s, f in enumerate(model.in_flight):
+        stages.setdefault(model.flight_rank[f], []).append(s)
+    for r in range(len(model.flights), 0, -1):
+        np.minimum.at(least, where[ends[r]:ends[r + 1]], values[ends[r]:ends[r + 1]])
+        for s in stages.get(r, ()):
+            best_kind[s] = square[chain_window(L, p, s)].copy()
     weights = [model.weight[f] for f in model.in_flight] if weighted else None
-    return min_max_chain([best_kind[f] for f in model.in_flight], weights=weights)
+    return min_max_chain(best_kind, weights=weights, windowed=True)
 
 
 def kind_model(tables, cand, chunks=None, cost_model: CostModel = HETERO) -> KindModel | None:

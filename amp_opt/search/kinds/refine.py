@@ -103,8 +103,17 @@ class KindPhase:
             # round even when there are more candidates than one round of bounds can cover.
             # The candidates with the lowest bounds first, then their plans (the likeliest to be
             # better ones), then the bounds of the others: a better plan early rules more out.
+            # The first bounds go on until POLISHED candidates stay open under them: the lowest
+            # cheap bounds are often of candidates that a few DP paths rule out, and the plans are
+            # worth building from those that stay open.
             bounds_stop = None if stop is None else time.perf_counter() + BOUND_SHARE * (stop - time.perf_counter())
-            self._raise(open_[:POLISHED], lower, best, bounds_stop)
+            raised = 0
+            for c in open_:
+                staying = [x for x in open_[:raised] if lower[x] < best and self.searches.get(x) is not None]
+                if len(staying) >= POLISHED or _past(bounds_stop):
+                    break
+                self._raise([c], lower, best, bounds_stop)
+                raised += 1
             ranked = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if self.searches.get(c) is not None]
             for c in ranked[:POLISHED]:
                 if lower[c] >= best or _past(stop):
@@ -113,7 +122,7 @@ class KindPhase:
                     if found is not None and (c not in incumbents or found.value < incumbents[c].value):
                         incumbents[c] = found
                         best = min(best, found.value)
-            self._raise(open_[POLISHED:], lower, best, bounds_stop)
+            self._raise(open_[raised:], lower, best, bounds_stop)
             if not open_ or _past(stop):
                 break
             # After KIND_ROUNDS, more rounds only under a time limit and only while they pay: the
