@@ -58,7 +58,7 @@ def main() -> None:
         if record.get("failed"):
             print(raw, "FAILED", record)
             continue
-        comparison = compare_run(record, evaluate(instance, parse_plan(raw), "hetero"))
+        comparison = compare_run(record, evaluate(instance, parse_plan(raw), "hetero"), instance)
         out["comparisons"].append(comparison.to_json())
         it = comparison.iteration_time
         print(f"\nplan {raw}: iteration measured {it.measured * 1e3:.2f} ms, predicted {it.predicted * 1e3:.2f} ms "

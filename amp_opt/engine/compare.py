@@ -74,19 +74,18 @@ class Comparison:
         }
 
 
-def compare_run(record: dict, evaluation, instance=None) -> Comparison:
+def compare_run(record: dict, evaluation, instance) -> Comparison:
     """Pair a successful run record with the Evaluation of the same plan.
 
     ``instance`` is the (calibrated) instance the plan was evaluated on: a stage's predicted
-    memory is then the allocator peak the model predicts for it (eq. C5',
+    memory is the allocator peak the model predicts for it (eq. C5',
     :func:`amp_opt.calibrate.predict.peak_of_stage`), the figure ``run`` prints and the
-    calibration fits.  Without it the stage's eq. H5 memory stands in (the reserve included,
-    no memory overhead), as before it was given.
+    calibration fits.
 
     Examples
     --------
     >>> from amp_opt import evaluate  # doctest: +SKIP
-    >>> compare_run(record, evaluate(instance, plan, "hetero")).iteration_time.ratio  # doctest: +SKIP
+    >>> compare_run(record, evaluate(instance, plan, "hetero"), instance).iteration_time.ratio  # doctest: +SKIP
     """
     from ..errors import InputError
 
@@ -105,7 +104,7 @@ def compare_run(record: dict, evaluation, instance=None) -> Comparison:
             compute_per_micro_batch=TermPair(m["compute_per_micro_batch"], p.compute),
             p2p=TermPair(m["p2p"], p.p2p),
             allreduce=TermPair(m["allreduce"] + m.get("tie_allreduce", 0.0), p.allreduce),
-            memory=TermPair(float(m["peak_memory"]), p.memory if instance is None else peak_of_stage(instance, p))))
+            memory=TermPair(float(m["peak_memory"]), peak_of_stage(instance, p))))
     # the record's own p2p note is said again below, with what the prediction counts
     notes = [n for n in measured.get("notes", ()) if not n.startswith("p2p is time blocked")]
     if len(stages) > 1:
@@ -115,8 +114,7 @@ def compare_run(record: dict, evaluation, instance=None) -> Comparison:
         notes.append(f"measured allreduce of stages {', '.join(map(str, tied))} includes the allreduce of the tied "
                      "word embedding between the first and last stage, which the cost model does not count "
                      "(so a stage without replicas shows one)")
-    notes.append("predicted memory includes the instance's memory_reserve" if instance is None else
-                 "predicted peak memory: the stage's modelled memory less the memory_reserve, plus the calibrated "
+    notes.append("predicted peak memory: the stage's modelled memory less the memory_reserve, plus the calibrated "
                  "memory_overhead (eq. C5')")
     return Comparison(evaluation.cost_model, TermPair(record["iteration_time"], evaluation.predicted_time),
                       tuple(stages), dict(evaluation.breakdown), tuple(notes))
