@@ -248,3 +248,28 @@ def test_fit_ranks_hold_every_stage_memory_test(instance):
                         if fixed is not None:  # interleaved: only the stages' own chunks
                             expect &= any((fixed[t], fixed[t + 1]) == (k, l) for t in range(cand.pp))
                         assert table[i, k, l] == expect, (cand, s, i, k, l)
+
+
+def test_a_ruled_out_candidate_lets_its_kind_search_go_and_keeps_its_bound():
+    """Once a candidate's kind bound reaches the best plan, phase 1b keeps only that bound (its
+    tables are megabytes on 1024 GPUs); raised again, even from nothing, it is still ruled out."""
+    from amp_opt.search.context import Search
+    from amp_opt.search.kinds.bound import KindSearch
+    from amp_opt.search.kinds.refine import KindPhase, RuledOut
+    from amp_opt.search.options import solve_options
+
+    inst = small_instance(11, 4, 2, 3, 6, 8)
+    search = Search(inst, solve_options(solver="cpsat"))
+    phase = KindPhase(search)
+    cands = [c for c in candidates(inst, COST_MODELS["hetero"]) if c.virtual_stages == 1]
+    optimum = {c: exact(inst, c)[0] for c in cands}
+    best = min(optimum.values())
+    lower = dict.fromkeys(cands, 0.0)
+    phase._raise(cands, lower, best, None)
+    out = [c for c in cands if lower[c] >= best]
+    assert out and all(isinstance(phase.searches[c], RuledOut) and phase.searches[c].bound == lower[c] for c in out)
+    assert all(isinstance(phase.searches[c], KindSearch) for c in cands if lower[c] < best)
+    assert all(lower[c] <= optimum[c] * (1 + 1e-9) for c in cands)
+    again = dict.fromkeys(cands, 0.0)
+    phase._raise(cands, again, best, None)
+    assert all(again[c] == lower[c] for c in out)

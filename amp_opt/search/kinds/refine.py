@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,6 +34,14 @@ QUICK_SHARE = 0.01  # share of the time limit one such quick bound may take
 POLISH_CELLS = 3  # threshold cells (the weakest) at which an incumbent is re-partitioned
 
 
+@dataclass(frozen=True)
+class RuledOut:
+    """What stays of the kind search of a candidate whose bound reached the best plan: the bound
+    (the best plan only gets better, in this run and the next, so it stays ruled out)."""
+
+    bound: float
+
+
 def runs_kinds(search) -> bool:
     """Whether phase 1b runs: free grouping (which the hetero model prices) on a cluster large
     enough for it to pay (on a few nodes the programs alone are exact in well under a second)."""
@@ -44,7 +53,7 @@ class KindPhase:
 
     def __init__(self, search):
         self.search = search
-        self.searches: dict = {}  # candidate -> KindSearch, or None (too many node classes)
+        self.searches: dict = {}  # candidate -> KindSearch, None (too many node classes) or RuledOut
         self.tried: set = set()  # (candidate, what) pairs already used to build plans
         self.pace = Pace()  # how fast the multiset DP runs here (its budgets are in seconds)
 
@@ -70,6 +79,8 @@ class KindPhase:
         """The candidate's kind bound raised towards ``best``, or infinity once it reaches the cost
         no plan of the candidate exceeds (``KindModel.ceiling``): then it has no plan at all."""
         search = self.searches[cand]
+        if isinstance(search, RuledOut):
+            return search.bound
         ceiling = search.model.ceiling
         value = search.raise_to(min(best, ceiling), sweeps, deadline)
         return np.inf if value >= ceiling else value
@@ -116,7 +127,7 @@ class KindPhase:
                 raised += 1
             ranked = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if self.searches.get(c) is not None]
             for c in ranked[:POLISHED]:
-                if lower[c] >= best or _past(stop):
+                if lower[c] >= best or _past(stop) or isinstance(self.searches[c], RuledOut):
                     continue
                 for found in self._plans(c, incumbents.get(c), stop):
                     if found is not None and (c not in incumbents or found.value < incumbents[c].value):
@@ -141,10 +152,11 @@ class KindPhase:
                 continue
             if c not in self.searches:
                 lower[c] = self.quick_bound(c, lower[c], best, deadline)
-                if lower[c] >= best or self.searches[c] is None:
-                    continue
-            if self.searches[c] is not None:
+            elif self.searches[c] is not None:
                 lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, deadline))
+            if lower[c] >= best and isinstance(self.searches[c], KindSearch):
+                # Ruled out: its tables (megabytes on 1024 GPUs, hundreds of candidates) are let go.
+                self.searches[c] = RuledOut(lower[c])
 
     def _plans(self, c, inc, stop) -> list:
         """Plans built from the weakest cells' relaxed paths (eq. K6), and the incumbent's kinds

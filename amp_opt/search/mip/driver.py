@@ -150,7 +150,9 @@ def solve_mip(search) -> SolveResult:
         proofs = _programs(search, cands, lower, incumbents)
     finally:
         if carry is not None:  # what this run proved, for the next one
-            carry.lower = {c: max(lower[c], proofs.bound.get(c, 0.0)) for c in cands if c not in unbounded}
+            # (a candidate without its first bound keeps what phase 1b proved of it, if anything)
+            carry.lower = {c: max(lower[c], proofs.bound.get(c, 0.0)) for c in cands
+                           if c not in unbounded or lower[c] > 0}
             carry.kinds = phase
             carry.build_rate = max(carry.build_rate, proofs.build_rate)
     proofs.results = [r for r in proofs.results if r.value < opts.cutoff]
