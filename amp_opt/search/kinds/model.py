@@ -176,7 +176,6 @@ class KindModel:
         for j, members in enumerate(groups.values()):
             self.fit_rank[members] = rank[j]
         self.fitting = self.fit_rank > 0  # (K, k, l): fits at some stage
-        self._rank_order = None
         # For the sweep's arcs: the least weight and the compute at it (the loosest threshold test),
         # and which micro-batches in flight fit the same ranges (no kind's rank falls between them).
         self._least = min(self.weight.values())
@@ -199,16 +198,6 @@ class KindModel:
         self._group_flights = list(groups.values())
         self._group_rank = np.array([self.flight_rank[fs[0]] for fs in self._group_flights])
         self._group_weight = np.array([self.weight[fs[0]] for fs in self._group_flights])
-
-    @property
-    def rank_order(self) -> tuple[np.ndarray, np.ndarray]:
-        """The (kind, range) entries of ``fit_rank`` flattened and sorted by rank (stable), and where
-        each rank's entries start (``ends[r]``: the entries of rank below r); computed once."""
-        if self._rank_order is None:
-            ranks = self.fit_rank.reshape(-1)
-            order = np.argsort(ranks, kind="stable")
-            self._rank_order = order, np.searchsorted(ranks[order], np.arange(len(self.flights) + 2))
-        return self._rank_order
 
     def fits_at(self, f) -> np.ndarray:
         """(K, k, l): the ranges each kind holds with f micro-batches in flight (eq. H5)."""
@@ -416,7 +405,9 @@ def min_max(model: KindModel, table: np.ndarray, weighted: bool = False) -> floa
     L, p = model.L, model.cand.pp
     if p > L:
         return INF
-    order, ends = model.rank_order
+    ranks = model.fit_rank.reshape(-1)
+    order = np.argsort(ranks, kind="stable")
+    ends = np.searchsorted(ranks[order], np.arange(len(model.flights) + 2))  # entries of rank below r
     values, where = table.reshape(-1)[order], order % (L + 1) ** 2
     least = np.full((L + 1) ** 2, INF)
     square = least.reshape(L + 1, L + 1)
