@@ -176,11 +176,10 @@ class KindModel:
         for j, members in enumerate(groups.values()):
             self.fit_rank[members] = rank[j]
         self.fitting = self.fit_rank > 0  # (K, k, l): fits at some stage
-        # For the sweep's arcs: the least weight and the compute at it (the loosest threshold test),
-        # and which micro-batches in flight fit the same ranges (no kind's rank falls between them).
+        # For the sweep's arcs (:meth:`_arcs`): the least weight (the loosest threshold test) and the
+        # tables in the sweep's layout, by (end l, length - 1) up to the L - p + 1 layers a stage can
+        # hold, computed once: compute (also at the least weight), allreduce, fit and fit ranks.
         self._least = min(self.weight.values())
-        # The sweep's tables in its layout, by (end l, length - 1) up to the L - p + 1 layers a stage
-        # can hold, computed once: compute (also at the least weight), allreduce, fit and fit ranks.
         room = max(1, self.L - self.cand.pp + 1)
         starts = np.arange(self.L + 1)[:, None] - 1 - np.arange(room)[None, :]
         valid = starts >= 0
@@ -190,11 +189,12 @@ class KindModel:
         self._allreduce_band = np.where(valid, self.allreduce[take], INF)
         self._fitting_band = self.fitting[take] & valid
         self._rank_band = np.where(valid, self.fit_rank[take], 0)
+        # In-flight counts of the same weight that fit the same ranges (no kind's rank falls between
+        # them) share their arcs.
         ranks = np.unique(self.fit_rank)
-        self._fits_id = {f: int(np.searchsorted(ranks, r)) for f, r in self.flight_rank.items()}
-        groups: dict = {}  # (weight, fitting ranges) -> the in-flight counts that share their arcs
+        groups: dict = {}
         for f in self.flights:
-            groups.setdefault((self.weight[f], self._fits_id[f]), []).append(f)
+            groups.setdefault((self.weight[f], int(np.searchsorted(ranks, self.flight_rank[f]))), []).append(f)
         self._group_flights = list(groups.values())
         self._group_rank = np.array([self.flight_rank[fs[0]] for fs in self._group_flights])
         self._group_weight = np.array([self.weight[fs[0]] for fs in self._group_flights])
