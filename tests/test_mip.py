@@ -389,3 +389,42 @@ def test_a_candidate_without_a_fitting_fixed_order_hands_phase_1_to_its_leanest_
     lean_of = driver.leanest_siblings(cands)[driver._degrees(first)]
     assert lean == lean_of != first and lower[first] == min(lower.values())
     assert lean.recompute == "full" and lean.micro_batch == min(c.micro_batch for c in cands)
+
+
+def test_phase_2_raises_a_candidates_kind_bound_before_building_its_program(monkeypatch):
+    """Under a time limit, a candidate open after phase 1b gets its kind bound (eq. B4) raised
+    first in phase 2; one that it rules out gets no program, and its bound is what the kind
+    bound proved, at least the best plan.  Without the kind searches every open candidate gets
+    its program."""
+    from conftest import INSTANCES
+
+    from amp_opt import load_instance
+    from amp_opt.model.candidates import candidates
+    from amp_opt.search.context import Search
+    from amp_opt.search.kinds.refine import KindPhase
+    from amp_opt.search.mip import driver
+    from amp_opt.search.options import solve_options
+
+    inst = load_instance(INSTANCES / "suite" / "scale" / "s0064-gpt3-2.7b-a100-v100.json")
+    search = Search(inst, solve_options(solver="cpsat", time_limit=60))
+    cands = candidates(inst, search.model)
+    lower = {c: search.lower_bound(c, labelled=False) for c in cands}
+    incumbents: dict = {}
+    best = driver._incumbents(search, cands, lower, None, set(), incumbents, set())
+    open_ = {c for c in cands if lower[c] < best * (1 - driver.SAME)}
+    built = []
+    monkeypatch.setattr(driver, "_program", lambda search, c, *args, **kw: built.append(c))
+
+    driver._programs(search, cands, dict(lower), incumbents)
+    assert set(built) == open_
+
+    phase = KindPhase(search)
+    for c in open_:
+        phase.of(c, best)  # started (its first dual steps), not raised further
+    built.clear()
+    raised = dict(lower)
+    proofs = driver._programs(search, cands, raised, incumbents, phase)
+    skipped = open_ - set(built)
+    assert skipped and set(built) <= open_
+    for c in skipped:
+        assert proofs.bound[c] == raised[c] >= best * (1 - driver.SAME) > lower[c]

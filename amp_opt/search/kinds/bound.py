@@ -62,11 +62,39 @@ class Ascent:
         self.radius, self.boxed = 0.2 * max(1e-3, float(np.abs(self.center).max())), False
         self.done = False
         self.rows: list[tuple[float, np.ndarray]] = []  # cuts as theta - g . y <= rhs
+        self._model = None  # [GLOP model, its y, cuts in it] while the ascent runs
+
+    def _lp(self):
+        """The steps' LP, max theta subject to the cuts, and its y: kept while the ascent runs, one
+        row added per cut (set coefficient by coefficient: GLOP's expression API is slow at this size)."""
+        from ortools.linear_solver import pywraplp
+
+        if self._model is None:
+            lp = pywraplp.Solver.CreateSolver("GLOP")
+            theta = lp.NumVar(-lp.infinity(), lp.infinity(), "theta")
+            y = [lp.NumVar(0.0, 0.0, f"y{c}") for c in range(len(self.center))]
+            objective = lp.Objective()
+            objective.SetCoefficient(theta, 1.0)
+            objective.SetMaximization()
+            self._model = [lp, y, 0]
+        lp, y, added = self._model
+        theta = lp.variable(0)
+        for rhs, g_row in self.rows[added:]:
+            row = lp.Constraint(-lp.infinity(), rhs)
+            row.SetCoefficient(theta, 1.0)
+            for c in np.flatnonzero(g_row):
+                row.SetCoefficient(y[c], -float(g_row[c]))
+        self._model[2] = len(self.rows)
+        return lp, y
+
+    def release(self) -> None:
+        """Let the LP go (the cuts stay; it is rebuilt from them if the ascent runs again)."""
+        self._model = None
 
     def record(self, value: float, g: np.ndarray, path: KindPath) -> None:
         """Take the dual value, subgradient and DP path at ``self.lam``; choose the next lambda
         or finish."""
-        from ortools.linear_solver import pywraplp  # heavy: imported when a dual step runs
+        from ortools.linear_solver import linear_solver_pb2, pywraplp  # heavy: imported when a dual step runs
 
         cell = self.cell
         # The cut theta <= value + g . (y - lam), as theta - g . y <= value - g . lam
@@ -85,32 +113,30 @@ class Ascent:
         if cell.bound >= self.target or solved:
             self.done = cell.settled = True
             return
+        lp, y = self._lp()
         for _ in range(20):  # widenings of the box; flat directions (a cut met exactly) end it
-            # A fresh LP per step, rows set coefficient by coefficient (GLOP's expression API is
-            # slow at this size, and re-solving one kept model from its last basis could stall).
-            lp = pywraplp.Solver.CreateSolver("GLOP")
-            lp.SetTimeLimit(LP_MS)
-            theta = lp.NumVar(-lp.infinity(), lp.infinity(), "theta")
             # The box: lambda_0 fixed, the rest within the radius; mu >= 0 (K7 rows are inequalities).
             reach = np.full(len(self.center), self.radius)
             reach[0] = 0.0
             low = self.center - reach
             low[C:] = np.maximum(0.0, low[C:])
-            y = [lp.NumVar(float(lo), float(hi), f"y{c}") for c, (lo, hi) in enumerate(zip(low, self.center + reach))]
-            for rhs, g_row in self.rows:
-                row = lp.Constraint(-lp.infinity(), rhs)
-                row.SetCoefficient(theta, 1.0)
-                for c in np.flatnonzero(g_row):
-                    row.SetCoefficient(y[c], -float(g_row[c]))
-            objective = lp.Objective()
-            objective.SetCoefficient(theta, 1.0)
-            objective.SetMaximization()
-            if lp.Solve() != pywraplp.Solver.OPTIMAL:
+            for var, lo, hi in zip(y, low, self.center + reach):
+                var.SetBounds(float(lo), float(hi))
+            # Solved afresh each step (re-solving the kept model from its last basis could stall):
+            # the model is handed over as a proto, which also spares rebuilding it row by row.
+            request = linear_solver_pb2.MPModelRequest(
+                solver_type=linear_solver_pb2.MPModelRequest.GLOP_LINEAR_PROGRAMMING,
+                solver_time_limit_seconds=LP_MS / 1000)
+            lp.ExportModelToProto(request.model)
+            response = linear_solver_pb2.MPSolutionResponse()
+            pywraplp.Solver.SolveWithProto(request, response)
+            if response.status != linear_solver_pb2.MPSOLVER_OPTIMAL:
                 self.done = True
                 return
-            self.lam = np.array([var.solution_value() for var in y])
+            solution = np.array(response.variable_value)  # theta, then y
+            self.lam = solution[1:]
             self.boxed = bool(np.abs(self.lam - self.center).max() >= self.radius * (1 - 1e-6))
-            if theta.solution_value() - cell.bound > 1e-4 * self.target:
+            if solution[0] - cell.bound > 1e-4 * self.target:
                 return
             if not self.boxed:
                 break
@@ -149,6 +175,8 @@ def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int, 
                 continue
             g = model.subgradient(path, a.lam)
             a.record(a.cell.lead(w) + float(value) - model.constant(a.lam), g, path)
+    for a in ascents:
+        a.release()
     if not cut_short:  # an ascent the clock cut short is continued, not counted as a try
         for cell in cells:
             cell.tries += 1

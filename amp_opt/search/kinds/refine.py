@@ -66,6 +66,10 @@ class KindPhase:
             self.searches[cand] = None if model is None else KindSearch(model, min(best, model.ceiling), deadline)
         return self.searches[cand]
 
+    def kept(self, cand) -> bool:
+        """Whether the candidate has a kind search that can raise its bound further."""
+        return isinstance(self.searches.get(cand), KindSearch)
+
     def labelled_bound(self, cand, lower: float) -> float:
         """``lower`` raised to the labelled bound (eq. B2): one DP, a few to a few hundred
         milliseconds on 1024 GPUs against most of a second per round of the kind bound, and where

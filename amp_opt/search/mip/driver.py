@@ -27,6 +27,7 @@ The returned plans are re-scored by the evaluator.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -49,6 +50,7 @@ P1_SHARE = 0.4  # of the time left: phase 1 (DP incumbents) stops there once it 
 P1_KINDS_SHARE = 0.15  # the same when phase 1b runs: its plans beat the DP's fixed node orders
 P1_QUICK_SHARE = 0.25  # of the time left: phase 1's quick kind bounds stop there
 BOUNDS_SHARE = 0.5  # of the time left: the candidates' first bounds stop there (thousands take seconds)
+KIND_FIRST = 0.5  # of a candidate's share in phase 2: its kind bound (phase 1b's search) before its program
 
 
 def node_orders(search, cand: Candidate) -> list[list[int]]:
@@ -147,7 +149,7 @@ def solve_mip(search) -> SolveResult:
         if phase is not None:
             best = phase.refine(incumbents, lower, best, max(opts.gap, SAME))
             search.trace.update(best if np.isfinite(best) else None, _dual(cands, lower))
-        proofs = _programs(search, cands, lower, incumbents)
+        proofs = _programs(search, cands, lower, incumbents, phase)
     finally:
         if carry is not None:  # what this run proved, for the next one
             # (a candidate without its first bound keeps what phase 1b proved of it, if anything)
@@ -249,8 +251,11 @@ def leanest_siblings(cands) -> dict:
     return out
 
 
-def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
-    """Phase 2: the programs, most promising first, each cut off at the k-th best value so far."""
+def _programs(search, cands, lower: dict, incumbents: dict, phase: KindPhase | None = None) -> Proofs:
+    """Phase 2: the programs, most promising first, each cut off at the k-th best value so far.
+    Under a time limit, a candidate whose kind search phase 1b kept gets KIND_FIRST of its share
+    for that bound first (a program on a large cluster seldom proves anything in a fraction of a
+    second; the kind bound often rules the candidate out), and its program only if it stays open."""
     opts = search.options
     gap = max(opts.gap, SAME)
     order = sorted(cands, key=lambda c: (incumbents[c].value if c in incumbents else np.inf, lower[c], c))
@@ -263,29 +268,40 @@ def _programs(search, cands, lower: dict, incumbents: dict) -> Proofs:
                         + [incumbents[x].value for x in incumbents if x not in proofs.bound])
         return min(values[opts.top_k - 1] if len(values) >= opts.top_k else np.inf, opts.cutoff)
 
+    def share(i, kth):
+        """Seconds for the i-th candidate: what is left, shared among the candidates still open
+        (the first ones get a bit more); None without a time limit."""
+        left = search.remaining()
+        if left is None:
+            return None
+        left = max(0.05, left)
+        still_open = sum(1 for x in order[i:] if lower[x] < kth)
+        return min(left, max(0.05, 1.5 * left / max(1, still_open)))
+
     for i, c in enumerate(order):
         kth = kth_best()
+        kind_first = (lower[c] < kth * (1 - gap) and phase is not None and phase.kept(c)
+                      and not search.out_of_time() and search.remaining() is not None)
+        if kind_first:
+            until = time.perf_counter() + KIND_FIRST * share(i, kth)
+            lower[c] = max(lower[c], phase.raise_bound(c, kth, sys.maxsize, until))
         if lower[c] >= kth * (1 - gap):
             # Nothing of this candidate beats the k-th best; its own warm start may be that plan.
             if c in incumbents:
                 proofs.results.append(incumbents[c])
             proofs.bound[c] = lower[c]
+            if kind_first:
+                search.trace.update(None, _dual(cands, lower, proofs))
         elif search.out_of_time() or not _time_to_build(search, c, proofs):
             proofs.closed = False
             proofs.bound[c] = lower[c]
             if c in incumbents:  # no time for its program: its plan from phases 1 and 1b stands
                 proofs.results.append(incumbents[c])
         else:
-            # Share what is left among the candidates still open; the first ones get a bit more.
-            left = search.remaining()
-            if left is not None:
-                left = max(0.05, left)
-                still_open = sum(1 for x in order[i:] if lower[x] < kth)
-                left = min(left, max(0.05, 1.5 * left / max(1, still_open)))
             others = _dual(cands, lower, proofs, skip=c)
-            _program(search, c, lower[c], incumbents.get(c), kth, left, proofs, others)
-            # Only a program moves the best plan or the bound (a skipped candidate keeps its lower
-            # bound and its incumbent, both counted already): the trace, O(candidates), after it.
+            _program(search, c, lower[c], incumbents.get(c), kth, share(i, kth), proofs, others)
+            # Only a program or a kind bound moves the best plan or the bound (a skipped candidate
+            # keeps its lower bound and its incumbent, both counted already): the trace, O(candidates), after them.
             best_plan = min([r.value for r in proofs.results] + [x.value for x in incumbents.values()], default=None)
             search.trace.update(best_plan, _dual(cands, lower, proofs))
         if opts.progress is not None:
