@@ -265,11 +265,11 @@ def test_a_ruled_out_candidate_lets_its_kind_search_go_and_keeps_its_bound():
     optimum = {c: exact(inst, c)[0] for c in cands}
     best = min(optimum.values())
     lower = dict.fromkeys(cands, 0.0)
-    phase._raise(cands, lower, best, None)
+    phase.raise_bounds(cands, lower, best, None)
     out = [c for c in cands if lower[c] >= best]
     assert out and all(isinstance(phase.searches[c], RuledOut) and phase.searches[c].bound == lower[c] for c in out)
     assert all(isinstance(phase.searches[c], KindSearch) for c in cands if lower[c] < best)
     assert all(lower[c] <= optimum[c] * (1 + 1e-9) for c in cands)
     again = dict.fromkeys(cands, 0.0)
-    phase._raise(cands, again, best, None)
+    phase.raise_bounds(cands, again, best, None)
     assert all(again[c] == lower[c] for c in out)

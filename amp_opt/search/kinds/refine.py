@@ -127,7 +127,7 @@ class KindPhase:
                 staying = [x for x in open_[:raised] if lower[x] < best and self.searches.get(x) is not None]
                 if len(staying) >= POLISHED or _past(bounds_stop):
                     break
-                self._raise([c], lower, best, bounds_stop)
+                self.raise_bounds([c], lower, best, bounds_stop)
                 raised += 1
             ranked = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if self.searches.get(c) is not None]
             for c in ranked[:POLISHED]:
@@ -137,7 +137,7 @@ class KindPhase:
                     if found is not None and (c not in incumbents or found.value < incumbents[c].value):
                         incumbents[c] = found
                         best = min(best, found.value)
-            self._raise(open_[raised:], lower, best, bounds_stop)
+            self.raise_bounds(open_[raised:], lower, best, bounds_stop)
             if not open_ or _past(stop):
                 break
             # After KIND_ROUNDS, more rounds only under a time limit and only while they pay: the
@@ -148,16 +148,16 @@ class KindPhase:
                 break
         return best
 
-    def _raise(self, cands, lower: dict, best: float, deadline) -> None:
-        """The bounds of ``cands`` raised in turn until ``deadline``: a candidate's first time its
-        quick try (:meth:`quick_bound`), then the kind bound."""
+    def raise_bounds(self, cands, lower: dict, best: float, deadline, sweeps: int = KIND_SWEEPS) -> None:
+        """The bounds of ``cands`` in ``lower`` raised in turn until ``deadline``: a candidate's first
+        time its quick try (:meth:`quick_bound`), then ``sweeps`` DP paths of the kind bound."""
         for c in cands:
             if _past(deadline) or lower[c] >= best:
                 continue
             if c not in self.searches:
                 lower[c] = self.quick_bound(c, lower[c], best, deadline)
             elif self.searches[c] is not None:
-                lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, deadline))
+                lower[c] = max(lower[c], self.raise_bound(c, best, sweeps, deadline))
             if lower[c] >= best and isinstance(self.searches[c], KindSearch):
                 # Ruled out: its tables (megabytes on 1024 GPUs, hundreds of candidates) are let go.
                 self.searches[c] = RuledOut(lower[c])
