@@ -284,7 +284,7 @@ def _programs(search, cands, lower: dict, incumbents: dict, phase: KindPhase | N
                       and not search.out_of_time() and search.remaining() is not None)
         if kind_first:
             until = time.perf_counter() + KIND_FIRST * share(i, kth)
-            phase.raise_bounds([c], lower, kth, until, sweeps=sys.maxsize)
+            phase.raise_bounds([c], lower, kth, until)
         if lower[c] >= kth * (1 - gap):
             # Nothing of this candidate beats the k-th best; its own warm start may be that plan.
             if c in incumbents:
