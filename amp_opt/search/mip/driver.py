@@ -27,7 +27,6 @@ The returned plans are re-scored by the evaluator.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -50,7 +49,7 @@ P1_SHARE = 0.4  # of the time left: phase 1 (DP incumbents) stops there once it 
 P1_KINDS_SHARE = 0.15  # the same when phase 1b runs: its plans beat the DP's fixed node orders
 P1_QUICK_SHARE = 0.25  # of the time left: phase 1's quick kind bounds stop there
 BOUNDS_SHARE = 0.5  # of the time left: the candidates' first bounds stop there (thousands take seconds)
-KIND_FIRST = 0.5  # of a candidate's share in phase 2: its kind bound (phase 1b's search) before its program
+KIND_FIRST = 0.5  # of a candidate's share in phase 2 that a round of its kind bound may take before its program
 
 
 def node_orders(search, cand: Candidate) -> list[list[int]]:
@@ -253,9 +252,10 @@ def leanest_siblings(cands) -> dict:
 
 def _programs(search, cands, lower: dict, incumbents: dict, phase: KindPhase | None = None) -> Proofs:
     """Phase 2: the programs, most promising first, each cut off at the k-th best value so far.
-    Under a time limit, a candidate whose kind search phase 1b kept gets KIND_FIRST of its share
-    for that bound first (a program on a large cluster seldom proves anything in a fraction of a
-    second; the kind bound often rules the candidate out), and its program only if it stays open."""
+    Under a time limit, a candidate whose kind search phase 1b kept first gets one more round of
+    that bound, within KIND_FIRST of its share (a program on a large cluster seldom proves anything
+    in a fraction of a second; the kind bound often rules the candidate out), and its program only
+    if it stays open."""
     opts = search.options
     gap = max(opts.gap, SAME)
     order = sorted(cands, key=lambda c: (incumbents[c].value if c in incumbents else np.inf, lower[c], c))
