@@ -148,16 +148,16 @@ class KindPhase:
                 break
         return best
 
-    def raise_bounds(self, cands, lower: dict, best: float, deadline, sweeps: int = KIND_SWEEPS) -> None:
+    def raise_bounds(self, cands, lower: dict, best: float, deadline) -> None:
         """The bounds of ``cands`` in ``lower`` raised in turn until ``deadline``: a candidate's first
-        time its quick try (:meth:`quick_bound`), then ``sweeps`` DP paths of the kind bound."""
+        time its quick try (:meth:`quick_bound`), then a round (KIND_SWEEPS DP paths) of the kind bound."""
         for c in cands:
             if _past(deadline) or lower[c] >= best:
                 continue
             if c not in self.searches:
                 lower[c] = self.quick_bound(c, lower[c], best, deadline)
             elif self.searches[c] is not None:
-                lower[c] = max(lower[c], self.raise_bound(c, best, sweeps, deadline))
+                lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, deadline))
             if lower[c] >= best and isinstance(self.searches[c], KindSearch):
                 # Ruled out: its tables (megabytes on 1024 GPUs, hundreds of candidates) are let go.
                 self.searches[c] = RuledOut(lower[c])
