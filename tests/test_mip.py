@@ -428,3 +428,59 @@ def test_phase_2_raises_a_candidates_kind_bound_before_building_its_program(monk
     assert skipped and set(built) <= open_
     for c in skipped:
         assert proofs.bound[c] == raised[c] >= best * (1 - driver.SAME) > lower[c]
+
+
+def test_phase_1b_builds_plans_before_the_other_candidates_bounds_while_plans_improve(monkeypatch):
+    """Under a time limit, phase 1b's first round raises only the bounds of the leading open
+    candidates and builds their plans; while plans improve, the other open candidates' bounds
+    wait (raised towards a plan about to be beaten, they seldom rule one out).  Without a time
+    limit every open candidate's bound is raised in the first round, as before."""
+    from conftest import INSTANCES
+
+    from amp_opt import load_instance
+    from amp_opt.model.candidates import candidates
+    from amp_opt.search.context import Search
+    from amp_opt.search.kinds import refine
+    from amp_opt.search.mip import driver
+    from amp_opt.search.options import solve_options
+
+    inst = load_instance(INSTANCES / "suite" / "scale" / "s0064-gpt3-6.7b-3types.json")
+
+    class Seen(Exception):
+        pass
+
+    raise_bounds = refine.KindPhase.raise_bounds
+
+    def after_first_plans(time_limit):
+        """The candidates open under the first round's plans, and those with a kind search once
+        the bound work that follows those plans is done.  The search starts from a best plan ten times the DP's
+        (so that the first bounds leave candidates open); every plan built beats the DP's by 1%."""
+        search = Search(inst, solve_options(solver="cpsat", time_limit=time_limit))
+        cands = candidates(inst, search.model)
+        lower = {c: search.lower_bound(c, labelled=False) for c in cands}
+        incumbents: dict = {}
+        best = 10 * driver._incumbents(search, cands, lower, None, set(), incumbents, set())
+        phase = refine.KindPhase(search)
+        planned = []
+
+        def plans(self, c, inc, stop):
+            planned.append(c)
+            top = min(incumbents.values(), key=lambda x: x.value)
+            return [dataclasses.replace(top, value=top.value * 0.99)]
+
+        def bounds(self, *args):
+            raise_bounds(self, *args)
+            if planned:
+                raise Seen(set(self.searches))
+
+        monkeypatch.setattr(refine.KindPhase, "_plans", plans)
+        monkeypatch.setattr(refine.KindPhase, "raise_bounds", bounds)
+        with pytest.raises(Seen) as seen:
+            phase.refine(incumbents, lower, best, driver.SAME)
+        best = min(x.value for x in incumbents.values())  # the plans' (1% better)
+        return {c for c in cands if lower[c] < best}, seen.value.args[0]
+
+    still_open, searched = after_first_plans(60)
+    assert len(still_open) > 20 and len(still_open - searched) > len(still_open) // 2  # most wait
+    still_open, searched = after_first_plans(None)
+    assert still_open <= searched
