@@ -146,8 +146,8 @@ class KindPhase:
                         best = min(best, found.value)
             if focus is not None and not _past(focus) and (round_ == 0 or best < planned * (1 - KIND_PROGRESS)):
                 # Plans first: while the leading candidates' plans improve, the others' bounds wait.
-                # Raised towards a plan about to be beaten, they seldom rule a candidate out (seed 8 of
-                # gap_1024: 3 of 25 against the first plan, 0.50 s each).
+                # Raised towards a plan about to be beaten, they seldom rule a candidate out
+                # (formulations/mip.md, "Time").
                 continue
             self.raise_bounds(open_[raised:], lower, best, bounds_stop)
             if not open_ or _past(stop):
