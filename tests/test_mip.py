@@ -453,8 +453,9 @@ def test_phase_1b_builds_plans_before_the_other_candidates_bounds_while_plans_im
 
     def after_first_plans(time_limit):
         """The candidates open under the first round's plans, and those with a kind search once
-        the bound work that follows those plans is done.  The search starts from a best plan ten times the DP's
-        (so that the first bounds leave candidates open); every plan built beats the DP's by 1%."""
+        the bound work that follows those plans is done.  The search starts from a best plan ten
+        times the DP's (so that the first bounds leave candidates open); every plan built beats
+        the DP's by 1%."""
         search = Search(inst, solve_options(solver="cpsat", time_limit=time_limit))
         cands = candidates(inst, search.model)
         lower = {c: search.lower_bound(c, labelled=False) for c in cands}

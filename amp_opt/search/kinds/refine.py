@@ -136,7 +136,6 @@ class KindPhase:
                     self.raise_bounds([c], lower, best, bounds_stop)
                 raised += 1
             ranked = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if self.searches.get(c) is not None]
-            planned = best
             for c in ranked[:POLISHED]:
                 if lower[c] >= best or _past(stop) or isinstance(self.searches[c], RuledOut):
                     continue
@@ -144,7 +143,7 @@ class KindPhase:
                     if found is not None and (c not in incumbents or found.value < incumbents[c].value):
                         incumbents[c] = found
                         best = min(best, found.value)
-            if focus is not None and not _past(focus) and (round_ == 0 or best < planned * (1 - KIND_PROGRESS)):
+            if focus is not None and not _past(focus) and (round_ == 0 or best < before[0] * (1 - KIND_PROGRESS)):
                 # Plans first: while the leading candidates' plans improve, the others' bounds wait.
                 # Raised towards a plan about to be beaten, they seldom rule a candidate out
                 # (formulations/mip.md, "Time").
