@@ -273,3 +273,59 @@ def test_a_ruled_out_candidate_lets_its_kind_search_go_and_keeps_its_bound():
     again = dict.fromkeys(cands, 0.0)
     phase.raise_bounds(cands, again, best, None)
     assert all(again[c] == lower[c] for c in out)
+
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_every_cut_a_cell_keeps_lies_above_its_dual_function(monkeypatch, seed):
+    """A cell's cuts, its own and those kept from the cell it was split from or clipped out of,
+    are at least its dual function lead + h(T_hi, U_hi) - constant at any multipliers: else the
+    ascent would call a cell settled below its dual's maximum.  Each kept cut's path also keeps
+    within the cell's thresholds."""
+    from amp_opt.search.kinds.bound import Ascent
+
+    kept, origin = [], {}  # cuts kept per new ascent; per cut (its g's id), the largest multiplier it was taken at
+    inherit, record = Ascent.inherit, Ascent.record
+
+    def counted(self, parent, shift):
+        inherit(self, parent, shift)
+        kept.append(len(self.rows))
+
+    def noted(self, value, g, path, reach):
+        lam = float(np.abs(self.lam).max())
+        record(self, value, g, path, reach)
+        origin[id(self.rows[-1][1])] = lam
+
+    monkeypatch.setattr(Ascent, "inherit", counted)
+    monkeypatch.setattr(Ascent, "record", noted)
+    rng = np.random.default_rng(seed)
+    instance = small_instance(seed, 4, 2, 3, 8, 8)
+    tables = Tables(instance)
+    for cand in sample(candidates(instance, COST_MODELS["hetero"]))[:8]:
+        model = kind_model(tables, cand, chunks_of(instance, cand))
+        if model is None:
+            continue
+        target = 1.5 * COST_MODELS["hetero"].lower_bound(tables, cand)
+        if not np.isfinite(target):
+            continue
+        search = KindSearch(model, model.ceiling)  # a high first target, then clipped to the lower one
+        search.raise_to(model.ceiling, 20)
+        search.raise_to(target, 300)
+        C = len(model.classes)
+        for _, _, cell in search.heap:
+            if cell.ascent is None or not np.isfinite(cell.bound):
+                continue
+            assert len(cell.ascent.rows) == len(cell.ascent.reach)
+            assert all(t <= cell.T_hi and u <= cell.U_hi for t, u in cell.ascent.reach)
+            ys = [cell.lam] + [np.concatenate([cell.lam[:C] + rng.normal(0, 1e-3, C),
+                                               cell.lam[C:] + rng.exponential(1e-3, model.dims - C)]) for _ in range(2)]
+            h, _ = model.sweep(np.array(ys), np.full(len(ys), cell.T_hi), np.full(len(ys), cell.U_hi))
+            for y, value in zip(ys, h):
+                dual = cell.lead(model.w) + value - model.constant(y)
+                for rhs, g in cell.ascent.rows:
+                    # rhs = value - g . lam0 at the cut's own multipliers lam0, whose prices and constant
+                    # (up to |lam0| times the supply) cancel in value: rounding grows with both.
+                    scale = max(1.0, abs(dual), abs(rhs), float(np.abs(g) @ np.abs(y)),
+                                origin[id(g)] * float(model.supply.sum() + model.cut_rhs.sum()))
+                    assert dual <= rhs + g @ y + 1e-12 * scale, (cand, cell.T_hi, cell.U_hi)
+    assert sum(kept) > 0  # cells did start from kept cuts

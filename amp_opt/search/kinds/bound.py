@@ -62,6 +62,7 @@ class Ascent:
         self.radius, self.boxed = 0.2 * max(1e-3, float(np.abs(self.center).max())), False
         self.done = False
         self.rows: list[tuple[float, np.ndarray]] = []  # cuts as theta - g . y <= rhs
+        self.reach: list[tuple[float, float]] = []  # per cut, its path's largest weighted compute and allreduce
         self._model = None  # [GLOP model, its y, cuts in it] while the ascent runs
 
     def _lp(self):
@@ -91,14 +92,26 @@ class Ascent:
         """Let the LP go (the cuts stay; it is rebuilt from them if the ascent runs again)."""
         self._model = None
 
-    def record(self, value: float, g: np.ndarray, path: KindPath) -> None:
-        """Take the dual value, subgradient and DP path at ``self.lam``; choose the next lambda
-        or finish."""
+    def inherit(self, parent: Ascent, shift: float) -> None:
+        """Start from the cuts of ``parent`` (the ascent of a cell holding this one) whose paths keep
+        within this cell's thresholds, moved by ``shift``, the change of the lead term (eq. B4, "Cuts
+        kept"): each stays above this cell's dual function, so the first steps start where the
+        parent's left off instead of from one cut."""
+        cell = self.cell
+        for (rhs, g), (t, u) in zip(parent.rows, parent.reach):
+            if t <= cell.T_hi and u <= cell.U_hi:
+                self.rows.append((rhs + shift, g))
+                self.reach.append((t, u))
+
+    def record(self, value: float, g: np.ndarray, path: KindPath, reach: tuple[float, float]) -> None:
+        """Take the dual value, subgradient and DP path at ``self.lam`` (``reach``: the path's largest
+        weighted stage compute and allreduce, :meth:`KindModel.reach`); choose the next lambda or finish."""
         from ortools.linear_solver import linear_solver_pb2, pywraplp  # heavy: imported when a dual step runs
 
         cell = self.cell
         # The cut theta <= value + g . (y - lam), as theta - g . y <= value - g . lam
         self.rows.append((float(value - g @ self.lam), g.copy()))
+        self.reach.append(reach)
         if value > cell.bound or cell.path is None:
             cell.path = path
         if value > cell.bound:
@@ -174,7 +187,7 @@ def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int, 
                 a.cell.bound, a.done, a.cell.settled = INF, True, True  # nothing fits these thresholds
                 continue
             g = model.subgradient(path, a.lam)
-            a.record(a.cell.lead(w) + float(value) - model.constant(a.lam), g, path)
+            a.record(a.cell.lead(w) + float(value) - model.constant(a.lam), g, path, model.reach(path))
     for a in ascents:
         a.release()
     if not cut_short:  # an ascent the clock cut short is continued, not counted as a try
@@ -232,9 +245,13 @@ class KindSearch:
                 if np.isfinite(target) and (_halved(cell.T_lo, cell.T_hi, T_hi) or _halved(cell.U_lo, cell.U_hi, U_hi)):
                     # Started with a much higher target (or none): plans above the target are of
                     # no interest (the bound is reported as at most it), so the cell shrinks, and
-                    # its dual starts afresh (cuts at the wider thresholds would undershoot).
+                    # its dual starts again from the cuts whose paths keep within the new thresholds
+                    # (the others would undershoot).
                     cell.T_hi, cell.U_hi = T_hi, U_hi
-                    cell.settled, cell.ascent = False, None
+                    wider, cell.settled, cell.ascent = cell.ascent, False, None
+                    if wider is not None:
+                        cell.ascent = Ascent(cell, target, len(self.model.classes))
+                        cell.ascent.inherit(wider, 0.0)
                 if not cell.settled and cell.tries < 2:
                     wave.append(cell)
                     continue
@@ -254,6 +271,9 @@ class KindSearch:
                     else:
                         mid = (cell.U_lo + cell.U_hi) / 2
                         child.U_lo, child.U_hi = (cell.U_lo, mid) if half == 0 else (mid, cell.U_hi)
+                    if cell.ascent is not None:  # the half starts from the whole's cuts that hold in it
+                        child.ascent = Ascent(child, target, len(self.model.classes))
+                        child.ascent.inherit(cell.ascent, child.lead(w) - cell.lead(w))
                     wave.append(child)
             if not wave:
                 break

@@ -389,6 +389,13 @@ class KindModel:
             found.append(KindPath(*backtrack(p, L, int(np.argmin(ends[j])), step)))
         return h, found
 
+    def reach(self, path: KindPath) -> tuple[float, float]:
+        """The path's largest weighted stage compute and largest allreduce (the thresholds it needs)."""
+        b = path.bounds
+        t = max(self.weight[self.in_flight[s]] * self.compute[k, b[s], b[s + 1]] for s, k in enumerate(path.kinds))
+        u = max(self.allreduce[k, b[s], b[s + 1]] for s, k in enumerate(path.kinds))
+        return float(t), float(u)
+
     def usage(self, path: KindPath, lam: np.ndarray) -> np.ndarray:
         """Groups per class the relaxed path takes (the subgradient is this minus the supply)."""
         _, counts = self.compositions(lam)
