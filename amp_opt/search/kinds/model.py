@@ -79,6 +79,7 @@ class KindModel:
                 if sum(self.supply[c] for c in S) >= d]
         modes = PER_STAGE_MODES if cand.per_stage else (cand.recompute,)
         self.kinds = [S for S in sets for _ in modes]
+        self._member = np.array([[c in S for c in range(C)] for S in self.kinds], dtype=bool).reshape(-1, C)
         self.mode = [m for _ in sets for m in modes]
         self.canonical = np.array([i - i % len(modes) for i in range(len(self.kinds))])
         self.siblings = [list(range(int(c), int(c) + len(modes))) for c in self.canonical]
@@ -260,16 +261,12 @@ class KindModel:
     def compositions(self, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per kind, the cheapest groups per class under prices ``lam`` (one of each class of
         the kind, the rest from the cheapest ones up to their supply): prices (K,), counts (K, C)."""
-        d = self.cand.replicas
-        counts = np.zeros((len(self.kinds), len(self.classes)))
-        for i, S in enumerate(self.kinds):
-            left = d - len(S)
-            for c in S:
-                counts[i, c] = 1
-            for c in sorted(S, key=lambda c: (lam[c], c)):
-                take = min(left, int(self.supply[c]) - 1)
-                counts[i, c] += take
-                left -= take
+        counts = self._member.astype(float)
+        left = self.cand.replicas - self._member.sum(axis=1)
+        for c in np.argsort(lam, kind="stable"):  # classes cheapest first, ties to the first
+            take = np.where(self._member[:, c], np.minimum(left, int(self.supply[c]) - 1), 0)
+            counts[:, c] += take
+            left -= take
         return counts @ lam, counts
 
     def _arcs(self, y: np.ndarray, T: np.ndarray, U: np.ndarray, paths: bool = True):
@@ -292,9 +289,10 @@ class KindModel:
         timely = (self._least_band[None] <= Tq) & (self._allreduce_band[None] <= Uq) & self._fitting_band[None]
         arcs, which = {}, {}
         room = self._rank_band.shape[-1]
+        spans = timely.any(axis=(0, 2))  # (K, length - 1): some batch and end use the kind's length
         for b in range(B):
             kinds = self._level_kinds[b]
-            lengths = np.flatnonzero(timely[:, kinds].any(axis=(0, 1, 2)))
+            lengths = np.flatnonzero(spans[kinds].any(axis=0))
             width = int(lengths[-1]) + 1 if len(lengths) else 1  # up to the longest usable range
             # Per kind (batch, kinds, L+1, width): usable at the least weight in some stage's memory,
             # and its cost; the cheapest such kind per cell.

@@ -135,7 +135,12 @@ class KindPhase:
                 if new and focus is not None:  # a round of paths beyond the quick try: its plans need them
                     self.raise_bounds([c], lower, best, bounds_stop)
                 raised += 1
+            # Plans from the candidates whose bounds this round raised first (lowest bounds first),
+            # then from the others by their bounds: a bound not raised yet is lower for want of
+            # work, not for a better plan (formulations/mip.md, "Time").
             ranked = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if self.searches.get(c) is not None]
+            reached = set(open_[:raised])
+            ranked = [c for c in ranked if c in reached] + [c for c in ranked if c not in reached]
             for c in ranked[:POLISHED]:
                 if lower[c] >= best or _past(stop) or isinstance(self.searches[c], RuledOut):
                     continue
