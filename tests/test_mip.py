@@ -485,3 +485,47 @@ def test_phase_1b_builds_plans_before_the_other_candidates_bounds_while_plans_im
     assert len(still_open) > 20 and len(still_open - searched) > len(still_open) // 2  # most wait
     still_open, searched = after_first_plans(None)
     assert still_open <= searched
+
+
+def test_phase_1b_builds_a_rounds_plans_from_the_candidates_its_first_bounds_reached(monkeypatch):
+    """The first plans of a round come from the candidates whose bounds the round raised first
+    and left open, even where other candidates with a kind search have lower bounds: those are
+    lower only because nothing has raised them yet."""
+    from conftest import INSTANCES
+
+    from amp_opt import load_instance
+    from amp_opt.model.candidates import candidates
+    from amp_opt.search.context import Search
+    from amp_opt.search.kinds import refine
+    from amp_opt.search.options import solve_options
+
+    inst = load_instance(INSTANCES / "suite" / "scale" / "s0064-gpt3-6.7b-3types.json")
+    search = Search(inst, solve_options(solver="cpsat"))
+    cands = candidates(inst, search.model)
+    lower = {c: 1.0 + i for i, c in enumerate(cands)}  # distinct bounds, in the candidates' order
+    best = 1000.0
+    phase = refine.KindPhase(search)
+    stale = cands[10:13]  # searched before (phase 1's quick tries), not raised since
+    for c in stale:
+        phase.searches[c] = object()
+    planned = []
+
+    class Done(Exception):
+        pass
+
+    def bounds(self, cs, lower, best, deadline):
+        for c in cs:  # a round of paths: the bound rises above the stale ones, the candidate stays open
+            self.searches[c] = self.searches.get(c) or object()
+            lower[c] = 500.0 + lower[c]
+
+    def plans(self, c, inc, stop):
+        planned.append(c)
+        if len(planned) == refine.POLISHED:
+            raise Done
+        return [None]
+
+    monkeypatch.setattr(refine.KindPhase, "raise_bounds", bounds)
+    monkeypatch.setattr(refine.KindPhase, "_plans", plans)
+    with pytest.raises(Done):
+        phase.refine({}, lower, best, 1e-9)
+    assert planned == cands[:refine.POLISHED]  # not the stale ones, whose bounds are lower now
