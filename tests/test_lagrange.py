@@ -281,10 +281,10 @@ def test_every_cut_a_cell_keeps_lies_above_its_dual_function(monkeypatch, seed):
     """A cell's cuts, its own and those kept from the cell it was split from or clipped out of,
     are at least its dual function lead + h(T_hi, U_hi) - constant at any multipliers: else the
     ascent would call a cell settled below its dual's maximum.  Each kept cut's path also keeps
-    within the cell's thresholds."""
-    from amp_opt.search.kinds.bound import Ascent
+    within the cell's thresholds, and no dual step goes further than REACH targets."""
+    from amp_opt.search.kinds.bound import REACH, Ascent
 
-    kept, origin = [], {}  # cuts kept per new ascent; per cut (its g's id), the largest multiplier it was taken at
+    kept, origin, steps = [], {}, []  # cuts kept per new ascent; per cut (its g's id), the largest multiplier it was taken at
     inherit, record = Ascent.inherit, Ascent.record
 
     def counted(self, parent, shift):
@@ -295,6 +295,9 @@ def test_every_cut_a_cell_keeps_lies_above_its_dual_function(monkeypatch, seed):
         lam = float(np.abs(self.lam).max())
         record(self, value, g, path, reach)
         origin[id(self.rows[-1][1])] = lam
+        # The next multipliers stay within REACH targets of the best so far (far out, the dual's
+        # values are differences of huge prices and lose the precision a proof needs).
+        steps.append(float(np.abs(self.lam - self.center).max()) / self.target)
 
     monkeypatch.setattr(Ascent, "inherit", counted)
     monkeypatch.setattr(Ascent, "record", noted)
@@ -329,3 +332,4 @@ def test_every_cut_a_cell_keeps_lies_above_its_dual_function(monkeypatch, seed):
                                 origin[id(g)] * float(model.supply.sum() + model.cut_rhs.sum()))
                     assert dual <= rhs + g @ y + 1e-12 * scale, (cand, cell.T_hi, cell.U_hi)
     assert sum(kept) > 0  # cells did start from kept cuts
+    assert steps and max(steps) <= REACH * (1 + 1e-9)

@@ -25,6 +25,7 @@ from .model import KindModel, KindPath, min_max
 
 LP_MS = 2000  # milliseconds one dual step's LP may take (a guard; it takes about one)
 FINEST = 1e-7  # relative width below which a cell is not split (its bound is final); under SAME of the driver
+REACH = 10.0  # largest trust-region radius, in multiples of the target (seconds per group)
 WAVE = 8  # threshold cells whose duals are raised together, in one batched DP sweep
 
 
@@ -117,7 +118,7 @@ class Ascent:
         if value > cell.bound:
             cell.bound, cell.lam, self.center = value, self.lam.copy(), self.lam.copy()
             if self.boxed:
-                self.radius *= 2
+                self.radius = min(2 * self.radius, REACH * self.target)
         elif len(self.rows) > 1:
             self.radius *= 0.5
         C = self.classes
@@ -151,9 +152,9 @@ class Ascent:
             self.boxed = bool(np.abs(self.lam - self.center).max() >= self.radius * (1 - 1e-6))
             if solution[0] - cell.bound > 1e-4 * self.target:
                 return
-            if not self.boxed:
+            if not self.boxed or self.radius >= REACH * self.target:
                 break
-            self.radius *= 4
+            self.radius = min(4 * self.radius, REACH * self.target)
         self.done = cell.settled = True  # no price in reach gains more
 
 
