@@ -173,6 +173,36 @@ def test_interrupt_is_clean(tmp_path, solver, sig):
     assert not list(tmp_path.glob("amp_opt_cbc_*")), "a temporary folder was left behind"
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else True,
+                    reason="a helper process needs two usable cores")
+def test_interrupt_stops_the_subsets_helper_process_too(tmp_path):
+    """A signal to a solve whose idle-GPU subsets run in a helper process (--processes 2, the
+    default, under a time limit): the helper is stopped with it, the best plan so far is
+    printed, one line on stderr, exit 143, and no process is left."""
+    inst = tmp_path / "g.json"
+    subprocess.run([sys.executable, "-m", "amp_opt", "generate", "--seed", "11", "--nodes", "128",
+                    "--devices-per-node", "8", "--device-types", "4", "--layers", "96", "-o", str(inst)], check=True)
+    proc = subprocess.Popen([sys.executable, "-m", "amp_opt", "solve", str(inst), "--solver", "cpsat", "--json",
+                             "--time-limit", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: set[int] = set()
+    deadline = time.perf_counter() + 30
+    while time.perf_counter() < deadline and proc.poll() is None and not seen:
+        seen.update(_children(proc.pid))
+        time.sleep(0.005)
+    assert seen, "no helper process was seen"
+    time.sleep(2.0)  # the helper's searches are under way
+    began = time.perf_counter()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    assert err.count("\n") == 1 and "interrupted by SIGTERM" in err, err
+    assert time.perf_counter() - began < 15
+    doc = json.loads(out)
+    assert doc.get("status") == "UNKNOWN" or doc["solver"]["status"] in ("FEASIBLE", "OPTIMAL")
+    assert not [pid for pid in seen if _alive(pid)], "the helper process survived"
+
+
 SIGINT_AFTER = """
 import os, signal, sys, time
 import amp_opt

@@ -737,3 +737,122 @@ def test_all_solvers_equal_the_enumerator_with_all_decisions_open(instance):
 @given(instance=open_instances)
 def test_all_solvers_equal_the_enumerator_with_all_decisions_open_long(instance):
     test_all_solvers_equal_the_enumerator_with_all_decisions_open.hypothesis.inner_test(instance)
+
+
+# ---- the subsets searched in processes beside the whole cluster's (--processes) ----
+
+needs_two_cores = pytest.mark.skipif(
+    not __import__("amp_opt.search.sidecar", fromlist=["x"]).can_fork()
+    or __import__("amp_opt.search.sidecar", fromlist=["x"]).usable_cores() < 2,
+    reason="forked helpers need Linux and two usable cores")
+
+
+def three_classes():
+    return preset_doc(nodes=(("A100-80GB", 1, 4), ("A100-40GB", 1, 4), ("V100-32GB", 1, 4)), layers=4, global_batch=8)
+
+
+@needs_two_cores
+def test_subsets_searched_beside_the_whole_cluster_give_the_exact_optimum():
+    """With a helper process the answer is the one subsets searched in turn give (and the brute
+    force over every set of node classes), proven optimal."""
+    inst = parse_instance(three_classes())
+    alone = solve(inst, solver="enumerate", time_limit=60.0)
+    beside = solve(inst, solver="enumerate", time_limit=60.0, processes=2)
+    assert beside.solver.extra["processes"] == 2 and alone.solver.extra["processes"] == 1
+    assert beside.solver.status == alone.solver.status == "OPTIMAL"
+    assert beside.best.predicted_time == pytest.approx(alone.best.predicted_time, rel=1e-12)
+    assert beside.best.predicted_time == pytest.approx(brute_force(inst), rel=1e-12)
+    assert beside.solver.extra["subsets_searched"] + beside.solver.extra["subsets_cut_off"] >= 2
+
+
+@needs_two_cores
+def test_what_a_helper_process_proves_reaches_the_result():
+    """The subsets' runs happen in the helper; their bounds come back: a bound above the whole
+    cluster's plan proves it optimal, a bound of 0 leaves the result FEASIBLE."""
+    from amp_opt.errors import NoPlanFound
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.solve import run_builtin
+    from amp_opt.search.subsets import solve_subsets
+
+    inst = parse_instance(three_classes())
+    pid = __import__("os").getpid()
+
+    def run(sub, options, started, bound):
+        if len(sub.nodes) == len(inst.nodes):
+            assert __import__("os").getpid() == pid  # the whole cluster in this process
+            return run_builtin(sub, options, started)
+        assert __import__("os").getpid() != pid  # the other subsets beside it
+        raise NoPlanFound("time limit of 0.1 s", bound=bound)
+
+    options = dataclasses.replace(solve_options(solver="enumerate", time_limit=30.0), processes=2)
+    whole = solve(dataclasses.replace(inst, search=dataclasses.replace(inst.search, idle=False)), solver="enumerate")
+    high = solve_subsets(inst, options, lambda *a: run(*a, bound=10 * whole.best.predicted_time))
+    assert high.solver.status == "OPTIMAL" and high.best.predicted_time == whole.best.predicted_time
+    none = solve_subsets(inst, options, lambda *a: run(*a, bound=0.0))
+    assert none.solver.status == "FEASIBLE" and none.solver.bound < whole.best.predicted_time
+    assert none.solver.extra["subsets_searched"] == 2 ** 3 - 1  # every one of the 7 subsets ran
+
+
+@needs_two_cores
+def test_a_helper_that_overruns_is_not_waited_for():
+    """A subset's run that ignores its limit does not hold the answer past the time limit: the
+    helper is killed and the whole cluster's plan is returned, its bound not claimed proven."""
+    import time
+
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.solve import run_builtin
+    from amp_opt.search.subsets import solve_subsets
+
+    inst = parse_instance(three_classes())
+
+    def run(sub, options, started):
+        if len(sub.nodes) == len(inst.nodes):
+            return run_builtin(sub, options, started)
+        time.sleep(600)
+
+    began = time.perf_counter()
+    result = solve_subsets(inst, dataclasses.replace(solve_options(solver="enumerate", time_limit=3.0), processes=2),
+                           run, began)
+    assert time.perf_counter() - began < 3.0
+    assert result.solver.status == "FEASIBLE" and result.solver.extra["subsets_searched"] == 1
+
+
+@needs_two_cores
+def test_a_failing_helper_is_an_error_with_its_traceback():
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.solve import run_builtin
+    from amp_opt.search.subsets import solve_subsets
+
+    inst = parse_instance(three_classes())
+
+    def run(sub, options, started):
+        if len(sub.nodes) == len(inst.nodes):
+            return run_builtin(sub, options, started)
+        raise ZeroDivisionError("a bug in a subset's search")
+
+    with pytest.raises(RuntimeError, match="(?s)beside this one failed.*ZeroDivisionError: a bug"):
+        solve_subsets(inst, dataclasses.replace(solve_options(solver="enumerate", time_limit=10.0), processes=2), run)
+
+
+def test_helpers_only_under_a_time_limit_and_never_more_than_cores_or_subsets(monkeypatch):
+    """Without a time limit the search repeats exactly, so it stays in one process."""
+    from amp_opt.search import sidecar
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.subsets import _helpers
+
+    monkeypatch.setattr(sidecar, "usable_cores", lambda: 4)
+    monkeypatch.setattr(sidecar, "can_fork", lambda: True)
+    opts = solve_options(time_limit=10.0, processes=8)
+    assert _helpers(opts, 7) == 3 and _helpers(opts, 2) == 1 and _helpers(opts, 1) == 0
+    assert _helpers(solve_options(processes=8), 7) == 0
+    assert _helpers(solve_options(time_limit=10.0), 7) == 0  # the library's default: one process
+    monkeypatch.setattr(sidecar, "usable_cores", lambda: 1)
+    assert _helpers(opts, 7) == 0
+
+
+def test_processes_must_be_a_positive_whole_number():
+    from amp_opt.errors import InputError
+    from amp_opt.search.options import solve_options
+
+    with pytest.raises(InputError, match="--processes"):
+        solve_options(processes=0)

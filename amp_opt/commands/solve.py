@@ -34,6 +34,10 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed of the MIP solvers (default: 0)")
     p.add_argument("--workers", type=positive_int, default=1, metavar="N",
                    help="threads of the MIP solvers (default: 1, which makes runs repeatable)")
+    p.add_argument("--processes", type=positive_int, default=2, metavar="N",
+                   help="with --time-limit and idle GPUs allowed: search the whole cluster in this process and the "
+                        "other subsets of node classes in up to N-1 processes beside it, no more than the usable "
+                        "cores (default: 2; 1 searches them one after another; Linux only)")
     p.add_argument("--objective", choices=("time", "cost"), default="time",
                    help="time: seconds per iteration (default); cost: USD per iteration at the used devices' prices")
     p.add_argument("--budget", type=positive_float, default=None, metavar="USD_PER_HOUR",
@@ -49,7 +53,7 @@ def run(args) -> int:
     try:
         result = solve(instance, solver=args.solver, cost_model=args.cost_model, placement=args.placement,
                        top_k=args.top_k, time_limit=args.time_limit, seed=args.seed, workers=args.workers,
-                       objective=args.objective, budget=args.budget,
+                       objective=args.objective, budget=args.budget, processes=args.processes,
                        progress=None if args.json else progress_printer(), started=getattr(args, "started", None))
     except (InfeasibleError, NoPlanFound) as exc:
         if args.json:  # a reader of --json always gets an object: the status and why

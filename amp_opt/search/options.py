@@ -41,6 +41,10 @@ class SolveOptions:
         Seconds for the whole search.
     seed, workers : int
         For the MIP solvers; fixed so that runs repeat.
+    processes : int
+        Processes for the search over idle node classes under a time limit: the whole cluster
+        is searched in this one and the other subsets of node classes in up to ``processes`` - 1
+        forked ones beside it (no more than the usable cores).  1 (default): one after another.
     gap : float
         Relative gap at which the MIP search may stop (0: prove optimality).
     objective : str
@@ -91,6 +95,7 @@ class SolveOptions:
     layers: str = "prefix"
     diagnose: bool = True
     carry: object = field(default=None, compare=False, repr=False)
+    processes: int = 1
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -110,7 +115,7 @@ class SolveOptions:
 def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero", placement: str | None = None,
                   top_k: int = 1, time_limit: float | None = None, seed: int = 0, workers: int = 1,
                   gap: float = 0.0, objective: str = "time", budget: float | None = None,
-                  progress=None) -> SolveOptions:
+                  progress=None, processes: int = 1) -> SolveOptions:
     """Check every option once and return the record; InputError names the first bad one.
 
     Examples
@@ -122,6 +127,7 @@ def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero
     entry = lookup(solver)  # InputError listing the known names
     whole_number(top_k, "--top-k")
     whole_number(workers, "--workers")
+    whole_number(processes, "--processes")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InputError("--seed", f"must be an integer, got {seed!r}")
     if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
@@ -139,4 +145,5 @@ def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero
     settings = dict(entry.settings) if entry.builtin else {"backend": "plugin"}
     return SolveOptions(solver, model.name, check_placement(placement, model), top_k,
                         None if time_limit is None else float(time_limit), seed, workers, float(gap), objective,
-                        None if budget is None else float(budget), math.inf, progress, **settings)
+                        None if budget is None else float(budget), math.inf, progress, **settings,
+                        processes=processes)

@@ -20,7 +20,7 @@ from .subsets import solve_subsets
 
 def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str | None = None, top_k: int = 1,
           time_limit: float | None = None, seed: int = 0, workers: int = 1, objective: str = "time",
-          budget: float | None = None, progress=None, started: float | None = None) -> SolveResult:
+          budget: float | None = None, progress=None, started: float | None = None, processes: int = 1) -> SolveResult:
     """Find the fastest plan of an instance under a cost model.
 
     Parameters
@@ -53,6 +53,11 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     started : float, optional
         ``time.perf_counter()`` when the time limit started counting (the CLI passes the
         start of the process); default: now.
+    processes : int
+        With a time limit and idle GPUs allowed: the whole cluster is searched in this process
+        and the other subsets of node classes in up to ``processes`` - 1 forked processes beside
+        it, capped by the usable cores (Linux only).  Default 1: one after another in this
+        process (the CLI's default is 2).
 
     Returns
     -------
@@ -81,7 +86,7 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     """
     options = solve_options(solver=solver, cost_model=cost_model, placement=placement, top_k=top_k,
                             time_limit=time_limit, seed=seed, workers=workers, objective=objective, budget=budget,
-                            progress=progress)
+                            progress=progress, processes=processes)
     entry = lookup(options.solver)
     if not entry.builtin:  # a plug-in gets the whole instance; its plans are re-scored by the evaluator
         return run_plugin(entry, instance, options)

@@ -13,15 +13,18 @@ that bound.  Under a time limit the whole cluster gets FIRST_SHARE of the time a
 other subsets share what is left; the time left after that is shared again by the subsets
 not proven yet, each run again going on from what its last run proved and found (its
 ``Carry``).  A subset not solved in time contributes its throughput bound (or what its
-search proved) to the reported one.
+search proved) to the reported one.  With ``processes`` > 1 (the CLI's default is 2) the
+other subsets do not wait for the whole cluster: they run in forked helper processes beside
+it (:mod:`.sidecar`), each helper sharing the whole time limit among its subsets in the same
+way, every run cut off at the best plan any process has found when it starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
-import sys
 import time
 
 import numpy as np
@@ -29,7 +32,8 @@ import numpy as np
 from ..errors import InfeasibleError, InputError, NoPlanFound
 from ..model.classes import node_classes
 from ..model.plan import Plan, describe
-from .context import Carry, Search
+from . import sidecar, stop
+from .context import Carry, Search, reserve
 from .result import NoPlanBelow, SolverStats, SolveResult
 from .trace import Trace
 
@@ -127,10 +131,26 @@ def _subset_bound(part: Subset, shares: dict) -> float:
     return shares["work"] / speed if speed > 0 else math.inf
 
 
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """How one run of a subset's search ended (a record that crosses processes): ``kind`` is
+    "plans" (``payload`` its SolveResult), "below" (the cutoff it proved), "stopped" (reason,
+    message, bound) or "infeasible" (the message)."""
+
+    classes: tuple[int, ...]
+    kind: str
+    payload: object
+    offset: float  # time.perf_counter() its trace counts from
+    seconds: float
+    diagnosed: bool
+
+
 def solve_subsets(instance, options, run, started: float | None = None) -> SolveResult:
     """Run ``run(sub_instance, options, started)`` (one solver, one instance) on every subset of
     node classes that may beat the best plan so far, cut off at it and given a share of the
-    time left, and return the best plans on the whole cluster, re-scored there by the evaluator."""
+    time left, and return the best plans on the whole cluster, re-scored there by the evaluator.
+    With a time limit and ``options.processes`` > 1 the subsets other than the whole cluster
+    are searched in forked processes (:mod:`.sidecar`) while this one searches the whole cluster."""
     parts = subsets(instance, options.model)
     cost = options.objective == "cost"
     if (cost or options.budget is not None) and any(p.rate is None for p in parts):
@@ -149,31 +169,33 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
 
     floor = {part.classes: _subset_bound(part, shares) * scale_of(part) for part in allowed}
     allowed = allowed[:1] + sorted(allowed[1:], key=lambda p: (floor[p.classes], p.classes))
+    by_classes = {part.classes: part for part in allowed}
     bound = dict(floor)  # per subset: what no plan on it beats (objective units)
-    found, reasons, ran, cut, results = [], [], set(), 0, []
+    found, reasons, ran, cut, results = [], [], set(), [0], []
     stopped: dict[tuple[int, ...], NoPlanFound] = {}  # subsets whose last search stopped with no plan and no proof
     spent: dict[tuple[int, ...], float] = {}  # seconds of each subset's last search
     carries: dict[tuple[int, ...], Carry] = {}  # what each subset's search left for its next run
     build_rate = [0.0]  # the slowest program build of any subset, seconds per stage x layer
-    trace = Trace(whole.start)  # the best plan over time; the bound only where one search covers it all
+    marks = []  # (time.perf_counter(), best plan or None, bound or None) of every run, for the trace
+    helpers = _helpers(options, len(allowed))
+    shared = sidecar.shared_value(math.inf) if helpers else None  # the best plan any process found
+    sink = [None]  # in a helper process: where each run's record goes (to this process)
 
     def best():
-        return min((value for value, _ in found), default=math.inf)
+        own = min((value for value, _ in found), default=math.inf)
+        return own if shared is None else min(own, shared.value)
 
     def attempt(part, limit, since):
-        """Solve one subset below the best so far; record its plans, what it proved and its time."""
-        began = time.perf_counter()
-        try:
-            solve_one(part, limit, since)
-        finally:
-            spent[part.classes] = time.perf_counter() - began
+        """Solve one subset below the best so far and record how it ended."""
+        outcome = search(part, limit, since)
+        if sink[0] is not None:  # sent before its plans lower the shared best: a cutoff this process
+            sink[0](outcome)  # proves others below always has its plan on the way to the result
+        record(outcome)
 
-    def solve_one(part, limit, since):
+    def search(part, limit, since) -> _Run:
+        """One run of ``part``'s search below the best plan so far, going on from its last run."""
         scale = scale_of(part)
         cutoff = best() / scale if math.isfinite(best()) else math.inf
-        ran.add(part.classes)
-        stopped.pop(part.classes, None)  # a second run replaces what the first left open
-        offset = time.perf_counter() if since is None else since
         # Only the first subset's verdict is shown (``reasons[0]``): the others skip the search
         # for their least overfull plan, which would take what is left of their time.
         diagnose = options.diagnose and part is allowed[0]
@@ -182,70 +204,131 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         carry = carries.setdefault(part.classes, Carry())
         # A program's build is not cut short: each run starts from the slowest build timed so far.
         carry.build_rate = max(carry.build_rate, build_rate[0])
-        asked = dataclasses.replace(options, cutoff=cutoff, time_limit=limit, diagnose=diagnose, carry=carry)
+        progress = options.progress if sink[0] is None else None  # a helper's runs do not report progress
+        asked = dataclasses.replace(options, cutoff=cutoff, time_limit=limit, diagnose=diagnose, carry=carry,
+                                    progress=progress)
+        began = time.perf_counter()
+        offset = began if since is None else since
         try:
-            result = run(part.instance, asked, since)
+            kind, payload = "plans", run(part.instance, asked, since)
         except NoPlanBelow as exc:
-            carries.pop(part.classes)  # proven: not run again
-            bound[part.classes] = max(bound[part.classes], exc.bound * scale)
-            return
+            kind, payload = "below", exc.bound
         except NoPlanFound as exc:  # no plan, and (perhaps) a bound on what it could have
-            stopped[part.classes] = exc
-            if math.isfinite(exc.bound):
-                bound[part.classes] = max(bound[part.classes], exc.bound * scale)
-            return
-        except InfeasibleError:
-            carries.pop(part.classes)
+            kind, payload = "stopped", (exc.reason, str(exc), exc.bound)
+        except InfeasibleError as exc:
             if len(allowed) == 1:
                 raise
-            reasons.insert(0 if diagnose else len(reasons), str(sys.exc_info()[1]))  # the diagnosed one first
-            bound[part.classes] = math.inf
-            return
+            kind, payload = "infeasible", str(exc)
         finally:
             build_rate[0] = max(build_rate[0], carry.build_rate)
+        return _Run(part.classes, kind, payload, offset, time.perf_counter() - began, diagnose)
+
+    def record(outcome: _Run):
+        """What a run found and proved, into the subsets' bounds, plans and reasons."""
+        classes, payload = outcome.classes, outcome.payload
+        part, scale = by_classes[classes], scale_of(by_classes[classes])
+        ran.add(classes)
+        spent[classes] = outcome.seconds
+        stopped.pop(classes, None)  # a second run replaces what the first left open
+        if outcome.kind == "below":
+            carries.pop(classes, None)  # proven: not run again
+            bound[classes] = max(bound[classes], payload * scale)
+            return
+        if outcome.kind == "stopped":
+            reason, message, proved = payload
+            stopped[classes] = NoPlanFound(reason, message, bound=proved)
+            if math.isfinite(proved):
+                bound[classes] = max(bound[classes], proved * scale)
+            return
+        if outcome.kind == "infeasible":
+            carries.pop(classes, None)
+            reasons.insert(0 if outcome.diagnosed else len(reasons), payload)  # the diagnosed one first
+            bound[classes] = math.inf
+            return
+        result = payload
         # A subset proven optimal is closed at its best plan's score: a program's proof is within its
         # integer resolution of the evaluator's (CP-SAT scales the seconds to integers), which can be
         # more than the 1e-6 the comparison below allows.
         proven = result.best.predicted_time if result.solver.status == "OPTIMAL" else result.solver.bound
         if result.solver.status == "OPTIMAL":
-            carries.pop(part.classes)
-        bound[part.classes] = max(bound[part.classes], proven * scale)
+            carries.pop(classes, None)
+        bound[classes] = max(bound[classes], proven * scale)
         results.append(result)
         alone = len(allowed) == 1
         for t, primal, dual in result.solver.trace:
-            trace.update(primal * scale if math.isfinite(primal) else None,
-                         dual * scale if alone and math.isfinite(dual) else None, at=offset + t)
+            marks.append((outcome.offset + t, primal * scale if math.isfinite(primal) else None,
+                          dual * scale if alone and math.isfinite(dual) else None))
         for ev in result.top:
             plan = whole.evaluate(part.to_global(ev.plan))
             found.append((plan.predicted_time * scale, plan))
+            if shared is not None:
+                sidecar.lower(shared, plan.predicted_time * scale)
 
-    for i, part in enumerate(allowed):
-        if bound[part.classes] >= best():  # no plan on these devices can beat the best so far
-            cut += 1
-            continue
-        if i == 0:  # counts its time limit from the start; leaves some for the other subsets
-            limit = options.time_limit
-            if limit is not None and len(allowed) > 1:
-                limit = max(1e-3, FIRST_SHARE * limit)
-            attempt(part, limit, started)
-        elif not whole.out_of_time():
-            left = whole.remaining()
-            attempt(part, None if left is None else max(left / (len(allowed) - i), 1e-3), None)
-    # Time left: the subsets not proven yet get it, the most promising first (a second run
-    # starts from the best plan as its cutoff and from what its last run proved, so it proves or
-    # improves).  Each gets its share of what is left, or DEEPEN times its last run's time if that
-    # is more (what a run builds before it proves anything, such as its programs, is built again);
-    # what one leaves over goes to the next, and a later pass gives what is still left to those
-    # still open.
-    for _ in range(REVISIT_PASSES):
-        unproven = [p for p in sorted(allowed, key=lambda p: (bound[p.classes], p.classes))
-                    if bound[p.classes] < best() * (1 - 1e-6)]
-        for i, part in enumerate(unproven):
-            if options.time_limit is None or whole.out_of_time() or whole.remaining() < REVISIT_SECONDS:
-                break
-            if bound[part.classes] < best() * (1 - 1e-6):
+    def first_pass(group):
+        """Each subset of ``group`` in turn, given its share of the time left (the whole cluster,
+        first, FIRST_SHARE of the limit when other subsets remain)."""
+        for i, part in enumerate(group):
+            if bound[part.classes] >= best():  # no plan on these devices can beat the best so far
+                cut[0] += 1
+                continue
+            if part is allowed[0]:  # counts its time limit from the start; leaves some for the other subsets
+                limit = options.time_limit
+                if limit is not None and len(allowed) > 1:
+                    limit = max(1e-3, FIRST_SHARE * limit)
+                attempt(part, limit, started)
+            elif not whole.out_of_time():
                 left = whole.remaining()
-                attempt(part, max(left / (len(unproven) - i), min(left, DEEPEN * spent.get(part.classes, 0.0))), None)
+                attempt(part, None if left is None else max(left / (len(group) - i), 1e-3), None)
+
+    def revisit(group):
+        """Time left: the subsets of ``group`` not proven yet get it, the most promising first (a
+        second run starts from the best plan as its cutoff and from what its last run proved, so
+        it proves or improves).  Each gets its share of what is left, or DEEPEN times its last
+        run's time if that is more (what a run builds before it proves anything, such as its
+        programs, is built again); what one leaves over goes to the next, and a later pass gives
+        what is still left to those still open."""
+        for _ in range(REVISIT_PASSES):
+            unproven = [p for p in sorted(group, key=lambda p: (bound[p.classes], p.classes))
+                        if bound[p.classes] < best() * (1 - 1e-6)]
+            for i, part in enumerate(unproven):
+                if options.time_limit is None or whole.out_of_time() or whole.remaining() < REVISIT_SECONDS:
+                    break
+                if bound[part.classes] < best() * (1 - 1e-6):
+                    left = whole.remaining()
+                    attempt(part, max(left / (len(unproven) - i), min(left, DEEPEN * spent.get(part.classes, 0.0))),
+                            None)
+
+    def helper(group, send):  # runs in a forked process: ``group``'s subsets, each run's record sent back
+        sink[0] = send
+        first_pass(group)
+        revisit(group)
+        send(("cut", cut[0]))
+
+    if not helpers:
+        first_pass(allowed)
+        revisit(allowed)
+    else:  # the whole cluster here, the other subsets (dealt in turn, most promising first) beside it
+        sides = [sidecar.Sidecar(functools.partial(helper, allowed[1 + k::helpers])) for k in range(helpers)]
+        records = []
+        try:
+            first_pass(allowed[:1])
+            revisit(allowed[:1])
+            if stop.requested():
+                for side in sides:
+                    side.stop()
+            # The helpers' runs end by the deadline; one that overruns it is stopped halfway into
+            # the time kept back for writing the plans (its later runs are lost, not waited for).
+            end = whole.start + options.time_limit - reserve(options.time_limit) / 2
+            for side in sides:
+                records += side.finish(end - time.perf_counter())
+        finally:
+            for side in sides:
+                side.close()
+        for item in records:
+            if isinstance(item, tuple):  # ("cut", count) of a helper
+                cut[0] += item[1]
+            else:
+                record(item)
     if not found:
         if stopped:  # a subset's search stopped unproven: a share of the time is said as the caller's limit
             other = [exc for exc in stopped.values() if not exc.reason.startswith("time limit")]
@@ -259,15 +342,28 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
     objective = found[0][0]
     lower = min([objective] + list(bound.values()))
     last = results[-1]
+    trace = Trace(whole.start)  # the best plan over time; the bound only where one search covers it all
+    for at, primal, dual in sorted(marks, key=lambda m: m[0]):
+        trace.update(primal, dual, at=at)
     trace.update(objective, lower)
     extra = dict(last.solver.extra)
-    extra.update(subsets_searched=len(ran), subsets_cut_off=cut, node_classes_used=_classes_of(instance, top[0].plan))
+    extra.update(subsets_searched=len(ran), subsets_cut_off=cut[0], node_classes_used=_classes_of(instance, top[0].plan),
+                 processes=1 + helpers)
     if cost:
         extra.update(objective="cost", objective_unit="USD per iteration")
     stats = SolverStats(name=last.solver.name, status="OPTIMAL" if lower >= objective * (1 - 1e-6) else "FEASIBLE",
                         wall_time=whole.elapsed(), objective=objective, bound=max(0.0, min(lower, objective)), extra=extra,
                         trace=trace.as_tuple(), programs=tuple(p for r in results for p in r.solver.programs))
     return SolveResult(top[0], top, stats)
+
+
+def _helpers(options, count: int) -> int:
+    """How many processes beside this one search the subsets other than the whole cluster: none
+    without a time limit (the search then repeats exactly) or with one subset; else up to
+    ``options.processes`` - 1, no more than the cores beyond this process's and the subsets."""
+    if options.time_limit is None or count < 2 or options.processes < 2 or not sidecar.can_fork():
+        return 0
+    return max(0, min(options.processes - 1, sidecar.usable_cores() - 1, count - 1))
 
 
 def _classes_of(instance, plan: Plan) -> list[str]:
