@@ -677,6 +677,7 @@ def test_a_budget_no_plan_meets_exits_3_with_the_cheapest_plan(tmp_path):
                          capture_output=True, text=True)
     assert run.returncode == 3
     assert "budget" in run.stderr and "USD/hour" in run.stderr and "over" in run.stderr and "Traceback" not in run.stderr
+    assert "the cheapest devices that can train (1 node of 4 x T4)" in run.stderr
 
 
 # -- every solver equals the enumerator with all decisions open ------------------------------

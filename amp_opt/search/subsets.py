@@ -26,6 +26,7 @@ import functools
 import itertools
 import math
 import time
+from collections import Counter
 
 import numpy as np
 
@@ -371,6 +372,13 @@ def _classes_of(instance, plan: Plan) -> list[str]:
     return sorted({f"{instance.nodes[j].device_type} x{instance.nodes[j].devices}" for j in used})
 
 
+def _nodes_of(instance, plan: Plan) -> str:
+    """The nodes a plan uses, per class: '2048 nodes of 8 x H100-80GB'."""
+    used = {int(instance.device_node[d]) for stage in plan.stages for group in stage for d in group}
+    count = Counter(f"{instance.nodes[j].devices} x {instance.nodes[j].device_type}" for j in used)
+    return ", ".join(f"{n} node{'s' if n > 1 else ''} of {kind}" for kind, n in sorted(count.items()))
+
+
 def _over_budget(instance, options, parts, run, started):
     """No subset fits the budget: exit 3 with the fastest plan of the cheapest devices that can
     train, and by how much they miss it."""
@@ -382,7 +390,7 @@ def _over_budget(instance, options, parts, run, started):
         plan = part.to_global(result.best.plan)
         raise InfeasibleError(
             f"no plan fits the budget of {options.budget:.2f} USD/hour: the cheapest devices that can train "
-            f"({', '.join(_classes_of(instance, plan))}) cost {part.rate * 3600:.2f} USD/hour, "
+            f"({_nodes_of(instance, plan)}) cost {part.rate * 3600:.2f} USD/hour, "
             f"{part.rate * 3600 - options.budget:.2f} over; their fastest plan takes "
             f"{result.best.predicted_time:.4g} s per iteration ({describe(plan)})")
     raise InfeasibleError(f"no subset of node classes fits the budget of {options.budget:.2f} USD/hour, "
