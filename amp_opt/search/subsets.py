@@ -367,15 +367,20 @@ def _helpers(options, count: int) -> int:
     return max(0, min(options.processes - 1, sidecar.usable_cores() - 1, count - 1))
 
 
+def _used_nodes(instance, plan: Plan) -> set[int]:
+    """The indices of the nodes that hold at least one of the plan's devices."""
+    return {int(instance.device_node[d]) for stage in plan.stages for group in stage for d in group}
+
+
 def _classes_of(instance, plan: Plan) -> list[str]:
-    used = {int(instance.device_node[d]) for stage in plan.stages for group in stage for d in group}
-    return sorted({f"{instance.nodes[j].device_type} x{instance.nodes[j].devices}" for j in used})
+    nodes = instance.nodes
+    return sorted({f"{nodes[j].device_type} x{nodes[j].devices}" for j in _used_nodes(instance, plan)})
 
 
 def _nodes_of(instance, plan: Plan) -> str:
     """The nodes a plan uses, per class: '2048 nodes of 8 x H100-80GB'."""
-    used = {int(instance.device_node[d]) for stage in plan.stages for group in stage for d in group}
-    count = Counter(f"{instance.nodes[j].devices} x {instance.nodes[j].device_type}" for j in used)
+    nodes = instance.nodes
+    count = Counter(f"{nodes[j].devices} x {nodes[j].device_type}" for j in _used_nodes(instance, plan))
     return ", ".join(f"{n} node{'s' if n > 1 else ''} of {kind}" for kind, n in sorted(count.items()))
 
 
