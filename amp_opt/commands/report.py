@@ -140,7 +140,8 @@ def print_solve(instance, result: SolveResult, show_top: bool = False) -> None:
     print_evaluation(instance, result.best, out)
     extra = ", ".join(f"{k} {v}" for k, v in s.extra.items())
     unit = "USD" if s.extra.get("objective") == "cost" else "s"
-    out.print(f"solver {s.name}: {s.status} in {s.wall_time:.3f} s; objective {s.objective:.6g} {unit}, "
+    status = f"{s.status} within {s.within}" if s.within else s.status
+    out.print(f"solver {s.name}: {status} in {s.wall_time:.3f} s; objective {s.objective:.6g} {unit}, "
               f"bound {s.bound:.6g} {unit}, gap {s.gap:.2%}" + (f"; {extra}" if extra else ""))
     if show_top and len(result.top) > 1:
         out.print(top_table(result))

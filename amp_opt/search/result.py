@@ -67,6 +67,10 @@ class SolverStats:
     trace: tuple[tuple[float, float, float], ...] = field(default=(), compare=False)
     # one dict per program the MIP driver ran: candidate, status, objective, bound, seconds, nodes, ...
     programs: tuple[dict[str, Any], ...] = field(default=(), compare=False)
+    # None when the search covered every plan the evaluator accepts for the instance's search
+    # section; else the plans it was limited to ("plans on whole node classes (...)"): then
+    # OPTIMAL and the bound hold within those plans only
+    within: str | None = None
 
     @property
     def gap(self) -> float:
@@ -77,7 +81,8 @@ class SolverStats:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status, "wall_time": self.wall_time,
-                "objective": self.objective, "bound": self.bound, "gap": self.gap, **self.extra}
+                "objective": self.objective, "bound": self.bound, "gap": self.gap,
+                **({"within": self.within} if self.within else {}), **self.extra}
 
 
 @dataclass(frozen=True)

@@ -44,14 +44,31 @@ REVISIT_PASSES = 2  # rounds over the subsets not proven yet, sharing the time l
 DEEPEN = 4.0  # a subset run again gets at least this times its last run's seconds (if left)
 
 
+IDLE_SPACES = ("devices", "nodes", "classes", "none")  # search.idle, widest first
+WITHIN = {"nodes": "plans on whole nodes", "classes": "plans on whole node classes",
+          "none": "plans that use every device"}  # what a narrower space leaves in, for "optimal within ..."
+# Sub-clusters searched at most (each is a search of its own, cut off or run): past this the
+# space narrows to the next of IDLE_SPACES and the result says so ("optimal within ...").
+# 512: the exact space of the 16-GPU paper cluster (4 nodes of 4, tp 1, 2, 4) has 174
+# sub-clusters; a 64-GPU cluster of two classes of 4 nodes of 8 already has 2024, a search
+# of minutes (benchmarks/results/exactness.md).
+MAX_SUBSETS = 512
+
+
 @dataclasses.dataclass(frozen=True)
 class Subset:
-    """Some node classes of an instance, as an instance of their own."""
+    """The devices a plan may use, as an instance of their own: per node class, how many of
+    each of its nodes' devices (``key[c]``, non-increasing over the class's nodes in order)."""
 
-    classes: tuple[int, ...]
-    instance: object  # the instance of these classes' nodes
+    key: tuple[tuple[int, ...], ...]
+    instance: object  # the instance of these devices (a partly used node keeps its first ones)
     devices: tuple[int, ...]  # global id of every device of the sub-instance
     rate: float | None  # USD per second of all its devices, None without prices
+
+    @property
+    def classes(self) -> tuple[int, ...]:
+        """The node classes it uses (a device of each, at least)."""
+        return tuple(c for c, counts in enumerate(self.key) if any(counts))
 
     def to_global(self, plan: Plan) -> Plan:
         """The plan with the sub-instance's device ids turned into the whole cluster's."""
@@ -59,48 +76,102 @@ class Subset:
         return dataclasses.replace(plan, stages=stages)
 
 
-def subsets(instance, model) -> list[Subset]:
-    """The whole cluster, then every other non-empty set of node classes when idle GPUs are
-    allowed (by the instance and the cost model), by decreasing peak FLOP/s (a heuristic
-    order: the cutoffs keep the search exact)."""
+def idle_space(instance, model) -> str:
+    """The space of device subsets the instance asks for (``search.idle``: true is "devices",
+    false "none"), "none" when the cost model prices the whole cluster whatever a plan uses."""
+    idle = instance.search.idle
+    idle = {True: "devices", False: "none"}.get(idle, idle) if isinstance(idle, bool) else idle
+    return idle if model.idle else "none"
+
+
+def _node_counts(instance, cls, space: str) -> list[int]:
+    """The device counts one node of ``cls`` may give a plan under ``space`` (0: idle): every
+    count some tensor-parallel degree of the search divides (a plan's groups are whole)."""
+    g = cls.devices
+    if space == "devices":
+        return [u for u in range(g, -1, -1) if u == 0 or any(u % tp == 0 for tp in instance.search.tp)]
+    return [g, 0] if space == "nodes" else [g]
+
+
+def _keys(instance, space: str):
+    """Every sub-cluster key of ``space``, the whole cluster first (a generator)."""
     classes = node_classes(instance)
-    if not (instance.search.idle and model.idle) or len(classes) == 1:
-        sets = [tuple(c.index for c in classes)]
+    if space == "classes":
+        for r in range(len(classes), 0, -1):
+            for chosen in itertools.combinations(range(len(classes)), r):
+                yield tuple((c.devices,) * len(c.nodes) if c.index in chosen else (0,) * len(c.nodes) for c in classes)
+        return
+    per_class = [list(itertools.combinations_with_replacement(_node_counts(instance, c, space), len(c.nodes)))
+                 for c in classes]
+    tps = instance.search.tp
+    for key in itertools.product(*per_class):
+        used = [u for counts in key for u in counts if u]
+        if used and any(all(u % tp == 0 for u in used) for tp in tps):
+            yield key
+
+
+def count_subsets(instance, space: str) -> int:
+    """How many sub-clusters ``space`` holds (at most: keys with no common tp are dropped later)."""
+    classes = node_classes(instance)
+    if space == "none":
+        return 1
+    if space == "classes":
+        return 2 ** len(classes) - 1
+    return math.prod(math.comb(len(c.nodes) + len(_node_counts(instance, c, space)) - 1, len(c.nodes))
+                     for c in classes) - 1
+
+
+def subsets(instance, model) -> tuple[list[Subset], str | None]:
+    """The sub-clusters a plan may use, the whole cluster first, and what the search leaves out:
+    None when every device subset the evaluator accepts is searched, else a phrase for "optimal
+    within ..." (the instance narrowed ``search.idle``, or its space held more than MAX_SUBSETS).
+    The others come by decreasing peak FLOP/s (an order only: the cutoffs keep the search exact)."""
+    space = idle_space(instance, model)
+    asked = space
+    while count_subsets(instance, space) > MAX_SUBSETS:
+        space = IDLE_SPACES[IDLE_SPACES.index(space) + 1]
+    if space == "none" or len(node_classes(instance)) == 1 and space == "classes":
+        keys = [tuple((c.devices,) * len(c.nodes) for c in node_classes(instance))]
     else:
-        sets = [s for r in range(len(classes), 0, -1) for s in itertools.combinations(range(len(classes)), r)]
-        speed = {c.index: len(c.nodes) * c.devices * (instance.device_types[c.device_type].peak_flops or 0.0)
-                 for c in classes}
-        sets = sets[:1] + sorted(sets[1:], key=lambda s: -sum(speed[c] for c in s))
-    return [_subset(instance, classes, s) for s in sets]
+        keys = list(_keys(instance, space))
+    peak = {c.index: instance.device_types[c.device_type].peak_flops or 0.0 for c in node_classes(instance)}
+    keys = keys[:1] + sorted(keys[1:], key=lambda k: (-sum(peak[c] * sum(u) for c, u in enumerate(k)), k))
+    within = None if space == "devices" else WITHIN[space]
+    if within and asked != space:
+        within += f" (search.idle {asked!r} holds {count_subsets(instance, asked):,} sets of devices, more than {MAX_SUBSETS})"
+    elif within:
+        within += f" (search.idle {asked!r})"
+    return [_subset(instance, key) for key in keys], within
 
 
-def _subset(instance, classes, chosen: tuple[int, ...]) -> Subset:
-    nodes = sorted(j for c in chosen for j in classes[c].nodes)
-    devices = tuple(d for j in nodes for d in range(instance.node_first_device[j],
-                                                    instance.node_first_device[j] + instance.nodes[j].devices))
-    sub = instance if len(nodes) == len(instance.nodes) else dataclasses.replace(
-        instance, nodes=tuple(instance.nodes[j] for j in nodes))
+def _subset(instance, key) -> Subset:
+    counts = {j: u for c, cls in zip(key, node_classes(instance)) for j, u in zip(cls.nodes, c)}
+    nodes = [j for j in range(len(instance.nodes)) if counts[j]]
+    devices = tuple(instance.node_first_device[j] + q for j in nodes for q in range(counts[j]))
+    whole = len(devices) == instance.num_devices
+    sub = instance if whole else dataclasses.replace(
+        instance, nodes=tuple(dataclasses.replace(instance.nodes[j], devices=counts[j]) for j in nodes))
     prices = [instance.device_types[instance.nodes[j].device_type].price_per_hour for j in nodes]
-    rate = None if any(p is None for p in prices) else sum(
-        p * instance.nodes[j].devices for p, j in zip(prices, nodes)) / 3600.0
-    return Subset(chosen, sub, devices, rate)
+    rate = None if any(p is None for p in prices) else sum(p * counts[j] for p, j in zip(prices, nodes)) / 3600.0
+    return Subset(key, sub, devices, rate)
 
 
-def throughput_bound(instance, tables) -> dict[int, float]:
-    """Per node class: its devices' share of a bound on the iteration time when every device is
-    busy all the time.  With d_t(l) = min over tp and micro-batch b of tp * t(l, t, tp, b) / b
-    (device-seconds per sample of layer l on type t; recomputation and context parallelism
-    only add), a reference r(l) = min_t d_t(l) and rho_t = min_l d_t(l) / r(l), a subset S of
-    classes needs ``global_batch * sum_l r(l) / sum_{c in S} (devices_c / rho_c)`` seconds at
-    least: type t does at most devices_t * T / rho_t reference-seconds of work in time T.
-    Returned as devices_c / rho_c per class and the work, so that a subset's bound is
-    ``work / sum``; ``{}`` when no class can be priced."""
+def throughput_bound(instance, tables) -> dict:
+    """A bound on the iteration time when every device is busy all the time (eq. B6 of
+    ``formulations/mip.md``).  With d_t(l) = min over tp and micro-batch b of tp * t(l, t, tp, b) / b
+    (device-seconds per sample of layer l on a device of class t; every tp of the search that fits
+    a node of the class, since a partly used node may take one its whole node does not divide;
+    recomputation and context parallelism only add), a reference r(l) = min_t d_t(l) and
+    rho_t = min_l d_t(l) / r(l), a set of devices S needs ``global_batch * sum_l r(l) /
+    sum_{d in S} 1 / rho_t(d)`` seconds at least: a device of class t does at most T / rho_t
+    reference-seconds of work in time T.  Returned as ``{"work": ..., c: 1 / rho_c}`` per class
+    (reference-seconds per second of one device); ``{}`` when no class can be priced."""
     B = instance.training.global_batch
     per_class: dict[int, np.ndarray] = {}
     for c in node_classes(instance):
         best = None
         for tp in instance.search.tp:
-            if c.devices % tp:
+            if tp > c.devices:
                 continue
             for b in instance.search.micro_batches:
                 try:
@@ -115,12 +186,12 @@ def throughput_bound(instance, tables) -> dict[int, float]:
         return {}
     ref = np.min(list(per_class.values()), axis=0)
     safe = np.where(ref > 0, ref, 1.0)
-    out = {"work": B * float(ref.sum())}
+    out: dict = {"work": B * float(ref.sum())}
     for c in node_classes(instance):
         if c.index in per_class:
             ratio = np.where(ref > 0, per_class[c.index] / safe, np.inf)
             rho = float(ratio.min()) if np.isfinite(ratio).any() else 1.0
-            out[c.index] = len(c.nodes) * c.devices / rho if rho > 0 else math.inf
+            out[c.index] = 1.0 / rho if rho > 0 else math.inf
     return out
 
 
@@ -128,7 +199,7 @@ def _subset_bound(part: Subset, shares: dict) -> float:
     """Seconds per iteration no plan on ``part``'s devices beats (:func:`throughput_bound`)."""
     if not shares:
         return 0.0
-    speed = sum(shares.get(c, 0.0) for c in part.classes)
+    speed = sum(shares.get(c, 0.0) * sum(counts) for c, counts in enumerate(part.key))
     return shares["work"] / speed if speed > 0 else math.inf
 
 
@@ -138,7 +209,7 @@ class _Run:
     "plans" (``payload`` its SolveResult), "below" (the cutoff it proved), "stopped" (reason,
     message, bound) or "infeasible" (the message)."""
 
-    classes: tuple[int, ...]
+    key: tuple[tuple[int, ...], ...]
     kind: str
     payload: object
     offset: float  # time.perf_counter() its trace counts from
@@ -152,7 +223,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
     time left, and return the best plans on the whole cluster, re-scored there by the evaluator.
     With a time limit and ``options.processes`` > 1 the subsets other than the whole cluster
     are searched in forked processes (:mod:`.sidecar`) while this one searches the whole cluster."""
-    parts = subsets(instance, options.model)
+    parts, within = subsets(instance, options.model)
     cost = options.objective == "cost"
     if (cost or options.budget is not None) and any(p.rate is None for p in parts):
         missing = sorted({instance.nodes[j].device_type for j in range(len(instance.nodes))
@@ -168,9 +239,9 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
     def scale_of(part):  # objective units per second of iteration time
         return part.rate if cost else 1.0
 
-    floor = {part.classes: _subset_bound(part, shares) * scale_of(part) for part in allowed}
-    allowed = allowed[:1] + sorted(allowed[1:], key=lambda p: (floor[p.classes], p.classes))
-    by_classes = {part.classes: part for part in allowed}
+    floor = {part.key: _subset_bound(part, shares) * scale_of(part) for part in allowed}
+    allowed = allowed[:1] + sorted(allowed[1:], key=lambda p: (floor[p.key], p.key))
+    by_key = {part.key: part for part in allowed}
     bound = dict(floor)  # per subset: what no plan on it beats (objective units)
     found, reasons, ran, cut, results = [], [], set(), [0], []
     stopped: dict[tuple[int, ...], NoPlanFound] = {}  # subsets whose last search stopped with no plan and no proof
@@ -202,7 +273,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         diagnose = options.diagnose and part is allowed[0]
         # A subset run again goes on from where its last run stopped (its carry), so a revisit
         # raises the bounds and improves the plans instead of repeating the first run.
-        carry = carries.setdefault(part.classes, Carry())
+        carry = carries.setdefault(part.key, Carry())
         # A program's build is not cut short: each run starts from the slowest build timed so far.
         carry.build_rate = max(carry.build_rate, build_rate[0])
         progress = options.progress if sink[0] is None else None  # a helper's runs do not report progress
@@ -222,12 +293,12 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
             kind, payload = "infeasible", str(exc)
         finally:
             build_rate[0] = max(build_rate[0], carry.build_rate)
-        return _Run(part.classes, kind, payload, offset, time.perf_counter() - began, diagnose)
+        return _Run(part.key, kind, payload, offset, time.perf_counter() - began, diagnose)
 
     def record(outcome: _Run):
         """What a run found and proved, into the subsets' bounds, plans and reasons."""
-        classes, payload = outcome.classes, outcome.payload
-        part, scale = by_classes[classes], scale_of(by_classes[classes])
+        classes, payload = outcome.key, outcome.payload
+        part, scale = by_key[classes], scale_of(by_key[classes])
         ran.add(classes)
         spent[classes] = outcome.seconds
         stopped.pop(classes, None)  # a second run replaces what the first left open
@@ -269,7 +340,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         """Each subset of ``group`` in turn, given its share of the time left (the whole cluster,
         first, FIRST_SHARE of the limit when other subsets remain)."""
         for i, part in enumerate(group):
-            if bound[part.classes] >= best():  # no plan on these devices can beat the best so far
+            if bound[part.key] >= best():  # no plan on these devices can beat the best so far
                 cut[0] += 1
                 continue
             if part is allowed[0]:  # counts its time limit from the start; leaves some for the other subsets
@@ -289,14 +360,14 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         programs, is built again); what one leaves over goes to the next, and a later pass gives
         what is still left to those still open."""
         for _ in range(REVISIT_PASSES):
-            unproven = [p for p in sorted(group, key=lambda p: (bound[p.classes], p.classes))
-                        if bound[p.classes] < best() * (1 - 1e-6)]
+            unproven = [p for p in sorted(group, key=lambda p: (bound[p.key], p.key))
+                        if bound[p.key] < best() * (1 - 1e-6)]
             for i, part in enumerate(unproven):
                 if options.time_limit is None or whole.out_of_time() or whole.remaining() < REVISIT_SECONDS:
                     break
-                if bound[part.classes] < best() * (1 - 1e-6):
+                if bound[part.key] < best() * (1 - 1e-6):
                     left = whole.remaining()
-                    attempt(part, max(left / (len(unproven) - i), min(left, DEEPEN * spent.get(part.classes, 0.0))),
+                    attempt(part, max(left / (len(unproven) - i), min(left, DEEPEN * spent.get(part.key, 0.0))),
                             None)
 
     def helper(group, send):  # runs in a forked process: ``group``'s subsets, each run's record sent back
@@ -334,7 +405,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         if stopped:  # a subset's search stopped unproven: a share of the time is said as the caller's limit
             other = [exc for exc in stopped.values() if not exc.reason.startswith("time limit")]
             raise other[0] if other else NoPlanFound(whole.stopped_why())
-        if any(p.classes not in ran for p in allowed) and whole.out_of_time():
+        if any(p.key not in ran for p in allowed) and whole.out_of_time():
             raise NoPlanFound(whole.stopped_why())
         whole_cluster = reasons[0] if reasons else "no plan fits"
         raise InfeasibleError(f"{whole_cluster}; leaving node classes idle does not help either")
@@ -354,7 +425,8 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         extra.update(objective="cost", objective_unit="USD per iteration")
     stats = SolverStats(name=last.solver.name, status="OPTIMAL" if lower >= objective * (1 - 1e-6) else "FEASIBLE",
                         wall_time=whole.elapsed(), objective=objective, bound=max(0.0, min(lower, objective)), extra=extra,
-                        trace=trace.as_tuple(), programs=tuple(p for r in results for p in r.solver.programs))
+                        trace=trace.as_tuple(), programs=tuple(p for r in results for p in r.solver.programs),
+                        within=within)
     return SolveResult(top[0], top, stats)
 
 
@@ -387,7 +459,7 @@ def _nodes_of(instance, plan: Plan) -> str:
 def _over_budget(instance, options, parts, run, started):
     """No subset fits the budget: exit 3 with the fastest plan of the cheapest devices that can
     train, and by how much they miss it."""
-    for part in sorted(parts, key=lambda p: (p.rate, p.classes)):
+    for part in sorted(parts, key=lambda p: (p.rate, p.key)):
         try:
             result = run(part.instance, options, started)
         except InfeasibleError:
