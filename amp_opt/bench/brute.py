@@ -71,15 +71,19 @@ def _settings(space, pp: int):
 
 
 def raw_plans(instance):
-    """Every plan document of the instance's search section (the evaluator judges them)."""
+    """Every plan document of the instance's search section (the evaluator judges them); with
+    ``search.idle`` false, only those that use every device."""
     n_dev, n_layers, batch = instance.num_devices, instance.num_layers, instance.training.global_batch
     space = instance.search
+    if space.idle not in (True, False, "devices", "none"):
+        raise ValueError(f"the brute force walks every device subset or none: search.idle {space.idle!r}")
+    every = space.idle in (False, "none")  # no device may stay idle
     for tp, cp, v, mb in itertools.product(space.tp, space.cp, space.virtual_stages, space.micro_batches):
         for dp in range(1, n_dev // (tp * cp) + 1):
             if batch % (dp * mb):
                 continue
             for pp in range(1, min(space.max_pp, n_dev // (tp * cp * dp)) + 1):
-                if pp * v > n_layers:
+                if pp * v > n_layers or every and tp * cp * dp * pp != n_dev:
                     continue
                 settings = list(_settings(space, pp))
                 for stages in _placements(n_dev, tp, dp * cp * pp):

@@ -14,6 +14,8 @@ model are left out (:func:`settings`); each such rule is stated there.
 from __future__ import annotations
 
 import itertools
+import math
+from dataclasses import replace
 
 from .engines import engine_of, megatron_split
 from .plan import PER_STAGE_MODES, Candidate
@@ -95,8 +97,39 @@ def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: i
             continue
         cand = Candidate(tp, dp, pp, micro_batch, cp, seq, mode, block, zero, v, per_stage)
         if model.prices(cand) and engine.rule(instance, cand) is None:
-            out.append(cand)
+            out.extend([cand] if v == 1 else [replace(cand, chunks=c) for c in chunkings(instance, pp * v)])
     return out
+
+
+# Chunkings of an interleaved candidate searched one by one at most: every chunking is a candidate
+# of its own (the stage DP does not move interleaved chunks), so a 5-layer model's C(4, 3) = 4
+# chunkings of 4 chunks are all searched, while a 30-layer model's C(29, 7) = 1.6e6 for pp*v = 8
+# are not: its interleaved plans keep the engine's even split, and the result says so
+# (:func:`interleaving_narrowed`).
+MAX_CHUNKINGS = 64
+
+
+def chunkings(instance, parts: int) -> list[tuple[int, ...]]:
+    """The partitions an interleaved candidate of ``parts`` chunks is searched with: every one
+    (the engine's even split first) when there are at most MAX_CHUNKINGS, else the even split."""
+    even = even_partition(instance, parts, exact=True)
+    n = instance.num_layers
+    if math.comb(n - 1, parts - 1) > MAX_CHUNKINGS:
+        return [even]
+    others = [(0, *cut, n) for cut in itertools.combinations(range(1, n), parts - 1)]
+    return [even] + [c for c in others if c != even]
+
+
+def interleaving_narrowed(instance) -> bool:
+    """Whether some interleaved candidate of the instance (or of a part of its devices) keeps only
+    the engine's even split of the layers (:data:`MAX_CHUNKINGS`)."""
+    space, engine = instance.search, engine_of(instance)
+    if not engine.interleaving:
+        return False
+    n = instance.num_layers
+    return any(math.comb(n - 1, pp * v - 1) > MAX_CHUNKINGS and megatron_split(instance, pp * v) is not None
+               for v in space.virtual_stages if v > 1
+               for pp in range(2, min(space.max_pp, instance.num_devices) + 1) if pp * v <= n)
 
 
 def block_counts(instance, pp: int) -> list[int]:

@@ -35,6 +35,8 @@ class Candidate:
     each stage recompute, the first ones (Megatron's block method); 0 means all of them.
     ``per_stage`` (with ``recompute == "full"``, on engines that allow it): each stage
     recomputes in full or not at all, the search choosing per stage (its plans list the modes).
+    ``chunks`` (with ``virtual_stages`` > 1): the layer chunks the candidate's plans use, which
+    the search does not move (each chunking of a small model is a candidate of its own).
     """
 
     tp: int
@@ -48,6 +50,7 @@ class Candidate:
     zero_stage: int = 0
     virtual_stages: int = 1
     per_stage: bool = False
+    chunks: tuple[int, ...] | None = None  # with virtual stages: the partition (None: the engine's even split)
 
     @property
     def replicas(self) -> int:

@@ -39,7 +39,7 @@ SAME = 1e-6
 REMAP_SECONDS_PER_LAYER = 5e-6  # re-scoring the plans and the bound on the original layers (0.3 s at 10^5)
 
 
-def solve_blocks(instance, coarse, bounds: tuple[int, ...], run, limit: float | None) -> SolveResult:
+def solve_blocks(instance, coarse, bounds: tuple[int, ...], run, limit: float | None, *, model) -> SolveResult:
     """``run(coarse, time_limit)``, its plans mapped to ``instance``'s layers and re-scored; the
     coarse search's time limit leaves REMAP_SECONDS_PER_LAYER per original layer for that."""
     inner = None if limit is None else max(0.01, limit - REMAP_SECONDS_PER_LAYER * instance.num_layers)
@@ -51,7 +51,6 @@ def solve_blocks(instance, coarse, bounds: tuple[int, ...], run, limit: float | 
         raise NoPlanFound("coarsened", f"no plan with stage boundaries on the {len(bounds) - 1} blocks of "
                                        f"consecutive layers fits ({instance.num_layers} layers in all); a finer split was not "
                                        "searched, so infeasibility is not proven") from None
-    model = result.best.cost_model
     top = tuple(evaluate(instance, dataclasses.replace(ev.plan, partition=tuple(bounds[i] for i in ev.plan.partition)),
                          model) for ev in result.top)
     objective = top[0].predicted_time
@@ -65,16 +64,18 @@ def solve_blocks(instance, coarse, bounds: tuple[int, ...], run, limit: float | 
     return SolveResult(top[0], top, stats)
 
 
-def layer_bound(instance, model: str) -> float:
-    """A lower bound on every plan of the original model (module doc)."""
+def layer_bound(instance, model) -> float:
+    """A lower bound on every plan of the original model (module doc) under ``model`` (a name
+    or a :class:`~amp_opt.model.costs.CostModel`)."""
+    model = cost_model(model)
     sums: dict[tuple[int, int], tuple[float, float]] = {}
     keys = sorted({(n.device_type, n.intra_bandwidth) for n in instance.nodes})
-    schedule = cost_model(model).schedule
+    schedule = model.schedule
     best = np.inf
-    for cand in candidates(instance):
+    for cand in candidates(instance, model):
         key = (cand.tp, cand.micro_batch)
         if key not in sums:
-            if model == "amp":
+            if model.name == "amp":
                 per_layer = blended_times(_Uncached(instance), cand.tp, cand.micro_batch)[0]
             else:
                 per_layer = np.min([layer_times(instance, t, bw, cand.tp, cand.micro_batch).seconds

@@ -121,10 +121,11 @@ class Search:
         return self._bounds[key]
 
     def chunks(self, cand: Candidate) -> tuple[int, ...] | None:
-        """With virtual stages, the layer chunks (Megatron's even split; the search does not move
-        them), else None: the partition is the search's to choose."""
-        return even_partition(self.instance, cand.pp * cand.virtual_stages, exact=True) \
-            if cand.virtual_stages > 1 else None
+        """With virtual stages, the candidate's layer chunks (the search does not move them), else
+        None: the partition is the search's to choose."""
+        if cand.virtual_stages == 1:
+            return None
+        return cand.chunks or even_partition(self.instance, cand.pp * cand.virtual_stages, exact=True)
 
     def partition(self, cand: Candidate, bounds) -> tuple[int, ...]:
         """A plan's partition from stage boundaries in stage order (the chunks with interleaving)."""

@@ -31,8 +31,9 @@ class SolveOptions:
     solver : str
         A registered solver name (``amp_opt.search.registry``): a built-in variant such as
         "auto", "enumerate", "cpsat", "cbc", "highs", "cpsat-nokinds", or a plug-in's.
-    cost_model : str
-        The cost model's name ("hetero" or "amp"); :attr:`model` is the model itself.
+    cost_model : str or CostModel
+        The cost model: a name ("hetero", "hetero-closed", "amp") or the object a caller
+        passed (a subclass of its own); :attr:`model` is the model itself.
     placement : str
         "free" or "rank-order" (checked against the cost model).
     top_k : int
@@ -75,7 +76,7 @@ class SolveOptions:
     """
 
     solver: str = "auto"
-    cost_model: str = "hetero"
+    cost_model: str | CostModel = "hetero"
     placement: str = "free"
     top_k: int = 1
     time_limit: float | None = None
@@ -143,7 +144,7 @@ def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero
     if budget is not None and objective == "cost":
         raise InputError("--budget", "applies with --objective time (the cost objective already minimises cost)")
     settings = dict(entry.settings) if entry.builtin else {"backend": "plugin"}
-    return SolveOptions(solver, model.name, check_placement(placement, model), top_k,
+    return SolveOptions(solver, cost_model if isinstance(cost_model, CostModel) else model.name, check_placement(placement, model), top_k,
                         None if time_limit is None else float(time_limit), seed, workers, float(gap), objective,
                         None if budget is None else float(budget), math.inf, progress, **settings,
                         processes=processes)

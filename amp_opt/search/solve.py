@@ -100,7 +100,8 @@ def run_builtin(instance, options: SolveOptions, started: float | None = None) -
     coarse = coarsen(instance)
     if coarse is not None:
         return solve_blocks(instance, *coarse, lambda inst, limit: run_builtin(
-            inst, dataclasses.replace(options, time_limit=limit, carry=None), started), options.time_limit)
+            inst, dataclasses.replace(options, time_limit=limit, carry=None), started), options.time_limit,
+                            model=options.model)
     search = Search(instance, options, started)
     if options.backend not in ("auto", "enumerate"):
         return solve_mip(search)

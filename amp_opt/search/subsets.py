@@ -31,6 +31,7 @@ from collections import Counter
 import numpy as np
 
 from ..errors import InfeasibleError, InputError, NoPlanFound
+from ..model.candidates import MAX_CHUNKINGS, interleaving_narrowed
 from ..model.classes import node_classes
 from ..model.plan import Plan, describe
 from . import sidecar, stop
@@ -103,10 +104,12 @@ def _keys(instance, space: str):
         return
     per_class = [list(itertools.combinations_with_replacement(_node_counts(instance, c, space), len(c.nodes)))
                  for c in classes]
+    whole = tuple((c.devices,) * len(c.nodes) for c in classes)
+    yield whole  # always, even when no tp divides its nodes: its search says why nothing fits
     tps = instance.search.tp
     for key in itertools.product(*per_class):
         used = [u for counts in key for u in counts if u]
-        if used and any(all(u % tp == 0 for u in used) for tp in tps):
+        if key != whole and used and any(all(u % tp == 0 for u in used) for tp in tps):
             yield key
 
 
@@ -136,12 +139,16 @@ def subsets(instance, model) -> tuple[list[Subset], str | None]:
         keys = list(_keys(instance, space))
     peak = {c.index: instance.device_types[c.device_type].peak_flops or 0.0 for c in node_classes(instance)}
     keys = keys[:1] + sorted(keys[1:], key=lambda k: (-sum(peak[c] * sum(u) for c, u in enumerate(k)), k))
-    within = None if space == "devices" else WITHIN[space]
-    if within and asked != space:
-        within += f" (search.idle {asked!r} holds {count_subsets(instance, asked):,} sets of devices, more than {MAX_SUBSETS})"
-    elif within:
-        within += f" (search.idle {asked!r})"
-    return [_subset(instance, key) for key in keys], within
+    parts = []
+    if space != "devices" and asked != space:
+        parts.append(f"{WITHIN[space]} (search.idle {asked!r} holds {count_subsets(instance, asked):,} sets of "
+                     f"devices, more than {MAX_SUBSETS})")
+    elif space != "devices":
+        parts.append(f"{WITHIN[space]} (search.idle {asked!r})")
+    if interleaving_narrowed(instance):
+        parts.append(f"plans whose interleaved chunks are the engine's even split (more than {MAX_CHUNKINGS} "
+                     "chunkings of the layers)")
+    return [_subset(instance, key) for key in keys], "; ".join(parts) or None
 
 
 def _subset(instance, key) -> Subset:
@@ -254,7 +261,9 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
     sink = [None]  # in a helper process: where each run's record goes (to this process)
 
     def best():
-        own = min((value for value, _ in found), default=math.inf)
+        """What a plan must beat to matter: the best value so far, or with ``top_k`` K the K-th."""
+        values = sorted(value for value, _ in found)
+        own = values[options.top_k - 1] if len(values) >= options.top_k else math.inf
         return own if shared is None else min(own, shared.value)
 
     def attempt(part, limit, since):
@@ -408,7 +417,7 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
         if any(p.key not in ran for p in allowed) and whole.out_of_time():
             raise NoPlanFound(whole.stopped_why())
         whole_cluster = reasons[0] if reasons else "no plan fits"
-        raise InfeasibleError(f"{whole_cluster}; leaving node classes idle does not help either")
+        raise InfeasibleError(f"{whole_cluster}; leaving devices idle does not help either")
     found.sort(key=lambda f: f[0])
     top = tuple(ev for _, ev in found[:options.top_k])
     objective = found[0][0]
@@ -432,9 +441,11 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
 
 def _helpers(options, count: int) -> int:
     """How many processes beside this one search the subsets other than the whole cluster: none
-    without a time limit (the search then repeats exactly) or with one subset; else up to
+    without a time limit (the search then repeats exactly), with one subset or with ``top_k`` > 1;
+    else up to
     ``options.processes`` - 1, no more than the cores beyond this process's and the subsets."""
-    if options.time_limit is None or count < 2 or options.processes < 2 or not sidecar.can_fork():
+    if (options.time_limit is None or count < 2 or options.processes < 2 or options.top_k > 1
+            or not sidecar.can_fork()):  # the shared value is one plan's: a cutoff for the best plan only
         return 0
     return max(0, min(options.processes - 1, sidecar.usable_cores() - 1, count - 1))
 

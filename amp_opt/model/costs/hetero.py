@@ -284,7 +284,8 @@ def _labelled_bound(terms: CandidateTerms, classes, caps, vectors, weights) -> f
 
 
 def _fixed_partition_bound(tables, cand, enough: float = INF) -> float:
-    """B5, with interleaving (Megatron's even chunks fix every stage's layers, eq. H11):
+    """B5, with interleaving (the candidate's chunks, Megatron's even ones by default, fix every
+    stage's layers, eq. H11):
 
         (n - 1/v) max_s E_s + (1/v) sum_s E_s + max_s AR_s
 
@@ -294,7 +295,7 @@ def _fixed_partition_bound(tables, cand, enough: float = INF) -> float:
     k, so max_s E_s is at least the least time any stage takes on such a class.  inf when
     the layers do not split evenly or a stage fits no device's memory.  The time terms come
     first: once they reach ``enough`` they are returned without the memory check."""
-    chunks = even_partition(tables.instance, cand.pp * cand.virtual_stages, exact=True)
+    chunks = cand.chunks or even_partition(tables.instance, cand.pp * cand.virtual_stages, exact=True)
     if chunks is None:
         return INF
     terms = CandidateTerms(tables, cand, chunks=chunks)
