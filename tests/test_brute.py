@@ -201,3 +201,47 @@ def test_a_cost_model_object_is_used_as_given(solver):
     assert mine.best.predicted_time == pytest.approx(brute_force(inst, cost_model=Slower()).value, rel=REL)
     assert mine.best.predicted_time == pytest.approx(solve(inst, cost_model="hetero-closed").best.predicted_time,
                                                      rel=REL)
+
+
+# -- every rule that removes plans before they are scored, made slightly too strong, is caught ----
+def _first_mismatch(seeds, objective="time"):
+    """The first (seed, brute force, enumerator) where the two disagree, on the instances
+    scripts/mut-style seeds draw (2-3 devices, 3-4 layers, every decision open)."""
+    for seed in seeds:
+        inst = tiny(seed, devices=2 + seed % 2, layers=3 + (seed // 2) % 2, engine="megatron", idle=True)
+        truth = brute_force(inst, objective=objective)
+        try:
+            found = solve(inst, solver="enumerate", objective=objective).solver.objective
+        except InfeasibleError:
+            found = None
+        if (truth is None) != (found is None) or (found is not None and found > truth.value * (1 + REL)):
+            return seed, truth, found
+    return None
+
+
+def test_the_subsets_throughput_bound_one_percent_too_strong_is_caught(monkeypatch):
+    """B6 (formulations/mip.md) is tight on a one-device plan: 1% more cuts off its sub-cluster."""
+    from amp_opt.search import subsets
+
+    assert _first_mismatch([2]) is None
+    bound = subsets._subset_bound
+    monkeypatch.setattr(subsets, "_subset_bound", lambda part, shares: 1.01 * bound(part, shares))
+    assert _first_mismatch([2]) is not None
+
+
+def test_the_candidate_bound_one_percent_too_strong_is_caught(monkeypatch):
+    """B2/B3 (formulations/mip.md) rule candidates out below the best plan: 1% more loses the optimum."""
+    bound = HeteroModel.lower_bound
+    monkeypatch.setattr(HeteroModel, "lower_bound", lambda self, *a, **k: 1.01 * bound(self, *a, **k))
+    assert _first_mismatch([2]) is not None
+
+
+def test_a_dominance_rule_too_strong_is_caught(monkeypatch):
+    """Selective recomputation is left out only without attention scores (formulations/hetero.md,
+    "Decisions"); left out always, the eager-attention instances lose plans."""
+    from amp_opt.model import candidates as cands
+
+    assert _first_mismatch([6, 7], "cost") is None
+    settings_of = cands.settings
+    monkeypatch.setattr(cands, "settings", lambda *a, **k: [c for c in settings_of(*a, **k) if c.recompute != "selective"])
+    assert _first_mismatch([6, 7], "cost") is not None

@@ -125,10 +125,10 @@ def test_infeasible_exits_3_naming_the_stage(tmp_path):
 
 def test_divisibility_infeasible_exits_3(tmp_path):
     doc = instance_dict("amp_homogeneous")
-    doc["search"] = {"tp": [3]}
+    doc["search"] = {"tp": [8]}  # more devices than a node has
     (tmp_path / "t.json").write_text(json.dumps(doc))
     out = run("solve", str(tmp_path / "t.json"))
-    assert out.returncode == 3 and "divides" in out.stderr
+    assert out.returncode == 3 and "divides" in out.stderr, out.stderr
 
 
 def test_generate_writes_valid_instance(tmp_path):

@@ -30,8 +30,10 @@ instances = st.builds(small_instance, seed=st.integers(0, 10**6), nodes=st.integ
 
 
 def chunks_of(instance, cand):
-    """Interleaving's fixed chunks (Megatron's even split), else None."""
-    return even_partition(instance, cand.pp * cand.virtual_stages, exact=True) if cand.virtual_stages > 1 else None
+    """Interleaving's fixed chunks (the candidate's, Megatron's even split by default), else None."""
+    if cand.virtual_stages == 1:
+        return None
+    return cand.chunks or even_partition(instance, cand.pp * cand.virtual_stages, exact=True)
 
 
 def sample(cands):

@@ -64,8 +64,12 @@ def test_het_cluster_free_grouping_all_solvers_agree(paper_instances):
 
 
 def small_instance(seed, nodes, devices, types, layers):
-    return parse_instance(generate_instance(seed, nodes=nodes, devices_per_node=devices, device_types=min(types, nodes),
-                                            layers=layers, global_batch=8))
+    """A generated instance searched by whole node classes: these tests hold the formulations against
+    each other; tests/test_brute.py holds every solver against the brute force over device subsets."""
+    doc = generate_instance(seed, nodes=nodes, devices_per_node=devices, device_types=min(types, nodes), layers=layers,
+                            global_batch=8)
+    doc["search"]["idle"] = "classes"
+    return parse_instance(doc)
 
 
 instances = st.builds(small_instance, seed=st.integers(0, 10**6), nodes=st.integers(2, 3),

@@ -117,6 +117,10 @@ class Training:
     tokens_per_sample: int | None = None  # the sequence length, when the model says (presets)
 
 
+# search.idle, widest first: any device ("devices"), whole nodes, whole node classes, none
+IDLE_SPACES = ("devices", "nodes", "classes", "none")
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     """The decisions the search may take (each within the engine's rules, :mod:`.engines`)."""
@@ -130,7 +134,7 @@ class SearchSpace:
     recompute_layers: tuple[int, ...] = ()  # block counts searched with full recomputation (Megatron's block method)
     zero_stages: tuple[int, ...] = (0,)
     virtual_stages: tuple[int, ...] = (1,)
-    idle: bool = False  # whether a plan may leave node classes idle
+    idle: str = "none"  # which devices a plan may leave idle: one of IDLE_SPACES
     per_stage_recompute: bool = False  # whether stages choose their recomputation (where the engine allows it)
     engine: str = "megatron"
 

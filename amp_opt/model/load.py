@@ -20,7 +20,7 @@ from . import catalog
 from .calibration import apply_calibration
 from .coarsen import MAX_MODEL_LAYERS
 from .hf_config import preset_from_hf_config
-from .instance import DeviceType, Instance, Layer, Node, Profile, SearchSpace, Split, Training
+from .instance import IDLE_SPACES, DeviceType, Instance, Layer, Node, Profile, SearchSpace, Split, Training
 from .presets import expand_preset
 from .units import parse_bandwidth, parse_bytes
 
@@ -377,7 +377,16 @@ def _parse_search(raw: Mapping, training: Training, num_layers: int) -> SearchSp
         recompute_layers=tuple(sorted(set(raw.get("recompute_layers", ())))),
         zero_stages=tuple(sorted(set(raw.get("zero_stages", (0, 1, 2, 3))))),
         virtual_stages=tuple(sorted(set(raw.get("virtual_stages", DEFAULT_VIRTUAL)))),
-        idle=bool(raw.get("idle", True)),
+        idle=_idle(raw.get("idle", True)),
         per_stage_recompute=bool(raw.get("per_stage_recompute", True)),
         engine=raw.get("engine", "megatron"),
     )
+
+
+def _idle(value) -> str:
+    """``search.idle``: true is "devices" (any device may stay idle), false is "none"."""
+    if isinstance(value, bool):
+        return "devices" if value else "none"
+    if value not in IDLE_SPACES:
+        raise InputError("search.idle", f"must be true, false or one of {', '.join(IDLE_SPACES)}, got {value!r}")
+    return value

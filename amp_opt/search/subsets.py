@@ -33,6 +33,7 @@ import numpy as np
 from ..errors import InfeasibleError, InputError, NoPlanFound
 from ..model.candidates import MAX_CHUNKINGS, interleaving_narrowed
 from ..model.classes import node_classes
+from ..model.instance import IDLE_SPACES
 from ..model.plan import Plan, describe
 from . import sidecar, stop
 from .context import Carry, Search, reserve
@@ -45,7 +46,6 @@ REVISIT_PASSES = 2  # rounds over the subsets not proven yet, sharing the time l
 DEEPEN = 4.0  # a subset run again gets at least this times its last run's seconds (if left)
 
 
-IDLE_SPACES = ("devices", "nodes", "classes", "none")  # search.idle, widest first
 WITHIN = {"nodes": "plans on whole nodes", "classes": "plans on whole node classes",
           "none": "plans that use every device"}  # what a narrower space leaves in, for "optimal within ..."
 # Sub-clusters searched at most (each is a search of its own, cut off or run): past this the
