@@ -182,8 +182,12 @@ def test_no_idle_devices_is_said():
 
 
 def test_a_large_model_keeps_interleaving_on_the_even_split_and_says_so():
-    result = solve(amp_opt.load_instance("instances/amp_het_cluster.json"), cost_model="amp")
-    assert "interleaved chunks are the engine's even split" in result.solver.within
+    inst = amp_opt.load_instance("instances/amp_het_cluster.json")
+    assert "interleaved chunks are the engine's even split" in solve(inst).solver.within
+    amp = solve(inst, cost_model="amp").solver.within  # AMP's model: every device, no interleaving
+    assert amp == "plans that use every device (the amp cost model prices every device of the cluster)"
+    flat = dataclasses.replace(inst, search=dataclasses.replace(inst.search, virtual_stages=(1,)))
+    assert solve(flat).solver.within is None
 
 
 class Slower(HeteroModel):

@@ -120,11 +120,12 @@ def chunkings(instance, parts: int) -> list[tuple[int, ...]]:
     return [even] + [c for c in others if c != even]
 
 
-def interleaving_narrowed(instance) -> bool:
+def interleaving_narrowed(instance, model) -> bool:
     """Whether some interleaved candidate of the instance (or of a part of its devices) keeps only
-    the engine's even split of the layers (:data:`MAX_CHUNKINGS`)."""
+    the engine's even split of the layers (:data:`MAX_CHUNKINGS`), under a cost model that prices
+    interleaving."""
     space, engine = instance.search, engine_of(instance)
-    if not engine.interleaving:
+    if not engine.interleaving or not model.prices(Candidate(1, 1, 2, 1, virtual_stages=2)):
         return False
     n = instance.num_layers
     return any(math.comb(n - 1, pp * v - 1) > MAX_CHUNKINGS and megatron_split(instance, pp * v) is not None

@@ -77,12 +77,11 @@ class Subset:
         return dataclasses.replace(plan, stages=stages)
 
 
-def idle_space(instance, model) -> str:
-    """The space of device subsets the instance asks for (``search.idle``: true is "devices",
-    false "none"), "none" when the cost model prices the whole cluster whatever a plan uses."""
+def idle_space(instance) -> str:
+    """The space of device subsets the instance asks for (``search.idle``; true is "devices",
+    false "none")."""
     idle = instance.search.idle
-    idle = {True: "devices", False: "none"}.get(idle, idle) if isinstance(idle, bool) else idle
-    return idle if model.idle else "none"
+    return {True: "devices", False: "none"}[idle] if isinstance(idle, bool) else idle
 
 
 def _node_counts(instance, cls, space: str) -> list[int]:
@@ -129,8 +128,7 @@ def subsets(instance, model) -> tuple[list[Subset], str | None]:
     None when every device subset the evaluator accepts is searched, else a phrase for "optimal
     within ..." (the instance narrowed ``search.idle``, or its space held more than MAX_SUBSETS).
     The others come by decreasing peak FLOP/s (an order only: the cutoffs keep the search exact)."""
-    space = idle_space(instance, model)
-    asked = space
+    asked = space = idle_space(instance) if model.idle else "none"
     while count_subsets(instance, space) > MAX_SUBSETS:
         space = IDLE_SPACES[IDLE_SPACES.index(space) + 1]
     if space == "none" or len(node_classes(instance)) == 1 and space == "classes":
@@ -140,12 +138,14 @@ def subsets(instance, model) -> tuple[list[Subset], str | None]:
     peak = {c.index: instance.device_types[c.device_type].peak_flops or 0.0 for c in node_classes(instance)}
     keys = keys[:1] + sorted(keys[1:], key=lambda k: (-sum(peak[c] * sum(u) for c, u in enumerate(k)), k))
     parts = []
-    if space != "devices" and asked != space:
+    if not model.idle and idle_space(instance) != "none":
+        parts.append(f"{WITHIN['none']} (the {model.name} cost model prices every device of the cluster)")
+    elif space != "devices" and asked != space:
         parts.append(f"{WITHIN[space]} (search.idle {asked!r} holds {count_subsets(instance, asked):,} sets of "
                      f"devices, more than {MAX_SUBSETS})")
     elif space != "devices":
         parts.append(f"{WITHIN[space]} (search.idle {asked!r})")
-    if interleaving_narrowed(instance):
+    if interleaving_narrowed(instance, model):
         parts.append(f"plans whose interleaved chunks are the engine's even split (more than {MAX_CHUNKINGS} "
                      "chunkings of the layers)")
     return [_subset(instance, key) for key in keys], "; ".join(parts) or None
