@@ -68,7 +68,7 @@ def small_instance(seed, nodes, devices, types, layers):
     each other; tests/test_brute.py holds every solver against the brute force over device subsets."""
     doc = generate_instance(seed, nodes=nodes, devices_per_node=devices, device_types=min(types, nodes), layers=layers,
                             global_batch=8)
-    doc["search"]["idle"] = "classes"
+    doc["search"].update(idle="classes", virtual_stages=[1, 2])  # v 4's many chunkings: test_brute's, too
     return parse_instance(doc)
 
 

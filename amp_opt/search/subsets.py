@@ -141,8 +141,10 @@ def subsets(instance, model) -> tuple[list[Subset], str | None]:
     if not model.idle and idle_space(instance) != "none":
         parts.append(f"{WITHIN['none']} (the {model.name} cost model prices every device of the cluster)")
     elif space != "devices" and asked != space:
-        parts.append(f"{WITHIN[space]} (search.idle {asked!r} holds {count_subsets(instance, asked):,} sets of "
-                     f"devices, more than {MAX_SUBSETS})")
+        count = count_subsets(instance, asked)
+        parts.append(f"{WITHIN[space]} (search.idle {asked!r} holds {count:,}" if count < 10**9 else
+                     f"{WITHIN[space]} (search.idle {asked!r} holds about {count:.1e}")
+        parts[-1] += f" sets of devices, more than {MAX_SUBSETS})"
     elif space != "devices":
         parts.append(f"{WITHIN[space]} (search.idle {asked!r})")
     if interleaving_narrowed(instance, model):
