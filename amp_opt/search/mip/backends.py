@@ -356,7 +356,10 @@ def solve_cbc(lm: LinearModel, time_limit: float | None, seed: int, workers: int
         if not (head.startswith("optimal") or (head.startswith("stopped") and "no integer solution" not in head)):
             return Outcome("UNKNOWN", None, None, _lower_bound(log, scale), wall, nodes, points)
         _, values, *_ = solver.readsol_MPS(sol, prob, vs, var_names, con_names)
-    result = {i: float(values[f"v{i}"]) * _unit(lm.vars[i], scale) for i in range(len(lm.vars))}
+    # A variable in no row and not in the objective is not written to the MPS file, so CBC's
+    # solution lacks it: any value in its bounds does, its lower bound here.
+    result = {i: float(values[f"v{i}"]) * _unit(lm.vars[i], scale) if f"v{i}" in values else float(lm.vars[i].lb)
+              for i in range(len(lm.vars))}
     obj = sum(c * result[i] for i, c in lm.objective.items())
     if head.startswith("optimal"):
         return Outcome("OPTIMAL", result, obj, obj, wall, nodes, points)
