@@ -63,6 +63,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from .search.solve import solve
 
 
+def __dir__() -> list[str]:
+    """The public API (imported on first use) beside the module's own names."""
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
 def __getattr__(name: str):
     if name in _EXPORTS:
         module = importlib.import_module(f".{_EXPORTS[name]}", __name__)

@@ -61,13 +61,13 @@ def time_bounds(path: str, nodes: int, count: int, cutoff: float, only: str | No
     from amp_opt.model.candidates import candidates
     from amp_opt.search.context import Search
     from amp_opt.search.options import solve_options
-    from amp_opt.search.subsets import subsets
+    from amp_opt.search.device_sets import device_sets
 
     inst = load_instance(path)
     options = dataclasses.replace(solve_options(solver="cpsat"), cutoff=cutoff)
-    parts = [p for p in subsets(inst, options.model) if len(p.instance.nodes) == nodes]
+    parts = [p for p in device_sets(inst, options.model)[0] if len(p.instance.nodes) == nodes]
     if not parts:
-        raise SystemExit(f"no subset of node classes with {nodes} nodes")
+        raise SystemExit(f"no set of devices on {nodes} nodes")
     for part in parts:
         search = Search(part.instance, options)
         cands = candidates(part.instance, search.model)

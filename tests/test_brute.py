@@ -228,8 +228,8 @@ def test_the_subsets_throughput_bound_one_percent_too_strong_is_caught(monkeypat
     from amp_opt.search import subsets
 
     assert _first_mismatch([2]) is None
-    bound = subsets._subset_bound
-    monkeypatch.setattr(subsets, "_subset_bound", lambda part, shares: 1.01 * bound(part, shares))
+    bound = subsets.set_bound
+    monkeypatch.setattr(subsets, "set_bound", lambda part, shares: 1.01 * bound(part, shares))
     assert _first_mismatch([2]) is not None
 
 

@@ -143,7 +143,7 @@ def test_a_run_out_of_memory_is_a_record(workflow):
     out = cli("run", "profiled.json", "one.json", "-o", "oom.json", "--iterations", "1", "--warmup", "0",
               "--memory-limit", "1000", cwd=tmp)
     assert out.returncode == 6, out.stderr
-    assert "run FAILED (oom)" in out.stdout
+    assert "run FAILED (oom)" in out.stderr and "run FAILED" not in out.stdout
     [record] = json.loads((tmp / "oom.json").read_text())
     assert record["failed"] == "oom" and record["plan"]["micro_batch"] == 2
     assert record["memory_limit"] == 1000  # what calibrate compares the plan's peak with

@@ -38,7 +38,7 @@ COMMANDS = {
 EXIT_CODES = (
     "0 success; "
     "2 bad input (one line naming the field and the problem); "
-    "3 infeasible: proven that no plan fits (one line saying why); "
+    "3 infeasible: proven that no plan fits (one line saying why), or evaluate's plan does not fit; "
     "4 no plan found within the time limit, infeasibility not proven; "
     "5 a plug-in solver failed (its plan was rejected by the evaluator, or it raised); "
     "6 a measured run failed (out of memory or an error; run -o records it); "
@@ -58,6 +58,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Plan tensor/data/pipeline-parallel training on heterogeneous GPU clusters.",
         epilog="exit codes: " + EXIT_CODES, formatter_class=_Formatter,
     )
+    parser.add_argument("--version", action="version", version=f"amp-opt {_version()}",
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, summary in COMMANDS.items():
         p = sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".",
@@ -67,6 +69,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             module.add_arguments(p)
             p.set_defaults(run=module.run)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (the package's own when run from a checkout)."""
+    from importlib import metadata
+
+    from .. import __version__
+
+    try:
+        return metadata.version("amp_opt")
+    except metadata.PackageNotFoundError:
+        return __version__
 
 
 class _Formatter(argparse.HelpFormatter):

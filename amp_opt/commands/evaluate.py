@@ -1,4 +1,8 @@
-"""``evaluate``: score one plan or a list of plans with the one evaluator."""
+"""``evaluate``: score one plan or a list of plans with the one evaluator.
+
+Exit 0 when every plan fits, 3 (infeasible) when one does not fit in memory: its report says
+which stage needs how much.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from ..model.evaluate import evaluate
 from ..model.load import load_instance, load_json
 from ..model.plan import load_plans
 from ..model.tables import Tables
+from ..errors import InfeasibleError
 from .common import add_cost_model
 from .report import make_console, print_evaluation
 
@@ -32,4 +37,4 @@ def run(args) -> int:
         console = make_console()
         for r in results:
             print_evaluation(instance, r, console)
-    return 0
+    return 0 if all(r.feasible for r in results) else InfeasibleError.exit_code

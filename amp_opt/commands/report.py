@@ -136,7 +136,9 @@ def print_solve(instance, result: SolveResult, show_top: bool = False) -> None:
     out = make_console()
     s = result.solver
     out.print(f"[bold]{instance.name}[/bold]: {instance.num_devices} devices on {len(instance.nodes)} nodes, "
-                  f"{instance.num_layers} layers, global batch {instance.training.global_batch}")
+              f"{instance.num_layers} layers, global batch {instance.training.global_batch}")
+    for note in instance.notes:
+        out.print(f"note: {note}")
     print_evaluation(instance, result.best, out)
     extra = ", ".join(f"{k} {v}" for k, v in s.extra.items())
     unit = "USD" if s.extra.get("objective") == "cost" else "s"

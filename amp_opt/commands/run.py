@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 from pathlib import Path
 
 from ..errors import InputError
@@ -114,7 +115,9 @@ def run(args) -> int:
         print(json.dumps({"record": record, "predicted": evaluation.to_json(instance),
                           "comparison": comparison.to_json() if comparison else None}, indent=2))
     else:
-        print(format_comparison(instance, record, evaluation, comparison), end="")
+        # A failed run's report (out of memory, an error) goes to stderr, as every failure does.
+        print(format_comparison(instance, record, evaluation, comparison), end="",
+              file=sys.stderr if record.get("failed") else sys.stdout)
         if args.output:
             print(f"wrote {args.output}")
     return EXIT_RUN_FAILED if record.get("failed") else 0

@@ -11,12 +11,13 @@ of eq. H5, for reports.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .costs import CandidateTerms, CostModel, StageCosts, cost_model as get_cost_model
 from .costs.terms import stage_order
-from .plan import Plan, check_plan
+from .plan import Plan, check_plan, parse_plan
 from .tables import LayerSums, Tables
 
 GIB = 2**30
@@ -119,8 +120,9 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
     Parameters
     ----------
     instance : Instance
-    plan : Plan
-        Validated against the instance here (missing ``stages`` means rank order).
+    plan : Plan or dict
+        Validated against the instance here (missing ``stages`` means rank order); a dict in
+        the plan format (``parse_plan``) is parsed first.
     cost_model : "hetero" (default), "amp", or a :class:`~amp_opt.model.costs.CostModel`
     tables : Tables, optional
         Derived tables to reuse (a solve passes its own); built afresh when omitted.
@@ -138,7 +140,7 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
     1.0859
     """
     model = get_cost_model(cost_model)
-    plan = check_plan(instance, plan)
+    plan = check_plan(instance, parse_plan(plan) if isinstance(plan, Mapping) else plan)
     costs = stage_costs(instance, plan, model, tables)
     bounds = stage_bounds(plan)
     reports = [_stage_report(instance, plan, costs, s, bounds[s], bounds[s + 1]) for s in range(plan.pp)]

@@ -214,6 +214,9 @@ def _parse_model(model: Mapping, base_dir: Path, notes: list[str]) -> tuple[tupl
         raw_layers = expand_preset(preset, field="instance.model.hf_config")
         tokens = int(preset["seq_len"])
         notes.append(f"model expanded from a Hugging Face config into the {preset['preset']} preset")
+        if model.get("seq_len") is None:  # a config states the longest context, not the one trained with
+            notes.append(f"sequence length {tokens} taken from the config's longest position; set "
+                         "model.seq_len to the length the run trains with")
     else:
         raw_layers = model["layers"]
     if len(raw_layers) > MAX_MODEL_LAYERS:
