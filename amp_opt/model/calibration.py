@@ -32,7 +32,6 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 DEVICE_FIELDS = ("compute_scale", "batch_exponent", "step_overhead", "memory_overhead", "memory_headroom")  # C1-3, C5, C8
-LINK_FIELDS = ("intra_bandwidth_factor", "inter_bandwidth_factor")  # C4, per device type
 TRAINING_FIELDS = ("activation_factor", "gradient_buffer_bytes_per_param")  # C6, C7
 
 

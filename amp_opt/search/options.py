@@ -14,10 +14,9 @@ from ..errors import InputError
 from ..model.costs import CostModel, cost_model as get_cost_model
 from ..model.fields import whole_number
 from ..model.placement import check_placement
-from .registry import BUILTIN, lookup
+from .registry import lookup
 
 OBJECTIVES = ("time", "cost")
-SOLVERS = tuple(BUILTIN)  # the built-in names; plug-ins add theirs (amp_opt.register_solver)
 BACKENDS = ("auto", "enumerate", "cpsat", "cbc", "highs", "plugin")
 LAYER_FORMULATIONS = ("prefix", "assignment")
 
@@ -46,8 +45,6 @@ class SolveOptions:
         Processes for the search over idle node classes under a time limit: the whole cluster
         is searched in this one and the other subsets of node classes in up to ``processes`` - 1
         forked ones beside it (no more than the usable cores).  1 (default): one after another.
-    gap : float
-        Relative gap at which the MIP search may stop (0: prove optimality).
     objective : str
         "time" (seconds per iteration) or "cost" (USD per iteration).
     budget : float or None
@@ -82,7 +79,6 @@ class SolveOptions:
     time_limit: float | None = None
     seed: int = 0
     workers: int = 1
-    gap: float = 0.0
     objective: str = "time"
     budget: float | None = None
     cutoff: float = math.inf
@@ -115,7 +111,7 @@ class SolveOptions:
 
 def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero", placement: str | None = None,
                   top_k: int = 1, time_limit: float | None = None, seed: int = 0, workers: int = 1,
-                  gap: float = 0.0, objective: str = "time", budget: float | None = None,
+                  objective: str = "time", budget: float | None = None,
                   progress=None, processes: int = 1) -> SolveOptions:
     """Check every option once and return the record; InputError names the first bad one.
 
@@ -134,8 +130,6 @@ def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero
     if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
                                    or not time_limit > 0 or not math.isfinite(time_limit)):
         raise InputError("--time-limit", f"must be positive seconds, got {time_limit!r}")
-    if not 0 <= gap < 1:
-        raise InputError("gap", f"must be a fraction in [0, 1), got {gap!r}")
     if objective not in OBJECTIVES:
         raise InputError("--objective", f"unknown objective {objective!r} (choose from {', '.join(OBJECTIVES)})")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
@@ -145,6 +139,6 @@ def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero
         raise InputError("--budget", "applies with --objective time (the cost objective already minimises cost)")
     settings = dict(entry.settings) if entry.builtin else {"backend": "plugin"}
     return SolveOptions(solver, cost_model if isinstance(cost_model, CostModel) else model.name, check_placement(placement, model), top_k,
-                        None if time_limit is None else float(time_limit), seed, workers, float(gap), objective,
+                        None if time_limit is None else float(time_limit), seed, workers, objective,
                         None if budget is None else float(budget), math.inf, progress, **settings,
                         processes=processes)

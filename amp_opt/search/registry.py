@@ -1,12 +1,13 @@
 """Every solver configuration that ``solve`` and ``bench`` can run, by name.
 
-One registry for built-in variants and plug-ins alike: ``name -> (solve_fn, one-line
-description)``.  ``solve_fn(instance, options)`` returns a
+One registry for built-in variants and plug-ins alike: ``name -> entry`` with a one-line
+description.  A plug-in's ``solve_fn(instance, options)`` returns a
 :class:`~amp_opt.search.result.SolveResult`; ``options`` is the validated
 :class:`~amp_opt.search.options.SolveOptions` record, which has (at least) the attributes
 ``cost_model``, ``placement``, ``time_limit``, ``seed`` and ``top_k``.
 
-* A **built-in variant** is a name bound to option values (:attr:`SolverEntry.settings`):
+* A **built-in variant** is a name bound to option values (:attr:`SolverEntry.settings`),
+  which :func:`amp_opt.search.solve.run_builtin` runs:
   the engine (``backend``) and the ingredients it switches off or swaps
   (``formulations/variants.md`` lists them with what each one teaches).
 * A **plug-in** is a module that calls :func:`register_solver` at import time;
@@ -31,7 +32,6 @@ then ``python -m amp_opt bench --plugin myplug --solvers rank-order,cpsat instan
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import importlib.util
 import math
@@ -54,7 +54,7 @@ class SolverEntry:
     """One registered solver configuration."""
 
     name: str
-    solve_fn: Callable[[Any, Any], Any]  # (instance, options) -> SolveResult
+    solve_fn: Callable[[Any, Any], Any] | None  # a plug-in's (instance, options) -> SolveResult; None: built-in
     description: str
     settings: Mapping[str, Any] = field(default_factory=dict)  # option values a built-in variant binds
     module: str | None = None  # the plug-in module that registered it (None: built-in)
@@ -84,19 +84,11 @@ VARIANTS: tuple[tuple[str, dict, str], ...] = (
 )
 
 
-def _builtin_solve(name: str, settings: Mapping[str, Any], instance, options):
-    """A built-in variant: its option values applied, then the search of :mod:`.solve`."""
-    from .solve import run_builtin  # the search machinery is imported when a solve runs
-
-    return run_builtin(instance, dataclasses.replace(options, solver=name, **settings))
-
-
 def _builtins() -> dict[str, SolverEntry]:
     out = {}
 
     def add(name, settings, description):
-        out[name] = SolverEntry(name, functools.partial(_builtin_solve, name, dict(settings)), description,
-                                dict(settings))
+        out[name] = SolverEntry(name, None, description, dict(settings))
 
     add("auto", {"backend": "auto"}, "the exact enumerator, or cpsat when free grouping is too large to enumerate")
     add("enumerate", {"backend": "enumerate"}, "exact enumeration: every candidate, the stage DP over every grouping "
@@ -201,15 +193,6 @@ def _import_file(path: Path, name: str):
         sys.modules.pop(name, None)
         raise
     return module
-
-
-def plugin_file(name: str) -> str | None:
-    """The source file of the module that registered plug-in solver ``name`` (None for built-ins)."""
-    entry = solvers().get(name)
-    if entry is None or entry.module is None:
-        return None
-    module = sys.modules.get(entry.module)
-    return getattr(module, "__file__", None)
 
 
 def _one_line(exc: BaseException) -> str:

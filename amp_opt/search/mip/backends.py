@@ -56,12 +56,12 @@ class Outcome:
 def run_backend(opts, lm: LinearModel, delta: float, seconds, cutoff, scale: float) -> Outcome:
     """Solve one program with the engine of the options record (``opts.backend``)."""
     if opts.backend == "cpsat":
-        return solve_cpsat(lm, delta, seconds, opts.seed, opts.workers, cutoff, opts.gap)
+        return solve_cpsat(lm, delta, seconds, opts.seed, opts.workers, cutoff)
     if opts.backend == "highs":
         from .highs import solve_highs  # highspy is an optional extra
 
-        return solve_highs(lm, seconds, opts.seed, opts.workers, cutoff, opts.gap, scale)
-    return solve_cbc(lm, seconds, opts.seed, opts.workers, cutoff, opts.gap, scale)
+        return solve_highs(lm, seconds, opts.seed, opts.workers, cutoff, scale=scale)
+    return solve_cbc(lm, seconds, opts.seed, opts.workers, cutoff, scale=scale)
 
 
 def resolution_for(scale: float, model: LinearModel | None = None) -> float:

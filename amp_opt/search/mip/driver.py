@@ -110,7 +110,7 @@ def _dual(cands, lower: dict, proofs: Proofs | None = None, skip=None) -> float:
 
 
 def solve_mip(search) -> SolveResult:
-    """Solve every promising candidate's program with CP-SAT, CBC or HiGHS; exact unless stopped by time or gap."""
+    """Solve every promising candidate's program with CP-SAT, CBC or HiGHS; exact unless stopped by time."""
     instance, opts = search.instance, search.options
     cands = candidates(instance, search.model)
     if not cands:
@@ -146,7 +146,7 @@ def solve_mip(search) -> SolveResult:
                                    search.deadline)
         search.trace.update(best if np.isfinite(best) else None, _dual(cands, lower))
         if phase is not None:
-            best = phase.refine(incumbents, lower, best, max(opts.gap, SAME))
+            best = phase.refine(incumbents, lower, best, SAME)
             search.trace.update(best if np.isfinite(best) else None, _dual(cands, lower))
         proofs = _programs(search, cands, lower, incumbents, phase)
     finally:
@@ -257,7 +257,6 @@ def _programs(search, cands, lower: dict, incumbents: dict, phase: KindPhase | N
     in a fraction of a second; the kind bound often rules the candidate out), and its program only
     if it stays open."""
     opts = search.options
-    gap = max(opts.gap, SAME)
     order = sorted(cands, key=lambda c: (incumbents[c].value if c in incumbents else np.inf, lower[c], c))
     proofs = Proofs()
     if opts.carry is not None:  # a build this solve timed before (another run, another subset)
@@ -280,12 +279,12 @@ def _programs(search, cands, lower: dict, incumbents: dict, phase: KindPhase | N
 
     for i, c in enumerate(order):
         kth = kth_best()
-        kind_first = (lower[c] < kth * (1 - gap) and phase is not None and phase.kept(c)
+        kind_first = (lower[c] < kth * (1 - SAME) and phase is not None and phase.kept(c)
                       and not search.out_of_time() and search.remaining() is not None)
         if kind_first:
             until = time.perf_counter() + KIND_FIRST * share(i, kth)
             phase.raise_bounds([c], lower, kth, until)
-        if lower[c] >= kth * (1 - gap):
+        if lower[c] >= kth * (1 - SAME):
             # Nothing of this candidate beats the k-th best; its own warm start may be that plan.
             if c in incumbents:
                 proofs.results.append(incumbents[c])
