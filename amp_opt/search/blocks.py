@@ -33,9 +33,8 @@ from ..model.costs.amp import blended_times
 from ..model.evaluate import evaluate
 from ..model.profiles import layer_times
 from .context import rounded
-from .result import SolveResult
+from .result import SolveResult, status_of
 
-SAME = 1e-6
 REMAP_SECONDS_PER_LAYER = 5e-6  # re-scoring the plans and the bound on the original layers (0.3 s at 10^5)
 
 
@@ -60,7 +59,7 @@ def solve_blocks(instance, coarse, bounds: tuple[int, ...], run, limit: float | 
                                           "consecutive layers; stage boundaries on block boundaries only"),
              "block_plans_bound": stats.bound, "block_plans_status": stats.status}
     stats = dataclasses.replace(stats, objective=objective, bound=bound, extra=extra,
-                                status="OPTIMAL" if bound >= objective * (1 - SAME) else "FEASIBLE")
+                                status=status_of(objective, bound))
     return SolveResult(top[0], top, stats)
 
 

@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..errors import InputError, SolverFailed
+from .result import SAME
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
-SAME = 1e-6  # relative tolerance for a plug-in's claims against the evaluator's score
 
 
 @dataclass(frozen=True)

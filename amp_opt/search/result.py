@@ -14,6 +14,14 @@ from ..model.evaluate import Evaluation
 from ..model.plan import Candidate, Plan, Stages
 
 
+SAME = 1e-6  # relative: a bound this close below a plan's value proves it (the evaluator's resolution)
+
+
+def status_of(objective: float, bound: float) -> str:
+    """OPTIMAL when the proven bound reaches the objective within SAME, else FEASIBLE: the one rule."""
+    return "OPTIMAL" if bound >= objective * (1 - SAME) else "FEASIBLE"
+
+
 @dataclass(frozen=True)
 class Incumbent:
     """A plan found by a search, with its value under the search's cost model (seconds).

@@ -29,14 +29,13 @@ from ..model.plan import Plan, describe
 from . import sidecar, stop
 from .context import Carry, Search, reserve
 from .device_sets import DeviceSet, device_sets, set_bound, throughput_bound
-from .result import NoPlanBelow, SolverStats, SolveResult
+from .result import SAME, NoPlanBelow, SolverStats, SolveResult, status_of
 from .trace import Trace
 
 FIRST_SHARE = 0.6  # of the time limit: the whole cluster's search, when other sets remain
 REVISIT_SECONDS = 1.0  # time left worth a second run on a set not proven yet
 REVISIT_PASSES = 2  # rounds over the sets not proven yet, sharing the time left
 DEEPEN = 4.0  # a set run again gets at least this times its last run's seconds (if left)
-SAME = 1e-6  # relative: a bound this close below the best plan proves it (the evaluator's resolution)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +280,7 @@ class SubsetSearch:
                      node_classes_used=_classes_of(self.instance, top[0].plan), processes=1 + self.helpers)
         if self.cost:
             extra.update(objective="cost", objective_unit="USD per iteration")
-        stats = SolverStats(name=last.solver.name, status="OPTIMAL" if lower >= objective * (1 - SAME) else "FEASIBLE",
+        stats = SolverStats(name=last.solver.name, status=status_of(objective, lower),
                             wall_time=self.whole.elapsed(), objective=objective, bound=max(0.0, min(lower, objective)),
                             extra=extra, trace=trace.as_tuple(),
                             programs=tuple(p for r in self.results for p in r.solver.programs), within=within)

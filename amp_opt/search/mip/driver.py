@@ -40,11 +40,10 @@ from .. import stop
 from ..diagnose import verdict
 from ..kinds.refine import KindPhase, runs_kinds
 from ..partition import fixed_placement_graph, good_path
-from ..result import Incumbent, NoPlanBelow, SolverStats, SolveResult
+from ..result import SAME, Incumbent, NoPlanBelow, SolverStats, SolveResult, status_of
 from .backends import resolution_for, run_backend
 from .formulation import build
 
-SAME = 1e-6  # relative difference below which a bound counts as reaching a value
 P1_SHARE = 0.4  # of the time left: phase 1 (DP incumbents) stops there once it has a plan
 P1_KINDS_SHARE = 0.15  # the same when phase 1b runs: its plans beat the DP's fixed node orders
 P1_QUICK_SHARE = 0.25  # of the time left: phase 1's quick kind bounds stop there
@@ -394,17 +393,16 @@ def _result(search, cands, proofs: Proofs) -> SolveResult:
     bound = min([objective] + list(proofs.bound.values()))
     # Every candidate's bound is proven (solved, cut off, or bounded), so a bound that meets
     # the objective proves it optimal even when some program stopped at the time limit.
-    optimal = bound >= objective * (1 - SAME)
     search.trace.update(top[0].value, min(bound, objective))
     stats = SolverStats(
         name=opts.solver,
-        status="OPTIMAL" if optimal else "FEASIBLE",
+        status=status_of(objective, bound),
         wall_time=search.elapsed(),
         objective=objective,
         bound=min(bound, objective),
         extra={"placement": opts.placement, "candidates": len(cands), **proofs.sizes,
                **({"time_resolution_relative": 1e-8} if opts.backend == "cpsat" else {}),
-               **({"stopped": search.stopped_why()} if not optimal and search.out_of_time() else {})},
+               **({"stopped": search.stopped_why()} if status_of(objective, bound) != "OPTIMAL" and search.out_of_time() else {})},
         trace=search.trace.as_tuple(),
         programs=tuple(proofs.programs),
     )
