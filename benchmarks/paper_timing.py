@@ -55,7 +55,8 @@ def run(instance: str, args: list[str]) -> tuple[float, float, dict]:
 def main() -> None:
     print("# Solve times on the AMP paper instances\n")
     print("Command: `python benchmarks/paper_timing.py > benchmarks/results/paper_timing.md`  ")
-    print(f"Machine: {os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}  ")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    print(f"Machine: {os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}; commit {commit}  ")
     print(f"Each cell: median of {REPEATS} runs of `python -m amp_opt solve INSTANCE --json ...` as a child process.\n")
     print("| instance | configuration | best plan (tp, dp, pp, mb) | predicted s | solver wall_time s | whole process s |")
     print("|---|---|---|---|---|---|")

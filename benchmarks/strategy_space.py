@@ -38,6 +38,9 @@ INSTANCES = [ROOT / "instances" / "llama3_405b_h100_16k.json", ROOT / "instances
 INSTANCES += sorted((ROOT / "instances" / "suite" / "scale").glob("*.json"), key=lambda p: p.name)
 OLD_SPACE = {"cp": [1], "sequence_parallel": [False], "recompute": ["none"], "virtual_stages": [1], "idle": False}
 BLOCK_COUNTS = [1, 2, 4, 8]
+# solver.within's phrases, in short for the status column ("OPTIMAL within classes, even chunks")
+WITHIN_SHORT = {"whole nodes": "nodes", "whole node classes": "classes", "use every device": "all devices",
+                "even split": "even chunks"}
 SPACES = {"today": "the instance's search space (every decision open, idle GPUs allowed)",
           "2022": "cp 1, no sequence parallelism, no recomputation, no interleaving, no idle GPUs",
           "block": f"today's, and Megatron's block recomputation with r in {BLOCK_COUNTS} (search.recompute_layers)",
@@ -90,7 +93,10 @@ def run(path: Path, limit: float, space: str) -> dict:
         record["error"] = f"{result.get('status')}: {result.get('reason')}"
         return record
     solver = result["solver"]
-    record.update(plan=describe(result["plan"]), time=result["predicted_time"], status=solver["status"],
+    within = solver.get("within")  # what the search left out of the evaluator's space, in short
+    short = [] if within is None else [part for key, part in WITHIN_SHORT.items() if key in within]
+    record.update(plan=describe(result["plan"]), time=result["predicted_time"],
+                  status=solver["status"] + (f" within {', '.join(short)}" if short else ""),
                   gap=solver["gap"], mfu=result.get("model_flops_utilization"),
                   used=result.get("devices_used"), solver=solver["name"])
     return record
@@ -123,7 +129,9 @@ def main() -> int:
           f"{platform.python_version()}; commit {commit}; {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ")
     print("Each row is one whole process (`solve --time-limit S --json`); wall time and peak memory are the "
           "process's, load is the 1-minute load average when it started (2 cores: above 2 the runs shared "
-          "the machine). " + "; ".join(f"\"{s}\": {SPACES[s]}" for s in spaces) + ".\n")
+          "the machine). " + "; ".join(f"\"{s}\": {SPACES[s]}" for s in spaces) + ". A status \"within\" names "
+          "what the search left out of the evaluator's space (formulations/exactness.md): sets of devices other "
+          "than whole nodes or whole node classes, interleaved chunkings other than the engine's even split.\n")
     print("| instance | space | plan | time s | MFU | GPUs used | status | gap | wall s | peak MiB | load |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:

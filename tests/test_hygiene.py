@@ -293,6 +293,26 @@ def test_long_model_is_searched_over_exact_blocks():
     assert result.solver.status in ("FEASIBLE", "OPTIMAL")
 
 
+def test_interleaving_over_blocks_is_megatrons_split_of_the_layers_too():
+    """Over blocks, an interleaved candidate exists only where the layers behind the blocks split
+    evenly as well: its plan, mapped back to the layers, is one the engine runs (203 transformer
+    layers split into 4 chunks but not into 8, while their 102 blocks split into both)."""
+    from amp_opt import evaluate, parse_instance
+    from amp_opt.model.candidates import candidates
+    from amp_opt.model.coarsen import coarsen
+    from amp_opt.model.engines import megatron_split
+
+    inst = parse_instance(_cluster(203, count=1))  # 8 GPUs
+    coarse, bounds = coarsen(inst)
+    interleaved = [c for c in candidates(coarse) if c.virtual_stages > 1]
+    assert interleaved and all(megatron_split(inst, c.pp * c.virtual_stages) is not None for c in interleaved)
+    assert megatron_split(coarse, 8) is not None and megatron_split(inst, 8) is None  # the case the rule is for
+    for cand in interleaved[:3]:  # their even split of the blocks is a plan the layers' engine accepts
+        chunks = megatron_split(coarse, cand.pp * cand.virtual_stages).bounds
+        plan = cand.plan(tuple(bounds[i] for i in chunks))
+        assert evaluate(inst, plan).predicted_time > 0
+
+
 def test_a_program_beyond_64_bit_integers_is_no_crash():
     """Global batches near 2^40 make memory rows of huge micro-batches exceed CP-SAT's integers:
     such a program yields no plan and no proof (UNKNOWN), never a traceback."""

@@ -12,7 +12,9 @@ term of both cost models is a sum over a stage's layers (or, for p2p, the last l
 activation), so a stage made of whole blocks costs exactly what the same layers cost in
 the original model; the terms that are not sums (what full recomputation keeps, eq. H7,
 and the largest buffers of H7 and H9) read the block's ``members``.  Interleaving splits
-blocks evenly, which is Megatron's split of the layers when the blocks are equal.  What changes is the search space: stage boundaries fall on block
+blocks evenly, which is Megatron's split of the layers when the blocks are equal; it is
+searched only where the layers behind the blocks split evenly too (the engine's rule,
+``engines._splits_members``), so that the plan runs on them.  What changes is the search space: stage boundaries fall on block
 boundaries only, so the plan found is feasible and exactly priced but may not be the
 optimum of the unrestricted problem; :mod:`amp_opt.search.blocks` says so in the result
 and reports a bound that holds for every plan.

@@ -52,7 +52,7 @@ class Engine:
             if cand.pp < 2:
                 return "virtual_stages", "the interleaved schedule needs pp >= 2"
             parts = cand.pp * cand.virtual_stages
-            if megatron_split(instance, parts) is None:
+            if megatron_split(instance, parts) is None or not _splits_members(instance, parts):
                 body = instance.transformer_span
                 return "virtual_stages", (f"the interleaved schedule splits the {body[1] - body[0]} transformer layers "
                                           f"evenly over pp*virtual_stages = {parts} chunks (counting the embedding and "
@@ -118,6 +118,20 @@ def megatron_split(instance, parts: int) -> Split | None:
         if all(a < b for a, b in zip(bounds, bounds[1:])):
             return Split(tuple(bounds), emb, loss)
     return None
+
+
+def _splits_members(instance, parts: int) -> bool:
+    """Whether Megatron's split into ``parts`` chunks exists for the layers behind an instance's
+    blocks (:mod:`.coarsen`): a plan found over blocks runs on those layers, so its interleaving
+    must be theirs too (true for an instance of single layers)."""
+    if not instance.layer_facts["blocks"]:
+        return True
+    sizes = [max(1, len(layer.members)) for layer in instance.layers]
+    first, last = instance.transformer_span
+    pre, body, post = sum(sizes[:first]), sum(sizes[first:last]), sum(sizes[last:])
+    return any(body + emb + loss >= parts and (body + emb + loss) % parts == 0
+               for emb, loss in ((False, False), (True, True), (True, False), (False, True))
+               if (pre or not emb) and (post or not loss))
 
 
 ENGINES = {
