@@ -68,3 +68,14 @@ def test_a_sequence_length_taken_from_the_config_is_said(tmp_path):
     doc["model"]["seq_len"] = 4096
     (tmp_path / "i.json").write_text(json.dumps(doc))
     assert not any("sequence length" in note for note in amp_opt.load_instance(tmp_path / "i.json").notes)
+
+
+def test_the_top_k_table_shows_every_setting():
+    """Two plans that differ only in interleaving or ZeRO are told apart in the --top-k table."""
+    out = cli("solve", str(INSTANCES / "amp_het_cluster.json"), "--top-k", "4")
+    assert out.returncode == 0, out.stderr
+    table = out.stdout[out.stdout.index("best plans"):]
+    rows = [line for line in table.splitlines() if "tp=" in line]
+    assert len(rows) == 4 and all("micro_batch=" in row for row in rows)
+    assert any("virtual_stages=" in row for row in rows) and any("zero_stage=" in row for row in rows)
+    assert "GPUs" in table

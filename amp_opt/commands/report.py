@@ -150,12 +150,13 @@ def print_solve(instance, result: SolveResult, show_top: bool = False) -> None:
 
 
 def top_table(result: SolveResult):
+    """The best plans, one row each: every degree and setting (``describe``: interleaving, ZeRO,
+    recomputation, ...), the GPUs used, the partition and the time."""
     table = Table(title="best plans", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("#", "tp", "dp", "pp", "micro_batch", "partition", "time s", "vs best"):
-        table.add_column(col, justify="right" if col not in ("partition",) else "left")
+    for col in ("#", "plan", "GPUs", "partition", "time s", "vs best"):
+        table.add_column(col, justify="left" if col in ("plan", "partition") else "right")
     best = result.top[0].predicted_time
     for i, ev in enumerate(result.top):
-        p = ev.plan
-        table.add_row(str(i + 1), str(p.tp), str(p.dp), str(p.pp), str(p.micro_batch), str(list(p.partition)),
+        table.add_row(str(i + 1), describe(ev.plan), str(ev.devices_used), str(list(ev.plan.partition)),
                       f"{ev.predicted_time:.4f}", f"{ev.predicted_time / best:.3f}x")
     return table
