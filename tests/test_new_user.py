@@ -79,3 +79,16 @@ def test_the_top_k_table_shows_every_setting():
     assert len(rows) == 4 and all("micro_batch=" in row for row in rows)
     assert any("virtual_stages=" in row for row in rows) and any("zero_stage=" in row for row in rows)
     assert "GPUs" in table
+
+
+def test_generate_says_when_no_plan_fits(tmp_path):
+    """Seed 11 at 3 nodes x 2 GPUs sizes its model past the cluster's memory: generate still writes
+    it (exit 0) and says so; seed 12 fits and generate says nothing; --check 0 skips the check."""
+    args = ("--nodes", "3", "--devices-per-node", "2")
+    none = cli("generate", "--seed", "11", *args, "-o", str(tmp_path / "a.json"))
+    assert none.returncode == 0 and "note: no plan fits this instance: no plan fits in device memory" in none.stderr
+    fits = cli("generate", "--seed", "12", *args, "-o", str(tmp_path / "b.json"))
+    assert fits.returncode == 0 and fits.stderr == ""
+    unchecked = cli("generate", "--seed", "11", *args, "--check", "0", "-o", str(tmp_path / "c.json"))
+    assert unchecked.returncode == 0 and unchecked.stderr == ""
+    assert (tmp_path / "a.json").read_text() == (tmp_path / "c.json").read_text()
