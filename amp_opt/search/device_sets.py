@@ -27,7 +27,7 @@ WITHIN = {"nodes": "plans on whole nodes", "classes": "plans on whole node class
 # Sets of devices searched at most, each a search of its own (cut off by B6, or run): past this
 # the space narrows to the next of IDLE_SPACES and the result says so ("optimal within ...").
 # 512: the paper's 16-GPU cluster (4 nodes of 4 GPUs, tp 1, 2, 4) has 174 sets and is solved in
-# about 1.5 s (benchmarks/results/paper_timing.md); two classes of 4 nodes of 8 GPUs have 2024.
+# about 1.5 s (benchmarks/results/paper_timing.md); two classes of 4 nodes of 8 GPUs have 245,024.
 MAX_SETS = 512
 
 
