@@ -24,10 +24,9 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ..model.evaluate import Evaluation, evaluate
-from ..model.plan import parse_plan
+from ..model.instance import idle_level
+from ..model.plan import PER_STAGE_MODES, parse_plan
 from ..model.tables import Tables
-
-PER_STAGE_MODES = ("none", "full")
 
 
 @dataclass(frozen=True)
@@ -75,9 +74,10 @@ def raw_plans(instance):
     ``search.idle`` false, only those that use every device."""
     n_dev, n_layers, batch = instance.num_devices, instance.num_layers, instance.training.global_batch
     space = instance.search
-    if space.idle not in (True, False, "devices", "none"):
+    idle = idle_level(space.idle)
+    if idle not in ("devices", "none"):
         raise ValueError(f"the brute force walks every device subset or none: search.idle {space.idle!r}")
-    every = space.idle in (False, "none")  # no device may stay idle
+    every = idle == "none"  # no device may stay idle
     for tp, cp, v, mb in itertools.product(space.tp, space.cp, space.virtual_stages, space.micro_batches):
         for dp in range(1, n_dev // (tp * cp) + 1):
             if batch % (dp * mb):

@@ -114,10 +114,15 @@ def chunkings(instance, parts: int) -> list[tuple[int, ...]]:
     (the engine's even split first) when there are at most MAX_CHUNKINGS, else the even split."""
     even = even_partition(instance, parts, exact=True)
     n = instance.num_layers
-    if math.comb(n - 1, parts - 1) > MAX_CHUNKINGS:
+    if _too_many_chunkings(n, parts):
         return [even]
     others = [(0, *cut, n) for cut in itertools.combinations(range(1, n), parts - 1)]
     return [even] + [c for c in others if c != even]
+
+
+def _too_many_chunkings(layers: int, parts: int) -> bool:
+    """Whether ``layers`` layers have more than MAX_CHUNKINGS partitions into ``parts`` chunks."""
+    return math.comb(layers - 1, parts - 1) > MAX_CHUNKINGS
 
 
 def interleaving_narrowed(instance, model) -> bool:
@@ -128,7 +133,7 @@ def interleaving_narrowed(instance, model) -> bool:
     if not engine.interleaving or not model.prices(Candidate(1, 1, 2, 1, virtual_stages=2)):
         return False
     n = instance.num_layers
-    return any(math.comb(n - 1, pp * v - 1) > MAX_CHUNKINGS and megatron_split(instance, pp * v) is not None
+    return any(_too_many_chunkings(n, pp * v) and megatron_split(instance, pp * v) is not None
                for v in space.virtual_stages if v > 1
                for pp in range(2, min(space.max_pp, instance.num_devices) + 1) if pp * v <= n)
 

@@ -102,15 +102,8 @@ def megatron_split(instance, parts: int) -> Split | None:
     Without a counted embedding it joins the first chunk, without a counted loss the last."""
     first, last = instance.transformer_span
     n = instance.num_layers
-    pre, post = first > 0, last < n
-    options = [(False, False), (True, True), (True, False), (False, True)]
-    for emb, loss in options:
-        if (emb and not pre) or (loss and not post):
-            continue
-        units = (last - first) + emb + loss
-        if units < parts or units % parts:
-            continue
-        size = units // parts
+    for emb, loss in _even_counts(first > 0, last - first, last < n, parts):
+        size = (last - first + emb + loss) // parts
         bounds = [0]
         for j in range(1, parts):
             bounds.append(first - emb + j * size)
@@ -118,6 +111,17 @@ def megatron_split(instance, parts: int) -> Split | None:
         if all(a < b for a, b in zip(bounds, bounds[1:])):
             return Split(tuple(bounds), emb, loss)
     return None
+
+
+def _even_counts(pre: bool, body: int, post: bool, parts: int):
+    """Megatron's ways of counting the embedding and the loss as a layer each, in its order of
+    preference, under which ``body`` transformer layers split into ``parts`` equal chunks
+    (``pre``, ``post``: whether other layers come before and after them): (embedding counted,
+    loss counted) pairs."""
+    for emb, loss in ((False, False), (True, True), (True, False), (False, True)):
+        units = body + emb + loss
+        if (pre or not emb) and (post or not loss) and units >= parts and units % parts == 0:
+            yield emb, loss
 
 
 def _splits_members(instance, parts: int) -> bool:
@@ -128,10 +132,7 @@ def _splits_members(instance, parts: int) -> bool:
         return True
     sizes = [max(1, len(layer.members)) for layer in instance.layers]
     first, last = instance.transformer_span
-    pre, body, post = sum(sizes[:first]), sum(sizes[first:last]), sum(sizes[last:])
-    return any(body + emb + loss >= parts and (body + emb + loss) % parts == 0
-               for emb, loss in ((False, False), (True, True), (True, False), (False, True))
-               if (pre or not emb) and (post or not loss))
+    return next(_even_counts(first > 0, sum(sizes[first:last]), last < len(sizes), parts), None) is not None
 
 
 ENGINES = {

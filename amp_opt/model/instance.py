@@ -121,6 +121,14 @@ class Training:
 IDLE_SPACES = ("devices", "nodes", "classes", "none")
 
 
+def idle_level(value: bool | str) -> str:
+    """``search.idle`` as one of IDLE_SPACES: true is "devices" (any device may stay idle), false
+    is "none" (a record built in code may still hold a bool)."""
+    if isinstance(value, bool):
+        return "devices" if value else "none"
+    return value
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     """The decisions the search may take (each within the engine's rules, :mod:`.engines`)."""

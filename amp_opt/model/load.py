@@ -20,7 +20,7 @@ from . import catalog
 from .calibration import apply_calibration
 from .coarsen import MAX_MODEL_LAYERS
 from .hf_config import preset_from_hf_config
-from .instance import IDLE_SPACES, DeviceType, Instance, Layer, Node, Profile, SearchSpace, Split, Training
+from .instance import IDLE_SPACES, DeviceType, idle_level, Instance, Layer, Node, Profile, SearchSpace, Split, Training
 from .presets import expand_preset
 from .units import parse_bandwidth, parse_bytes
 
@@ -387,9 +387,7 @@ def _parse_search(raw: Mapping, training: Training, num_layers: int) -> SearchSp
 
 
 def _idle(value) -> str:
-    """``search.idle``: true is "devices" (any device may stay idle), false is "none"."""
-    if isinstance(value, bool):
-        return "devices" if value else "none"
-    if value not in IDLE_SPACES:
+    """``search.idle`` checked and as one of IDLE_SPACES (:func:`.instance.idle_level`)."""
+    if not isinstance(value, bool) and value not in IDLE_SPACES:
         raise InputError("search.idle", f"must be true, false or one of {', '.join(IDLE_SPACES)}, got {value!r}")
-    return value
+    return idle_level(value)

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import InputError
 from ..model.candidates import MAX_CHUNKINGS, interleaving_narrowed
 from ..model.classes import node_classes
-from ..model.instance import IDLE_SPACES
+from ..model.instance import IDLE_SPACES, idle_level
 from ..model.plan import Plan
 
 WITHIN = {"nodes": "plans on whole nodes", "classes": "plans on whole node classes",
@@ -50,13 +50,6 @@ class DeviceSet:
         """The plan with the sub-instance's device ids turned into the whole cluster's."""
         stages = tuple(tuple(tuple(self.devices[d] for d in group) for group in stage) for stage in plan.stages)
         return dataclasses.replace(plan, stages=stages)
-
-
-def idle_space(instance) -> str:
-    """The space of device subsets the instance asks for (``search.idle``; true is "devices",
-    false "none")."""
-    idle = instance.search.idle
-    return {True: "devices", False: "none"}[idle] if isinstance(idle, bool) else idle
 
 
 def _node_counts(instance, cls, space: str) -> list[int]:
@@ -103,17 +96,14 @@ def device_sets(instance, model) -> tuple[list[DeviceSet], str | None]:
     None when every device subset the evaluator accepts is searched, else a phrase for "optimal
     within ..." (the instance narrowed ``search.idle``, or its space held more than MAX_SETS).
     The others come by decreasing peak FLOP/s (an order only: the cutoffs keep the search exact)."""
-    asked = space = idle_space(instance) if model.idle else "none"
+    asked = space = idle_level(instance.search.idle) if model.idle else "none"
     while count_device_sets(instance, space) > MAX_SETS:
         space = IDLE_SPACES[IDLE_SPACES.index(space) + 1]
-    if space == "none" or len(node_classes(instance)) == 1 and space == "classes":
-        keys = [tuple((c.devices,) * len(c.nodes) for c in node_classes(instance))]
-    else:
-        keys = list(_keys(instance, space))
+    keys = list(_keys(instance, space))
     peak = {c.index: instance.device_types[c.device_type].peak_flops or 0.0 for c in node_classes(instance)}
     keys = keys[:1] + sorted(keys[1:], key=lambda k: (-sum(peak[c] * sum(u) for c, u in enumerate(k)), k))
     parts = []
-    if not model.idle and idle_space(instance) != "none":
+    if not model.idle and idle_level(instance.search.idle) != "none":
         parts.append(f"{WITHIN['none']} (the {model.name} cost model prices every device of the cluster)")
     elif space != "devices" and asked != space:
         count = count_device_sets(instance, asked)
