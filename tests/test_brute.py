@@ -166,6 +166,16 @@ def test_a_tensor_parallel_group_is_priced_as_a_set():
     assert a.predicted_time == b.predicted_time and a.stages[0].memory == b.stages[0].memory
 
 
+def test_no_stage_recomputes_selectively_where_the_engine_cannot():
+    """DeepSpeed's stages each recompute in full or not at all: a per-stage list with a selective
+    stage is refused (the brute force walks only "none" and "full" per stage, as the engine runs)."""
+    inst = tiny(3, devices=3, layers=4, engine="deepspeed", idle=True)
+    doc = {"tp": 1, "dp": 1, "pp": 2, "micro_batch": 1, "partition": [0, 2, 4]}
+    with pytest.raises(amp_opt.InputError, match="plan.recompute: deepspeed recomputes whole layers only"):
+        evaluate(inst, {**doc, "recompute": ["selective", "full"]})
+    assert evaluate(inst, {**doc, "recompute": ["none", "full"]}).predicted_time > 0
+
+
 def test_raw_plans_cover_every_device_subset():
     inst = tiny(5, devices=3, layers=3, engine="megatron", idle=True, knobs=False)
     used = {tuple(sorted(d for stage in doc["stages"] for g in stage for d in g)) for doc in raw_plans(inst)}

@@ -79,6 +79,10 @@ class Engine:
         if not isinstance(plan.recompute, str) and not self.per_stage_recompute:
             raise InputError(f"{where}.recompute", f"{self.name} recomputes the same way on every stage: "
                                                    "give one mode, not a list")
+        if not isinstance(plan.recompute, str) and "selective" in plan.recompute and not self.selective_recompute:
+            # the rule below sees the candidate's most recomputing mode only, which hides a selective stage
+            raise InputError(f"{where}.recompute", f"{self.name} recomputes whole layers only (no selective "
+                                                   f"recomputation), got {list(plan.recompute)}")
         broken = self.rule(instance, plan.candidate)
         if broken is not None:
             raise InputError(f"{where}.{broken[0]}", f"{broken[1]} (engine {self.name})")
