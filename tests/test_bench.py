@@ -56,7 +56,7 @@ def test_amp_pick_walks_the_ranking_when_the_pick_does_not_fit(paper_instances):
     assert not amp.pick.feasible
     if amp.fitting is not None:
         assert amp.fitting.feasible and amp.fitting_rank > 1
-        ranked = solve(small, cost_model="amp", placement="rank-order", top_k=amp.fitting_rank)
+        ranked = solve(small, cost_model="amp", placement="rank-order", top_k=amp.fitting_rank, per_candidate=True)
         assert ranked.top[-1].plan == amp.fitting.plan
         assert not any(evaluate(small, e.plan, "hetero").feasible for e in ranked.top[:-1])
     else:

@@ -4,7 +4,7 @@
   in AMP's search space (``solve(..., cost_model="amp", placement="rank-order")``),
   re-scored under hetero.  AMP's model ignores memory, so its pick may not fit;
   then the best amp-ranked plan that does fit is found by walking
-  ``solve(..., top_k=K)`` for growing K.
+  ``solve(..., top_k=K, per_candidate=True)`` for growing K.
 * :func:`expert_default`: a Megatron-LM practitioner's default: tp = GPUs per
   node, an even layer split, rank order, the fewest pipeline stages that fit,
   the largest micro-batch that fits.
@@ -41,7 +41,7 @@ class AmpPick:
     the pick fits, the first plan of AMP's ranking that fits otherwise, or None
     (``reason`` says why).  ``fitting_rank`` is its 1-based place in the ranking.
     The ranking lists each candidate (tp, dp, pp, micro-batch) once, with its
-    amp-optimal partition, as ``solve(top_k=K)`` returns it.
+    amp-optimal partition, as ``solve(top_k=K, per_candidate=True)`` returns it.
     """
 
     pick: Evaluation
@@ -75,7 +75,8 @@ def amp_pick(instance, time_limit: float | None = None, walk: tuple[int, ...] = 
         if deadline is not None and time.perf_counter() >= deadline:
             return AmpPick(**common, fitting=None, fitting_rank=None, ranked=checked,
                            reason=f"time limit reached after {checked} amp-ranked plans, none fits")
-        result = solve(instance, cost_model="amp", placement="rank-order", top_k=k, time_limit=remaining())
+        result = solve(instance, cost_model="amp", placement="rank-order", top_k=k, per_candidate=True,
+                       time_limit=remaining())
         for rank, ranked in enumerate(result.top[checked:], start=checked + 1):
             ev = evaluate(instance, ranked.plan, "hetero")
             if ev.feasible:

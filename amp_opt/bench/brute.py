@@ -19,10 +19,12 @@ evaluator prices a group by the node it sits on, whatever its ranks' order.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import dataclass
 
 from ..errors import InputError
+from ..model.engines import engine_of
 from ..model.evaluate import Evaluation, evaluate
 from ..model.instance import idle_level
 from ..model.plan import PER_STAGE_MODES, parse_plan
@@ -135,3 +137,107 @@ def brute_force(instance, *, cost_model="hetero", objective: str = "time", budge
         elif value <= best * (1 + rel):
             kept.append(ev)
     return None if not kept else Best(best, tuple(kept), scored)
+
+
+def brute_top(instance, k: int, *, cost_model="hetero", objective: str = "time") -> list[float]:
+    """The values of the ``k`` best distinct plans of a tiny instance, best first (fewer when
+    fewer exist): every raw plan scored, plans that differ only by interchangeable devices or
+    only in how they write the same plan counted once, and plans that a rule of
+    ``formulations/exactness.md`` ("The k best plans", D1-D4) replaces left out.  What
+    ``solve(top_k=k)`` must list.
+
+    Examples
+    --------
+    >>> import amp_opt
+    >>> from amp_opt.bench.brute import brute_top
+    >>> inst = amp_opt.parse_instance(amp_opt.generate_instance(1, nodes=2, devices_per_node=1, layers=3))
+    >>> len(brute_top(inst, 2)) <= 2
+    True
+    """
+    tables = Tables(instance)
+    scored: dict[str, tuple[float, dict]] = {}
+    symmetries = _symmetries(instance)
+    for doc in raw_plans(instance):
+        ev = _score(instance, doc, cost_model, tables, objective)
+        if ev is not None:
+            scored.setdefault(_identity(instance, doc, symmetries), (ev, doc))
+    values = sorted(value for value, doc in scored.values()
+                    if not any(_no_worse(instance, other, value, cost_model, tables, objective)
+                               for other in _replacements(instance, doc)))
+    return values[:k]
+
+
+def _score(instance, doc: dict, cost_model, tables, objective: str) -> float | None:
+    """The plan's value, None when the evaluator refuses it or it does not fit."""
+    try:
+        ev = evaluate(instance, parse_plan(doc), cost_model, tables=tables)
+    except InputError:
+        return None
+    if not ev.feasible:
+        return None
+    return ev.cost if objective == "cost" else ev.predicted_time
+
+
+def _no_worse(instance, doc: dict, value: float, cost_model, tables, objective: str) -> bool:
+    other = _score(instance, doc, cost_model, tables, objective)
+    return other is not None and other <= value * (1 + 1e-9)
+
+
+def _symmetries(instance) -> list[dict[int, int]]:
+    """Every relabelling of the devices that maps each node onto a node of the same type, size and
+    links, device by device (the devices of a node are interchangeable)."""
+    nodes = instance.nodes
+    first = instance.node_first_device
+
+    def kind(j):
+        n = nodes[j]
+        return (n.device_type, n.devices, n.intra_bandwidth, n.inter_bandwidth)
+
+    out = []
+    for image in itertools.permutations(range(len(nodes))):
+        if any(kind(j) != kind(i) for j, i in enumerate(image)):
+            continue
+        for orders in itertools.product(*(itertools.permutations(range(n.devices)) for n in nodes)):
+            out.append({first[j] + d: first[image[j]] + orders[j][d] for j, n in enumerate(nodes) for d in range(n.devices)})
+    return out
+
+
+def _identity(instance, doc: dict, symmetries) -> str:
+    """One key for the plans that are the same plan: device labels up to symmetry, each stage's
+    groups as a set of sets, and a block count that covers every range written as plain full
+    recomputation."""
+    doc = dict(doc)
+    layers = doc.pop("recompute_layers", None)
+    if layers is not None and max(_recomputing(instance, k, l) for k, l in zip(doc["partition"], doc["partition"][1:])) > layers:
+        doc["recompute_layers"] = layers
+    stages = doc.pop("stages")
+    layouts = (tuple(tuple(sorted(tuple(sorted(m[d] for d in group)) for group in stage)) for stage in stages)
+               for m in symmetries)
+    return json.dumps([doc, min(layouts)], sort_keys=True)
+
+
+def _recomputing(instance, k: int, l: int) -> int:
+    return sum(bool(layer.recomputes) for layer in instance.layers[k:l])
+
+
+def _replacements(instance, doc: dict):
+    """The plans that a rule says are at least as good as ``doc`` (D1-D4 of exactness.md): with
+    sequence parallelism (tp > 1), at a higher ZeRO stage up to 2 (several replicas) or the lowest
+    (one), without selective recomputation where no layer keeps attention scores, a stage without
+    full recomputation where stages choose their own."""
+    space, replicas = instance.search, doc["dp"] * doc["cp"]
+    if doc["tp"] > 1 and not doc["sequence_parallel"] and True in space.sequence_parallel:
+        yield {**doc, "sequence_parallel": True}
+    z = doc["zero_stage"]
+    for other in space.zero_stages:
+        if (replicas > 1 and z < other <= 2) or (replicas == 1 and other < z):
+            yield {**doc, "zero_stage": other}
+    if doc["recompute"] == "selective" and not instance.layer_facts["scores"]:
+        yield {**doc, "recompute": "none"}
+    if (engine_of(instance).per_stage_recompute and space.per_stage_recompute
+            and set(PER_STAGE_MODES) <= set(space.recompute) and "recompute_layers" not in doc):
+        modes = [doc["recompute"]] * doc["pp"] if isinstance(doc["recompute"], str) else list(doc["recompute"])
+        for s, mode in enumerate(modes):
+            if mode == "full":
+                less = modes[:s] + ["none"] + modes[s + 1:]
+                yield {**doc, "recompute": less[0] if len(set(less)) == 1 else less}

@@ -151,12 +151,31 @@ def print_solve(instance, result: SolveResult, show_top: bool = False) -> None:
 
 def top_table(result: SolveResult):
     """The best plans, one row each: every degree and setting (``describe``: interleaving, ZeRO,
-    recomputation, ...), the GPUs used, the partition and the time."""
+    recomputation, ...), the GPUs used, the partition, where each stage runs (plans may differ
+    only there) and the time."""
     table = Table(title="best plans", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("#", "plan", "GPUs", "partition", "time s", "vs best"):
-        table.add_column(col, justify="left" if col in ("plan", "partition") else "right")
+    for col in ("#", "plan", "GPUs", "partition", "stages on", "time s", "vs best"):
+        table.add_column(col, justify="left" if col in ("plan", "partition", "stages on") else "right")
     best = result.top[0].predicted_time
     for i, ev in enumerate(result.top):
         table.add_row(str(i + 1), describe(ev.plan), str(ev.devices_used), str(list(ev.plan.partition)),
+                      " | ".join(_stage_place(r) for r in ev.stages),
                       f"{ev.predicted_time:.4f}", f"{ev.predicted_time / best:.3f}x")
     return table
+
+
+def _stage_place(report) -> str:
+    """A stage's devices in a few characters: their count and types, and the devices' ids."""
+    devices = sorted(d for group in report.groups for d in group)
+    return f"{len(devices)} {'+'.join(report.device_types)} {_ranges(devices)}"
+
+
+def _ranges(ids: list[int]) -> str:
+    """Device ids as runs: [0, 1, 2, 5] -> "0-2,5"."""
+    runs: list[list[int]] = []
+    for d in ids:
+        if runs and d == runs[-1][1] + 1:
+            runs[-1][1] = d
+        else:
+            runs.append([d, d])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

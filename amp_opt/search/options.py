@@ -36,7 +36,11 @@ class SolveOptions:
     placement : str
         "free" or "rank-order" (checked against the cost model).
     top_k : int
-        How many of the best plans to return.
+        How many of the best plans to return: the K best distinct plans
+        (``formulations/exactness.md``, "The k best plans").
+    per_candidate : bool
+        With ``top_k``: each candidate's best plan only, the K best of those (AMP's ranking of
+        candidates), rather than the K best plans.
     time_limit : float or None
         Seconds for the whole search.
     seed, workers : int
@@ -93,6 +97,7 @@ class SolveOptions:
     diagnose: bool = True
     carry: object = field(default=None, compare=False, repr=False)
     processes: int = 1
+    per_candidate: bool = False
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -100,7 +105,7 @@ class SolveOptions:
         if self.layers not in LAYER_FORMULATIONS:
             raise InputError("layers", f"unknown layer formulation {self.layers!r} "
                                        f"(choose from {', '.join(LAYER_FORMULATIONS)})")
-        for name in ("kinds", "incumbents", "warm_start", "cutoffs", "symmetry", "diagnose"):
+        for name in ("kinds", "incumbents", "warm_start", "cutoffs", "symmetry", "diagnose", "per_candidate"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(name, f"must be true or false, got {getattr(self, name)!r}")
 
@@ -112,7 +117,7 @@ class SolveOptions:
 def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero", placement: str | None = None,
                   top_k: int = 1, time_limit: float | None = None, seed: int = 0, workers: int = 1,
                   objective: str = "time", budget: float | None = None,
-                  progress=None, processes: int = 1) -> SolveOptions:
+                  progress=None, processes: int = 1, per_candidate: bool = False) -> SolveOptions:
     """Check every option once and return the record; InputError names the first bad one.
 
     Examples
@@ -141,4 +146,4 @@ def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero
     return SolveOptions(solver, cost_model if isinstance(cost_model, CostModel) else model.name, check_placement(placement, model), top_k,
                         None if time_limit is None else float(time_limit), seed, workers, objective,
                         None if budget is None else float(budget), math.inf, progress, **settings,
-                        processes=processes)
+                        processes=processes, per_candidate=per_candidate)

@@ -20,7 +20,8 @@ from .subsets import solve_subsets
 
 def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str | None = None, top_k: int = 1,
           time_limit: float | None = None, seed: int = 0, workers: int = 1, objective: str = "time",
-          budget: float | None = None, progress=None, started: float | None = None, processes: int = 1) -> SolveResult:
+          budget: float | None = None, progress=None, started: float | None = None, processes: int = 1,
+          per_candidate: bool = False) -> SolveResult:
     """Find the fastest plan of an instance under a cost model.
 
     Parameters
@@ -38,7 +39,11 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     placement : {"free", "rank-order"}, optional
         Default: free under hetero, rank-order under amp.
     top_k : int
-        How many of the best plans to return (enumerate keeps more than one).
+        How many of the best plans to return: the K best distinct plans
+        (``formulations/exactness.md``, "The k best plans"; with a MIP solver the best plan of
+        each of the K best candidates, and the result says so).
+    per_candidate : bool
+        With ``top_k``: the best plan of each of the K best candidates (AMP's ranking).
     time_limit : float, optional
         Seconds for the whole search, counted from ``started``.  A search cut short returns
         the best plan found so far (status FEASIBLE, with its proven bound).
@@ -86,7 +91,7 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     """
     options = solve_options(solver=solver, cost_model=cost_model, placement=placement, top_k=top_k,
                             time_limit=time_limit, seed=seed, workers=workers, objective=objective, budget=budget,
-                            progress=progress, processes=processes)
+                            progress=progress, processes=processes, per_candidate=per_candidate)
     entry = lookup(options.solver)
     if not entry.builtin:  # a plug-in gets the whole instance; its plans are re-scored by the evaluator
         return run_plugin(entry, instance, options)

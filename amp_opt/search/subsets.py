@@ -283,7 +283,8 @@ class SubsetSearch:
         stats = SolverStats(name=last.solver.name, status=status_of(objective, lower),
                             wall_time=self.whole.elapsed(), objective=objective, bound=max(0.0, min(lower, objective)),
                             extra=extra, trace=trace.as_tuple(),
-                            programs=tuple(p for r in self.results for p in r.solver.programs), within=within)
+                            programs=tuple(p for r in self.results for p in r.solver.programs),
+                            within=_joined(within, *(r.solver.within for r in self.results)))
         return SolveResult(top[0], top, stats)
 
     def _raise_none_found(self):
@@ -294,6 +295,12 @@ class SubsetSearch:
             raise NoPlanFound(self.whole.stopped_why())
         whole_cluster = self.reasons[0] if self.reasons else "no plan fits"
         raise InfeasibleError(f"{whole_cluster}; leaving devices idle does not help either")
+
+
+def _joined(*phrases: str | None) -> str | None:
+    """The parts of the space a result leaves out, each said once, in order; None when none is."""
+    kept = list(dict.fromkeys(p for p in phrases if p))
+    return "; ".join(kept) or None
 
 
 def _helpers(options, count: int) -> int:

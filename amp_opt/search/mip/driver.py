@@ -48,6 +48,9 @@ P1_SHARE = 0.4  # of the time left: phase 1 (DP incumbents) stops there once it 
 P1_KINDS_SHARE = 0.15  # the same when phase 1b runs: its plans beat the DP's fixed node orders
 P1_QUICK_SHARE = 0.25  # of the time left: phase 1's quick kind bounds stop there
 BOUNDS_SHARE = 0.5  # of the time left: the candidates' first bounds stop there (thousands take seconds)
+# What --top-k K lists from the programs: each candidate's best plan, so the K best of those (the
+# enumerator lists the K best plans, :mod:`amp_opt.search.kbest`).
+ONE_PER_CANDIDATE = "each candidate's best plan (--top-k with a MIP solver; --solver enumerate lists the K best plans)"
 KIND_FIRST = 0.5  # of a candidate's share in phase 2 that a round of its kind bound may take before its program
 
 
@@ -405,5 +408,6 @@ def _result(search, cands, proofs: Proofs) -> SolveResult:
                **({"stopped": search.stopped_why()} if status_of(objective, bound) != "OPTIMAL" and search.out_of_time() else {})},
         trace=search.trace.as_tuple(),
         programs=tuple(proofs.programs),
+        within=ONE_PER_CANDIDATE if opts.top_k > 1 and not opts.per_candidate else None,
     )
     return SolveResult(evaluations[0], evaluations, stats)
