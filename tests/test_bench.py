@@ -104,8 +104,8 @@ def test_scale_suite_loads_and_covers_every_size():
     assert set(sizes) == {16, 64, 256, 1024, 4096}
     assert any(len(i.nodes) == 128 and len(i.devices_by_type) == 4 and i.num_layers == 96 for i in sizes[1024])
     assert any(len(i.nodes) == 512 and all(n.devices == 8 for n in i.nodes) for i in sizes[4096])
-    assert [p for _, p in suite_paths("paper")] == [INSTANCES / f"amp_{n}.json"
-                                                   for n in ("homogeneous", "het_cluster", "het_model")]
+    assert [p.name for _, p in suite_paths("paper")] == [f"amp_{n}.json"
+                                                        for n in ("homogeneous", "het_cluster", "het_model")]
 
 
 def test_run_bench_paper_writes_consistent_files(tmp_path):
