@@ -6,7 +6,7 @@ Usage (from the project root):
 
 Rewrites every file of instances/suite/scale/ from the tables below; the output
 is checked in.  The paper suite is not built here: it is the three
-instances/amp_*.json files (see amp_opt/bench/suites.py, SUITES).
+instances/amp_*.json files (packaged for `bench --suite` as amp_opt/bench/data/).
 
 Choices (stated once, used by every instance)
 ---------------------------------------------

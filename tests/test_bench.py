@@ -18,7 +18,7 @@ from conftest import INSTANCES
 import amp_opt
 from amp_opt import InputError
 from amp_opt.bench import stats
-from amp_opt.bench.baselines import amp_pick, even_partition, expert_default, ideal_bound
+from amp_opt.bench.baselines import amp_optimum, even_partition, expert_default, ideal_bound
 from amp_opt.bench.rows import COLUMNS, TIMING_COLUMNS, BaselineRun, SolveRun, make_row
 from amp_opt.bench.run import run_bench
 from amp_opt.bench.runner import instance_spec, plugin_specs, run_job, solve_job_spec
@@ -30,30 +30,30 @@ from amp_opt import solve
 
 @pytest.fixture(scope="module")
 def baselines(paper_instances):
-    return {exp: (amp_pick(inst), expert_default(inst), ideal_bound(inst)) for exp, inst in paper_instances.items()}
+    return {exp: (amp_optimum(inst), expert_default(inst), ideal_bound(inst)) for exp, inst in paper_instances.items()}
 
 
-def test_amp_pick_is_the_amp_optimum_rescored(paper_instances, baselines):
+def test_amp_optimum_is_the_amp_models_optimum_rescored(paper_instances, baselines):
     for exp, inst in paper_instances.items():
         amp, _, _ = baselines[exp]
         best = solve(inst, cost_model="amp", placement="rank-order")
         assert amp.amp_time == pytest.approx(best.best.predicted_time, rel=1e-12)
-        assert amp.pick.plan == best.best.plan
-        assert amp.pick.cost_model == "hetero"
-        assert amp.pick.predicted_time == pytest.approx(evaluate(inst, best.best.plan, "hetero").predicted_time)
-        # the paper instances' picks fit, so they are also what AMP would deploy
-        assert amp.pick.feasible and amp.fitting is amp.pick and amp.fitting_rank == 1
+        assert amp.optimum.plan == best.best.plan
+        assert amp.optimum.cost_model == "hetero"
+        assert amp.optimum.predicted_time == pytest.approx(evaluate(inst, best.best.plan, "hetero").predicted_time)
+        # the paper instances' amp-model optima fit, so they are also what AMP would deploy
+        assert amp.optimum.feasible and amp.fitting is amp.optimum and amp.fitting_rank == 1
 
 
-def test_amp_pick_walks_the_ranking_when_the_pick_does_not_fit(paper_instances):
+def test_amp_optimum_walks_the_ranking_when_the_optimum_does_not_fit(paper_instances):
     import dataclasses
 
     inst = paper_instances["het_cluster"]
-    # Shrink memory so that AMP's (memory-blind) pick overflows but some ranked plan still fits.
+    # Shrink memory so that the (memory-blind) amp-model optimum overflows but some ranked plan still fits.
     small = dataclasses.replace(inst, device_types={k: dataclasses.replace(v, memory=3.4 * 2**30)
                                                     for k, v in inst.device_types.items()})
-    amp = amp_pick(small)
-    assert not amp.pick.feasible
+    amp = amp_optimum(small)
+    assert not amp.optimum.feasible
     if amp.fitting is not None:
         assert amp.fitting.feasible and amp.fitting_rank > 1
         ranked = solve(small, cost_model="amp", placement="rank-order", top_k=amp.fitting_rank, per_candidate=True)
@@ -87,7 +87,7 @@ def test_ideal_bound_is_below_every_plan(paper_instances, baselines):
     for exp, inst in paper_instances.items():
         amp, expert, ideal = baselines[exp]
         best = solve(inst)  # the optimum: below it means below every hetero plan
-        times = [best.best.predicted_time, amp.pick.predicted_time, expert.evaluation.predicted_time]
+        times = [best.best.predicted_time, amp.optimum.predicted_time, expert.evaluation.predicted_time]
         assert 0 < ideal.time < min(times)
         assert ideal.time == pytest.approx(
             inst.training.global_batch / sum(n / ideal.per_sample[g] for g, n in ideal.devices.items()))
@@ -104,8 +104,8 @@ def test_scale_suite_loads_and_covers_every_size():
     assert set(sizes) == {16, 64, 256, 1024, 4096}
     assert any(len(i.nodes) == 128 and len(i.devices_by_type) == 4 and i.num_layers == 96 for i in sizes[1024])
     assert any(len(i.nodes) == 512 and all(n.devices == 8 for n in i.nodes) for i in sizes[4096])
-    assert [p for _, p in suite_paths("paper")] == [INSTANCES / f"amp_{n}.json"
-                                                   for n in ("homogeneous", "het_cluster", "het_model")]
+    assert [p.name for _, p in suite_paths("paper")] == [f"amp_{n}.json"
+                                                        for n in ("homogeneous", "het_cluster", "het_model")]
 
 
 def test_run_bench_paper_writes_consistent_files(tmp_path):
@@ -118,6 +118,8 @@ def test_run_bench_paper_writes_consistent_files(tmp_path):
         assert row["objective"] == pytest.approx(row["amp_opt_s"])
         assert row["ideal_s"] < row["amp_opt_s"] <= row["amp_fit_s"] * (1 + 1e-9)
         assert row["amp_opt_s"] <= row["expert_s"]
+        # the amp-model optimum (not AMP's own plan): the amp model's exact optimum, re-scored
+        assert row["amp_optimum_fits"] is True and row["amp_fit_s"] == row["amp_optimum_s"]
         assert row["speedup_vs_amp"] >= 1 - 1e-9 and row["ratio_to_ideal"] > 1
         assert row["peak_rss_mib"] > 0 and row["wall_time"] >= 0
         assert 0 <= row["time_to_first"] <= row["time_to_1pct_gap"] <= row["wall_time"]
@@ -135,6 +137,8 @@ def test_run_bench_paper_writes_consistent_files(tmp_path):
     assert "Command: `run_bench(suite='paper'" in markdown and "Machine:" in markdown
     assert "| enumerate | 3 | 3 | 3 | 0 | 0 | 0 |" in markdown  # runs, solved, optimal, infeasible, wrong, failed
     assert sum(line.startswith("| amp_") for line in markdown.splitlines()) == 3
+    assert "| amp fit s |" in markdown and "amp fit: the amp-model optimum if it fits" in markdown
+    assert not any("pick" in c for c in COLUMNS)
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["columns"] == list(COLUMNS) and len(doc["rows"]) == 3
     assert all(r["trace"] and r["plan_json"]["partition"][-1] == 30 for r in doc["rows"][:2])

@@ -1,8 +1,11 @@
 """Plans to compare amp_opt's plan against, all scored by ``evaluate(instance, plan, "hetero")``.
 
-* :func:`amp_pick`: what AMP would deploy.  The optimum of AMP's own cost model
-  in AMP's search space (``solve(..., cost_model="amp", placement="rank-order")``),
-  re-scored under hetero.  AMP's model ignores memory, so its pick may not fit;
+* :func:`amp_optimum`: the amp-model optimum, what AMP's method deploys when searched exactly.
+  The optimum of AMP's own cost model in AMP's search space
+  (``solve(..., cost_model="amp", placement="rank-order")``), re-scored under hetero.  (Not
+  AMP's own plan, the one AMP's released search reports: its partition DP is not exact, so that
+  plan can be slower still; tests/test_amp_reproduction.py.)  AMP's model ignores memory, so the
+  optimum may not fit;
   then the best amp-ranked plan that does fit is found by walking
   ``solve(..., top_k=K, per_candidate=True)`` for growing K.
 * :func:`expert_default`: a Megatron-LM practitioner's default: tp = GPUs per
@@ -31,21 +34,21 @@ from ..search.solve import solve
 AMP_WALK = (16, 64, 256, 1024)
 
 
-# ---------------------------------------------------------------- (b) AMP's pick
+# ---------------------------------------------------------------- (b) the amp-model optimum
 
 @dataclass(frozen=True)
-class AmpPick:
+class AmpOptimum:
     """AMP's optimum under its own model, and the best amp-ranked plan that fits.
 
-    ``pick`` and ``fitting`` are hetero evaluations; ``fitting`` is ``pick`` when
-    the pick fits, the first plan of AMP's ranking that fits otherwise, or None
+    ``optimum`` and ``fitting`` are hetero evaluations; ``fitting`` is ``optimum`` when
+    the optimum fits, the first plan of AMP's ranking that fits otherwise, or None
     (``reason`` says why).  ``fitting_rank`` is its 1-based place in the ranking.
     The ranking lists each candidate (tp, dp, pp, micro-batch) once, with its
     amp-optimal partition, as ``solve(top_k=K, per_candidate=True)`` returns it.
     """
 
-    pick: Evaluation
-    amp_time: float  # the pick's time under the amp model (seconds)
+    optimum: Evaluation
+    amp_time: float  # the optimum's time under the amp model (seconds)
     status: str  # the amp solve's status: OPTIMAL, or FEASIBLE if it hit the time limit
     fitting: Evaluation | None
     fitting_rank: int | None
@@ -53,12 +56,12 @@ class AmpPick:
     reason: str = ""
 
 
-def amp_pick(instance, time_limit: float | None = None, walk: tuple[int, ...] = AMP_WALK) -> AmpPick:
-    """AMP's pick re-scored under hetero; if it does not fit, walk AMP's ranking.
+def amp_optimum(instance, time_limit: float | None = None, walk: tuple[int, ...] = AMP_WALK) -> AmpOptimum:
+    """The amp-model optimum re-scored under hetero; if it does not fit, walk AMP's ranking.
 
     ``time_limit`` bounds the whole function (every solve gets what is left).
     Raises InfeasibleError if AMP's search space is empty (the amp model
-    ignores memory, so it has a pick whenever it has a candidate).
+    ignores memory, so it has an optimum whenever it has a candidate).
     """
     deadline = None if time_limit is None else time.perf_counter() + time_limit
 
@@ -66,29 +69,29 @@ def amp_pick(instance, time_limit: float | None = None, walk: tuple[int, ...] = 
         return None if deadline is None else max(deadline - time.perf_counter(), 1e-3)
 
     first = solve(instance, cost_model="amp", placement="rank-order", top_k=1, time_limit=remaining())
-    pick = evaluate(instance, first.best.plan, "hetero")
-    common = dict(pick=pick, amp_time=first.best.predicted_time, status=first.solver.status)
-    if pick.feasible:
-        return AmpPick(**common, fitting=pick, fitting_rank=1, ranked=1)
+    optimum = evaluate(instance, first.best.plan, "hetero")
+    common = dict(optimum=optimum, amp_time=first.best.predicted_time, status=first.solver.status)
+    if optimum.feasible:
+        return AmpOptimum(**common, fitting=optimum, fitting_rank=1, ranked=1)
     checked = 1
     for k in walk:
         if deadline is not None and time.perf_counter() >= deadline:
-            return AmpPick(**common, fitting=None, fitting_rank=None, ranked=checked,
+            return AmpOptimum(**common, fitting=None, fitting_rank=None, ranked=checked,
                            reason=f"time limit reached after {checked} amp-ranked plans, none fits")
         result = solve(instance, cost_model="amp", placement="rank-order", top_k=k, per_candidate=True,
                        time_limit=remaining())
         for rank, ranked in enumerate(result.top[checked:], start=checked + 1):
             ev = evaluate(instance, ranked.plan, "hetero")
             if ev.feasible:
-                return AmpPick(**common, fitting=ev, fitting_rank=rank, ranked=rank)
+                return AmpOptimum(**common, fitting=ev, fitting_rank=rank, ranked=rank)
         checked = max(checked, len(result.top))
         if result.solver.status != "OPTIMAL":  # stopped by the time limit: the list may be short
-            return AmpPick(**common, fitting=None, fitting_rank=None, ranked=checked,
+            return AmpOptimum(**common, fitting=None, fitting_rank=None, ranked=checked,
                            reason=f"time limit reached after {checked} amp-ranked plans, none fits")
         if len(result.top) < k:  # the ranking is exhausted
-            return AmpPick(**common, fitting=None, fitting_rank=None, ranked=checked,
+            return AmpOptimum(**common, fitting=None, fitting_rank=None, ranked=checked,
                            reason=f"none of the {checked} amp-ranked plans fits in memory")
-    return AmpPick(**common, fitting=None, fitting_rank=None, ranked=checked,
+    return AmpOptimum(**common, fitting=None, fitting_rank=None, ranked=checked,
                    reason=f"none of the first {checked} amp-ranked plans fits in memory")
 
 
@@ -185,4 +188,4 @@ def ideal_bound(instance) -> IdealBound:
     return IdealBound(instance.training.global_batch / speed, per_sample, devices)
 
 
-__all__ = ["AmpPick", "ExpertPlan", "IdealBound", "amp_pick", "expert_default", "ideal_bound", "even_partition"]
+__all__ = ["AmpOptimum", "ExpertPlan", "IdealBound", "amp_optimum", "expert_default", "ideal_bound", "even_partition"]

@@ -14,7 +14,7 @@ COLUMNS = (
     "time_to_first", "time_to_1pct_gap", "primal_integral", "solved", "wrong",
     "suite", "devices", "nodes", "gpu_types", "layers", "global_batch", "time_limit", "threads", "load",
     "cpu_time", "peak_rss_mib", "programs", "bb_nodes", "model_size", "plan",
-    "amp_opt_s", "amp_pick_s", "amp_pick_fits", "amp_status", "amp_fit_s", "amp_fit_rank", "expert_s", "expert_plan",
+    "amp_opt_s", "amp_optimum_s", "amp_optimum_fits", "amp_status", "amp_fit_s", "amp_fit_rank", "expert_s", "expert_plan",
     "ideal_s", "speedup_vs_amp", "speedup_vs_expert", "ratio_to_ideal",
     "baseline_wall_s", "baseline_peak_rss_mib", "error", "baseline_error",
 )
@@ -51,14 +51,14 @@ class BaselineRun:
 
     wall_s: float | None = None
     peak_rss_mib: float | None = None
-    amp_pick_s: float | None = None
-    amp_pick_fits: bool | None = None
+    amp_optimum_s: float | None = None
+    amp_optimum_fits: bool | None = None
     amp_model_s: float | None = None
     amp_status: str = ""
     amp_fit_s: float | None = None
     amp_fit_rank: int | None = None
     amp_fit_plan: dict | None = None
-    amp_pick_plan: dict | None = None
+    amp_optimum_plan: dict | None = None
     expert_s: float | None = None
     expert_plan: dict | None = None
     expert_reason: str = ""
@@ -88,8 +88,8 @@ def make_row(inst: BenchInstance, solver: str, run: SolveRun, base: BaselineRun 
              seed: int = 0, time_limit: float | None = None, threads: int = 1) -> dict[str, Any]:
     """One CSV row: the run, the baselines (empty without them) and the ratios between their hetero times.
 
-    speedup_vs_amp compares with the AMP plan one could deploy: AMP's pick if it fits, else the
-    best amp-ranked plan that fits (amp_fit_s, equal to amp_pick_s when the pick fits).
+    speedup_vs_amp compares with the AMP plan one could deploy: the amp-model optimum if it fits, else the
+    best amp-ranked plan that fits (amp_fit_s, equal to amp_optimum_s when the optimum fits).
     ratio_to_ideal = amp_opt_s / ideal_s >= 1.  The cross-run columns (solved, wrong,
     primal_integral) and the trace columns are filled by :mod:`amp_opt.bench.stats`.
     """
@@ -107,7 +107,7 @@ def make_row(inst: BenchInstance, solver: str, run: SolveRun, base: BaselineRun 
         "bb_nodes": sum(p.get("nodes") or 0 for p in run.programs) if run.programs else None,
         "model_size": " ".join(f"{k}={v}" for k, v in sorted(extra.items())),
         "plan": plan_label(run.plan), "amp_opt_s": run.plan_time,
-        "amp_pick_s": base.amp_pick_s, "amp_pick_fits": base.amp_pick_fits, "amp_status": base.amp_status,
+        "amp_optimum_s": base.amp_optimum_s, "amp_optimum_fits": base.amp_optimum_fits, "amp_status": base.amp_status,
         "amp_fit_s": base.amp_fit_s, "amp_fit_rank": base.amp_fit_rank,
         "expert_s": base.expert_s, "expert_plan": plan_label(base.expert_plan), "ideal_s": base.ideal_s,
         "speedup_vs_amp": ratio(base.amp_fit_s, run.plan_time),

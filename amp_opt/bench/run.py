@@ -6,7 +6,7 @@ folders and globs.  Solvers are registry names (built-in variants and plug-ins).
 (:mod:`amp_opt.bench.runner`), run here one or several at a time, or on a Dask cluster
 (:mod:`amp_opt.bench.executors`); the rows come back in a fixed order whichever way the jobs
 ran.  Per run: status, objective, bound, gap, wall time, time to the first plan and to a 1%
-gap, primal integral, programs solved, and the plan against AMP's pick, the expert default
+gap, primal integral, programs solved, and the plan against the amp-model optimum, the expert default
 and the ideal bound (:mod:`amp_opt.bench.baselines`).  Per solver: solved counts, shifted
 geometric mean time, performance profile, primal gap over time and performance
 variability (:mod:`amp_opt.bench.stats`).  ``python -m amp_opt bench`` is the command.
@@ -108,7 +108,7 @@ def run_bench(suite: str | None = "paper", solvers=("enumerate",), time_limit: f
             if solver is None:
                 base = BaselineRun(**fields_of(BaselineRun, answer))
                 say(f"[{done}/{len(job_list)}] {inst.name} ({inst.devices} GPUs): baselines in {_fmt(base.wall_s, '.1f')} s: "
-                    f"AMP {_fmt(base.amp_pick_s)} s, expert {_fmt(base.expert_s)} s, ideal {_fmt(base.ideal_s)} s"
+                    f"amp-model optimum {_fmt(base.amp_optimum_s)} s, expert {_fmt(base.expert_s)} s, ideal {_fmt(base.ideal_s)} s"
                     + (f"  ({base.error})" if base.error else ""))
             else:
                 run = SolveRun(**fields_of(SolveRun, answer))

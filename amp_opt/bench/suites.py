@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import glob
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from ..errors import InputError
 from ..model.load import load_instance
 
-# Paper suite: the AMP paper's three experiments, by path; scale suite: a directory.
-SUITES: dict[str, tuple[str, ...]] = {
-    "paper": ("instances/amp_homogeneous.json", "instances/amp_het_cluster.json", "instances/amp_het_model.json"),
-    "scale": ("instances/suite/scale",),
-}
+# The bundled suites are package data (amp_opt/bench/data/<suite>/*.json), so that ``bench --suite``
+# runs outside the checkout; instances/ holds the same files for users of the checkout
+# (tests/test_bench_suites.py checks that the two copies are equal).
 SUITE_CHOICES = ("paper", "scale", "all")
+# The paper suite's order: the paper's experiments as it lists them.
+PAPER_ORDER = ("amp_homogeneous.json", "amp_het_cluster.json", "amp_het_model.json")
 
 
 @dataclass(frozen=True)
@@ -31,26 +32,32 @@ class BenchInstance:
     global_batch: int
 
 
-def project_root() -> Path:
-    """The checkout holding ``instances/`` (the package's parent), else the working directory."""
-    root = Path(__file__).resolve().parent.parent
-    return root if (root / "instances").is_dir() else Path.cwd()
+def suite_folder(name: str) -> Path:
+    """The folder of a bundled suite's instance files, inside the installed package."""
+    folder = resources.files("amp_opt.bench") / "data" / name
+    if not isinstance(folder, Path):  # a zipped install: the files are not on disk
+        raise InputError("--suite", f"suite {name!r}: the package's data is not on the file system ({folder})")
+    return folder
 
 
-def suite_paths(suite: str, root: Path | None = None) -> list[tuple[str, Path]]:
-    """(suite name, instance file) pairs of "paper", "scale" or "all", in a fixed order."""
+def suite_paths(suite: str) -> list[tuple[str, Path]]:
+    """(suite name, instance file) pairs of "paper", "scale" or "all", in a fixed order.
+
+    >>> [p.name for _, p in suite_paths("paper")]
+    ['amp_homogeneous.json', 'amp_het_cluster.json', 'amp_het_model.json']
+    """
     if suite not in SUITE_CHOICES:
         raise InputError("--suite", f"unknown suite {suite!r} (choose from {', '.join(SUITE_CHOICES)})")
-    root = project_root() if root is None else root
     names = ("paper", "scale") if suite == "all" else (suite,)
     out = []
     for name in names:
-        for entry in SUITES[name]:
-            path = root / entry
-            files = sorted(path.glob("*.json")) if path.is_dir() else [path]
-            if not files or not all(f.is_file() for f in files):
-                raise InputError("--suite", f"suite {name!r}: no instance files at {path}")
-            out.extend((name, f) for f in files)
+        folder = suite_folder(name)
+        files = sorted(folder.glob("*.json"))
+        if name == "paper":
+            files = [folder / f for f in PAPER_ORDER]
+        if not files or not all(f.is_file() for f in files):
+            raise InputError("--suite", f"suite {name!r}: no instance files at {folder}")
+        out.extend((name, f) for f in files)
     return out
 
 

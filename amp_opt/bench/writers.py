@@ -91,8 +91,8 @@ MARKDOWN_COLUMNS = (
     ("programs", "progs", None), ("amp_opt_s", "plan s", ".4f"), ("plan", "plan", None),
 )
 BASELINE_COLUMNS = (
-    ("amp_fit_s", "AMP fit s", ".4f"), ("expert_s", "expert s", ".4f"), ("ideal_s", "ideal s", ".4f"),
-    ("speedup_vs_amp", "x AMP", ".3f"), ("speedup_vs_expert", "x expert", ".3f"),
+    ("amp_fit_s", "amp fit s", ".4f"), ("expert_s", "expert s", ".4f"), ("ideal_s", "ideal s", ".4f"),
+    ("speedup_vs_amp", "x amp", ".3f"), ("speedup_vs_expert", "x expert", ".3f"),
 )
 
 
@@ -171,7 +171,8 @@ def write_markdown(rows: list[dict], command: str, machine: dict, elapsed: float
         "",
         "Plan s: the hetero time of the run's plan (`amp_opt.evaluate`); first s / 1% s: seconds to the first "
         "plan and to a proven gap of 1%; P int: primal integral (s); progs: programs solved. "
-        + ("AMP fit: the best amp-ranked plan that fits; x AMP = AMP fit / plan; x expert = expert / plan. "
+        + ("amp fit: the amp-model optimum if it fits in memory, else the best amp-ranked plan that fits; "
+           "x amp = amp fit / plan; x expert = expert / plan. "
            if baselines else "")
         + "Column definitions: benchmarks/README.md.",
         "",
@@ -290,7 +291,7 @@ def write_plot(rows: list[dict], path: Path) -> bool:
         by = {row["instance"]: row for row in rows if row["solver"] == solver}
         series.append((f"amp_opt ({solver})", [ratio(by.get(i, {}).get("amp_opt_s"), first[i]["ideal_s"])
                                               for i in instances]))
-    series.append(("AMP (fitting pick)", [ratio(first[i]["amp_fit_s"], first[i]["ideal_s"]) for i in instances]))
+    series.append(("amp-model optimum (fitting)", [ratio(first[i]["amp_fit_s"], first[i]["ideal_s"]) for i in instances]))
     series.append(("expert default", [ratio(first[i]["expert_s"], first[i]["ideal_s"]) for i in instances]))
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(max(10, 1.6 * len(instances) + 4), 5))

@@ -39,7 +39,7 @@ def add_arguments(p) -> None:
                    help="run the jobs on an existing Dask distributed cluster (e.g. tcp://host:8786) "
                         "instead of here; needs amp_opt[dist]")
     p.add_argument("--no-baselines", dest="baselines", action="store_false",
-                   help="skip AMP's pick, the expert default and the ideal bound (faster sweeps)")
+                   help="skip the amp-model optimum, the expert default and the ideal bound (faster sweeps)")
     p.add_argument("--out", default="benchmarks/results", metavar="DIR",
                    help="output directory (default: benchmarks/results)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
