@@ -10,6 +10,7 @@ k-th best plan, which keeps the search exact.  Ground truth for the MIPs.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +23,22 @@ from .partition import optimal_path
 from .result import Incumbent, NoPlanBelow, SolverStats, SolveResult
 
 
+@dataclass
+class _Walk:
+    """Where the walk over the candidates stands."""
+
+    found: list = field(default_factory=list)  # the best plans so far (Incumbent), best first, at most top_k
+    explored: int = 0
+    pruned: int = 0
+    tightest: object = None  # the least overfull plan, to explain infeasibility
+    timed_out: bool = False
+    remaining_lb: float = np.inf  # a bound on the candidates not solved when the walk stopped
+
+    def kth(self, opts) -> float:
+        """What a plan must beat to be listed: the K-th best so far, or the caller's cutoff."""
+        return self.found[opts.top_k - 1].value if len(self.found) >= opts.top_k else opts.cutoff
+
+
 def solve_enumerate(search) -> SolveResult:
     """Search every candidate exactly; return the best plans re-scored by the evaluator."""
     instance, opts = search.instance, search.options
@@ -32,59 +49,72 @@ def solve_enumerate(search) -> SolveResult:
     # cannot rule out.
     lower = {c: search.lower_bound(c, labelled=False) for c in cands}
     order = sorted(cands, key=lambda c: (lower[c], c))
-    found: list[Incumbent] = []
-    explored = pruned = 0
-    tightest = None  # the least overfull plan, to explain infeasibility
-    timed_out, remaining_lb = False, np.inf
+    walk = _Walk()
     for i, cand in enumerate(order):
-        kth = found[opts.top_k - 1].value if len(found) >= opts.top_k else opts.cutoff
-        if lower[cand] >= kth:
-            pruned += len(order) - i
+        if lower[cand] >= walk.kth(opts):
+            walk.pruned += len(order) - i
             break
-        if search.out_of_time():
-            timed_out, remaining_lb = True, min(lower[c] for c in order[i:])
+        if _visit(search, walk, cand, [lower[c] for c in order[i:]]):
             break
-        if search.lower_bound(cand, labelled=not search.out_of_time()) >= kth:
-            pruned += 1
-            continue
-        explored += 1
-        try:
-            graph, to_plan = candidate_graph(search.tables, cand, search.model, opts.placement, search.chunks(cand),
-                                             stop=search.out_of_time)
-        except Stopped:
-            timed_out, remaining_lb = True, min(lower[c] for c in order[i:])
-            break
-        best = _best_plans(graph, to_plan, cand, found, opts, kth, search.out_of_time, instance)
-        if search.out_of_time():  # the DP may have stopped early: this candidate is not proven
-            timed_out, remaining_lb = True, min(lower[c] for c in order[i:])
-        if not best and not found and not timed_out:
-            tightest = least_overfull(graph, to_plan, tightest)
         # Explored candidates are solved exactly; the others are bounded by the next one's bound.
-        best_value = found[0].value if found else np.inf
+        best_value = walk.found[0].value if walk.found else np.inf
         dual = min(best_value, lower[order[i + 1]] if i + 1 < len(order) else np.inf)
-        search.trace.update(best_value if found else None, dual if np.isfinite(dual) else None)
+        search.trace.update(best_value if walk.found else None, dual if np.isfinite(dual) else None)
         if opts.progress is not None:
             opts.progress(i + 1, len(order))
-        if timed_out:
+        if walk.timed_out:
             break
-    if not found:
-        if timed_out:
+    return _result(search, walk, len(cands))
+
+
+def _visit(search, walk: _Walk, cand, lower_left: list[float]) -> bool:
+    """Solve one candidate below the K-th best plan so far; True when the walk must stop before
+    it (time is up).  ``lower_left``: the bounds of this candidate and those after it."""
+    opts = search.options
+    if search.out_of_time():
+        walk.timed_out, walk.remaining_lb = True, min(lower_left)
+        return True
+    kth = walk.kth(opts)
+    if search.lower_bound(cand, labelled=not search.out_of_time()) >= kth:
+        walk.pruned += 1
+        return False
+    walk.explored += 1
+    try:
+        graph, to_plan = candidate_graph(search.tables, cand, search.model, opts.placement, search.chunks(cand),
+                                         stop=search.out_of_time)
+    except Stopped:
+        walk.timed_out, walk.remaining_lb = True, min(lower_left)
+        return True
+    best = _best_plans(graph, to_plan, cand, walk.found, opts, kth, search.out_of_time, search.instance)
+    if search.out_of_time():  # the DP may have stopped early: this candidate is not proven
+        walk.timed_out, walk.remaining_lb = True, min(lower_left)
+    if not best and not walk.found and not walk.timed_out:
+        walk.tightest = least_overfull(graph, to_plan, walk.tightest)
+    return False
+
+
+def _result(search, walk: _Walk, count: int) -> SolveResult:
+    """The plans found, re-scored by the evaluator, with the bound the walk proved; raises when
+    there is none (time ran out, nothing beats the cutoff, or nothing fits)."""
+    opts = search.options
+    if not walk.found:
+        if walk.timed_out:
             raise NoPlanFound(search.stopped_why())
         if np.isfinite(opts.cutoff):  # nothing beats the plan the caller has (or nothing fits at all)
             raise NoPlanBelow(opts.cutoff)
-        raise InfeasibleError(verdict(search, tightest))
-
-    evaluations = tuple(search.evaluate(f.plan) for f in found)
-    objective = found[0].value
-    search.trace.update(objective, min(objective, remaining_lb))
+        raise InfeasibleError(verdict(search, walk.tightest))
+    evaluations = tuple(search.evaluate(f.plan) for f in walk.found)
+    objective = walk.found[0].value
+    bound = min(objective, walk.remaining_lb)
+    search.trace.update(objective, bound)
     stats = SolverStats(
         name="enumerate",
-        status="FEASIBLE" if timed_out else "OPTIMAL",
+        status="FEASIBLE" if walk.timed_out else "OPTIMAL",
         wall_time=search.elapsed(),
         objective=objective,
-        bound=min(objective, remaining_lb),
-        extra={"placement": opts.placement, "candidates": len(cands), "candidates_explored": explored,
-               "candidates_pruned": pruned, **({"stopped": search.stopped_why()} if timed_out else {})},
+        bound=bound,
+        extra={"placement": opts.placement, "candidates": count, "candidates_explored": walk.explored,
+               "candidates_pruned": walk.pruned, **({"stopped": search.stopped_why()} if walk.timed_out else {})},
         trace=search.trace.as_tuple(),
     )
     return SolveResult(evaluations[0], evaluations, stats)
