@@ -7,7 +7,8 @@ of that subspace splits into disjoint subspaces, one per stage j: the paths that
 with P before j and differ from it at j.  Each is a stage graph of its own (the stages
 before j keep only P's choice; at stage j P's choice, and the ones its subspace already
 excluded, are masked), so the DP solves it exactly; a heap hands out the subspaces' best
-paths in order.  ``formulations/exactness.md`` ("The k best plans") proves it.
+paths in order; a subspace is solved only once its bound (its parent path's value) comes
+first.  ``formulations/exactness.md`` ("The k best plans") proves it.
 """
 
 from __future__ import annotations
@@ -38,26 +39,31 @@ def k_best_paths(g: StageGraph, *, limit: Callable[[], float] = lambda: INF,
     >>> from amp_opt.search.partition import brute_force  # doctest: +SKIP
     >>> [v for v, _ in k_best_paths(graph)][:3]  # doctest: +SKIP
     """
+    # Heap entries: (key, tie, path, fixed, banned, parent).  A solved subspace has its best path
+    # (key: its value); an unsolved one is the parent path's subspace at stage ``fixed`` (key: the
+    # parent's value, a lower bound on it), solved only when it comes first: one whose bound
+    # reaches the limit by then is never solved.
     heap: list = []
     counter = itertools.count()  # ties break by the order subspaces were made: deterministic
 
-    def push(sub: StageGraph, fixed: int, banned: frozenset) -> None:
+    def solve(sub: StageGraph, fixed: int, banned: frozenset) -> None:
         bound = limit()
         found = optimal_path(sub, cutoff=bound, stop=stop)
         if found is not None and found[0] < bound:
-            heapq.heappush(heap, (found[0], next(counter), found[1], fixed, banned))
+            heapq.heappush(heap, (found[0], next(counter), found[1], fixed, banned, None))
 
-    push(g, 0, frozenset())
+    solve(g, 0, frozenset())
     while heap:
-        value, _, path, fixed, banned = heapq.heappop(heap)
-        if value >= limit():
+        key, _, path, fixed, banned, parent = heapq.heappop(heap)
+        if key >= limit() or (stop is not None and stop()):
             return
-        yield value, path
+        if parent is not None:  # an unsolved subspace: solve it and put its best path back
+            solve(_subspace(g, parent, fixed, banned), fixed, banned)
+            continue
+        yield key, path
         for j in range(fixed, g.stages):
-            if stop is not None and stop():
-                return
             excluded = (banned if j == fixed else frozenset()) | {(path.transitions[j], path.bounds[j + 1])}
-            push(_subspace(g, path, j, excluded), j, excluded)
+            heapq.heappush(heap, (key, next(counter), None, j, excluded, path))
 
 
 def _subspace(g: StageGraph, path: Path, j: int, excluded: frozenset) -> StageGraph:
