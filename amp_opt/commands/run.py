@@ -1,8 +1,9 @@
 """``run``: execute a plan for real on local processes and put the measurements next to the prediction.
 
-The plan runs on ``tp*dp*pp`` local processes (:func:`amp_opt.engine.run_plan`:
+The plan runs on one local process per device it uses (:func:`amp_opt.engine.run_plan`:
 gloo on CPU, NCCL on GPUs; 1F1B pipeline, data-parallel gradient allreduce,
-Megatron tensor parallelism).  Everything is checked before any process starts:
+Megatron tensor parallelism; each stage with its own tp and dp and each replica with its
+share of every micro-batch when the plan says so).  Everything is checked before any process starts:
 the plan against the instance, what the engine runs (no recomputation, ZeRO,
 context or sequence parallelism, interleaving), that the plan's device types are
 this machine's, the model's dimensions, and the process count against the usable
@@ -157,7 +158,7 @@ def format_comparison(instance, record: dict, evaluation, comparison) -> str:
         return f"{head}\nrun FAILED ({record['failed']}): {record.get('error', '')}\n"
     m = record["measured"]
     prov = m.get("provenance", {})
-    lines = [head, f"ran {plan.tp * plan.dp * plan.pp} processes on {prov.get('device', '?')}, "
+    lines = [head, f"ran {len(m['ranks'])} processes on {prov.get('device', '?')}, "
              f"{m.get('threads', '?')} thread(s) each, torch {prov.get('torch', '?')}, {prov.get('dtype', '?')}"]
     it = comparison.iteration_time
     repeats = m.get("repeats")
