@@ -2,9 +2,10 @@
 
 :data:`RUNNABLE` is the one statement of the plan settings ``python -m amp_opt run`` executes
 (``profile --runnable`` restricts a search to it, :func:`amp_opt.engine.run.refuse_unsupported`
-refuses anything else).  :class:`Layout` reads a plan's JSON form (``docs/plan-format``: ``tp``
-and ``dp`` an int or one per stage, optional ``shares``) into per-stage degrees, ranks and
-sample ranges; it is pure Python (no torch), shared by the launcher and the workers.
+refuses anything else).  :class:`Layout` turns a plan (``tp`` and ``dp`` an int or one per stage,
+optional ``shares``; read through the record's ``tp_at``, ``dp_at``, ``shares_at``) into per-stage
+degrees, ranks and sample ranges; it is pure Python (no torch), shared by the launcher and the
+workers.
 
 Rank order: the stages' ranks one after the other; inside stage s, rank = offset_s + tp_rank
 + tp_s * dp_rank (Megatron's order when the plan is uniform).  Samples: pipeline micro-batch
@@ -14,17 +15,17 @@ positions [sum(shares[s][:r]), sum(shares[s][:r+1])) of it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Any, Mapping
 
 from ..errors import InputError
+from ..model.plan import Plan, parse_plan
 
 # The plan settings the engine executes: a search restricted to these finds runnable plans.
 RUNNABLE: dict[str, list] = {"cp": [1], "sequence_parallel": [False], "recompute": ["none"], "zero_stages": [0],
                              "virtual_stages": [1]}
-RUNNABLE_HINT = ("to get a plan `run` executes, solve with the search restricted to what it runs "
-                 "(`profile --runnable` writes that search section: " + ", ".join(
-                     f"{k}: {v[0]}" for k, v in RUNNABLE.items()).replace("False", "false") + ")")
+RUNNABLE_HINT = ("for a plan `run` executes, solve with the instance's \"search\" restricted to "
+                 + json.dumps(RUNNABLE) + " (`profile --runnable` writes it)")
 
 
 @dataclass(frozen=True)
@@ -45,22 +46,17 @@ class Layout:
     global_batch: int
 
     @classmethod
-    def of(cls, plan: Mapping[str, Any], *, global_batch: int) -> "Layout":
-        """The layout of a plan's JSON form (``Plan.to_json()``), checked for what the engine needs."""
-        pp = plan["pp"]
-        tp, dp = (_per_stage(plan[key], pp, key) for key in ("tp", "dp"))
-        shares = plan.get("shares")
-        if shares is None:
-            if len(set(dp)) > 1:
-                raise InputError("plan.shares", "required when dp differs between stages")
-            shares = [[plan["micro_batch"]] * d for d in dp]
-        shares = tuple(tuple(int(x) for x in row) for row in shares)
-        if len(shares) != pp or any(len(row) != d for row, d in zip(shares, dp)):
-            raise InputError("plan.shares", f"must list dp_s shares for each of the {pp} stages, got {shares}")
-        if len({sum(row) for row in shares}) != 1 or global_batch % sum(shares[0]):
-            raise InputError("plan.shares", f"every stage's shares must sum to one micro-batch M dividing the global "
-                                            f"batch {global_batch}, got {[list(r) for r in shares]}")
-        return cls(tp, dp, shares, global_batch)
+    def of(cls, plan, *, global_batch: int) -> "Layout":
+        """The layout of a plan (a :class:`~amp_opt.model.plan.Plan` or its JSON form), whose pipeline
+        micro-batch must divide the global batch (InputError naming the field otherwise)."""
+        plan = plan if isinstance(plan, Plan) else parse_plan(plan)
+        lay = cls(tuple(plan.tp_at(s) for s in range(plan.pp)), tuple(plan.dp_at(s) for s in range(plan.pp)),
+                  tuple(tuple(plan.shares_at(s)) for s in range(plan.pp)), global_batch)
+        if global_batch % lay.micro:
+            field = "micro_batch" if plan.shares is None else "shares"
+            raise InputError(f"plan.{field}", f"the pipeline micro-batch of {lay.micro} samples does not divide "
+                                              f"the global batch {global_batch}")
+        return lay
 
     @property
     def pp(self) -> int:
@@ -116,11 +112,3 @@ class Layout:
             if max(a, c) < min(b, d):
                 out.append((q, max(a, c), min(b, d)))
         return out
-
-
-def _per_stage(value, pp: int, key: str) -> tuple[int, ...]:
-    if isinstance(value, int):
-        return (value,) * pp
-    if len(value) != pp:
-        raise InputError(f"plan.{key}", f"lists {len(value)} degrees, pp is {pp}")
-    return tuple(int(v) for v in value)

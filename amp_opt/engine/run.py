@@ -44,7 +44,7 @@ def prepare(instance, plan, *, oversubscribe: bool = False, base_dir=None):
     plan = plan if isinstance(plan, Plan) else parse_plan(plan)
     plan = check_plan(inst, plan)
     refuse_unsupported(plan)
-    lay = Layout.of(plan.to_json(), global_batch=inst.training.global_batch)
+    lay = Layout.of(plan, global_batch=inst.training.global_batch)
     shape = model_shape(document, base_dir=base_dir or ".")
     for s, tp in enumerate(lay.tp):
         for what, count in (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("ffn", shape.ffn)):
@@ -132,7 +132,7 @@ def build_run_task(instance, plan, *, iterations: int = 5, warmup: int = 2, devi
     dt = torch_dtype(dtype, shape)
     if attention not in ATTENTION_KERNELS:
         raise InputError("attention", f"must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
-    world = Layout.of(plan.to_json(), global_batch=inst.training.global_batch).world
+    world = Layout.of(plan, global_batch=inst.training.global_batch).world
     if threads is None:
         threads = max(1, usable_cores() // world)
     _positive("threads", threads)
