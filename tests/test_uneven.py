@@ -94,3 +94,179 @@ def test_the_amp_opt_engine_checks_a_non_uniform_plan():
     # the engine's rules still hold on each stage's own degrees
     with pytest.raises(InputError, match="sequence_parallel"):
         check_plan(inst, parse_plan({**UNEVEN, "sequence_parallel": True}))
+
+
+# -- pricing (eq. U1-U4) ----------------------------------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from amp_opt.model.costs import HETERO, hetero_link  # noqa: E402
+from amp_opt.model.costs.stages import UnevenCosts  # noqa: E402
+from amp_opt.model.tables import Tables  # noqa: E402
+
+REL = 1e-12
+
+
+def forced(inst, plan):
+    """A checked plan priced by the non-uniform path (U1-U4) whatever its form: the time and,
+    per stage, (compute, p2p, allreduce, memory, fits)."""
+    costs = UnevenCosts(HETERO, Tables(inst), plan)
+    b = plan.partition
+    terms = [(float(costs.compute(s, b[s], b[s + 1])), float(costs.p2p(s, b[s + 1])),
+              float(costs.allreduce(s, b[s], b[s + 1])), costs.memory(s, b[s], b[s + 1]),
+              costs.fits(s, b[s], b[s + 1])) for s in range(plan.pp)]
+    return costs.pipeline.time(*zip(*[t[:3] for t in terms])), terms
+
+
+def same_as_uniform(inst, plan):
+    """The uniform path and the non-uniform one price a uniform plan alike, term by term; and
+    the plan written in the per-stage form is the same record and scores the same."""
+    ev = amp_opt.evaluate(inst, plan)
+    p = ev.plan
+    doc = {**p.to_json(), "tp": [p.tp] * p.pp, "dp": [p.dp] * p.pp, "shares": [[p.micro_batch] * p.dp] * p.pp}
+    again = amp_opt.evaluate(inst, parse_plan(doc))
+    assert again.plan == ev.plan and again.predicted_time == ev.predicted_time
+    if not priced_here(p):
+        return ev
+    time, terms = forced(inst, ev.plan)
+    assert time == pytest.approx(ev.predicted_time, rel=REL, abs=1e-15)
+    for r, (compute, p2p, allreduce, memory, fits) in zip(ev.stages, terms):
+        assert (compute, p2p, allreduce) == pytest.approx((r.compute, r.p2p, r.allreduce), rel=REL, abs=1e-15)
+        assert memory == pytest.approx(r.memory, rel=REL) and fits == r.fits
+    return ev
+
+
+def priced_here(plan) -> bool:
+    """Whether the non-uniform path prices the plan's settings (cp 1, no interleaving, ZeRO <= 2)."""
+    return plan.cp == 1 and plan.virtual_stages == 1 and (plan.zero_stage or 0) <= 2
+
+
+@pytest.mark.parametrize("name", ["amp_het_model", "amp_homogeneous", "amp_het_cluster"])
+def test_bundled_best_plans_price_alike_on_both_paths(name):
+    from conftest import INSTANCES
+
+    inst = amp_opt.load_instance(INSTANCES / f"{name}.json")
+    best = amp_opt.solve(inst).best.plan
+    same_as_uniform(inst, best)
+    if not priced_here(best):  # the same degrees without the settings the non-uniform path leaves out
+        from amp_opt.model.candidates import even_partition
+
+        assert best.cp == 1
+        best = parse_plan({**best.to_json(), "virtual_stages": 1, "zero_stage": min(best.zero_stage or 0, 2),
+                           "partition": list(even_partition(inst, best.pp))})
+        assert priced_here(best)
+        same_as_uniform(inst, best)
+
+
+def random_uniform_plan(inst, rng):
+    """A random uniform plan of a tiny instance in the space the non-uniform path prices."""
+    n, L, G = inst.num_devices, inst.num_layers, inst.training.global_batch
+    while True:
+        tp = rng.choice([m for m in (1, 2) if all(node.devices % m == 0 for node in inst.nodes)])
+        dp = rng.randint(1, n // tp)
+        pp = rng.randint(1, min(L, n // (tp * dp)))
+        mb = rng.choice([b for b in (1, 2, 4) if G % (dp * b) == 0] or [0])
+        if mb:
+            break
+    devices = list(range(n))
+    rng.shuffle(devices)
+    # groups inside one node: tp consecutive devices of a node
+    groups = [tuple(range(f, f + tp)) for f in range(0, n, tp)
+              if len({int(inst.device_node[d]) for d in range(f, f + tp)}) == 1]
+    rng.shuffle(groups)
+    stages = [[list(groups.pop()) for _ in range(dp)] for _ in range(pp)]
+    cuts = sorted(rng.sample(range(1, L), pp - 1))
+    return parse_plan({"tp": tp, "dp": dp, "pp": pp, "micro_batch": mb, "partition": [0, *cuts, L], "stages": stages,
+                       "recompute": rng.choice(["none", "selective", "full"]), "zero_stage": rng.choice([0, 1, 2]),
+                       "sequence_parallel": tp > 1 and rng.random() < 0.5})
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), per_node=st.sampled_from([1, 2]), layers=st.integers(3, 6))
+def test_uniform_plans_price_alike_on_both_paths(seed, per_node, layers):
+    import random
+
+    rng = random.Random(seed)
+    inst = two_types(nodes=4 // per_node + rng.randint(0, 1), per_node=per_node, layers=layers, seed=seed % 1000,
+                     batch=rng.choice([4, 8]))
+    plan = random_uniform_plan(inst, rng)
+    try:
+        amp_opt.evaluate(inst, plan)
+    except InputError:  # an engine rule (selective recomputation without scores, ...)
+        return
+    same_as_uniform(inst, plan)
+
+
+def test_each_new_term_by_hand():
+    """U1-U4 on a T4 + three A100s: stage 0 = a T4 replica (3 samples) and an A100 replica (1),
+    stage 1 = one A100 (4 samples); every number recomputed here from the tables."""
+    inst = two_types(seed=3)
+    assert [n.device_type for n in inst.nodes] == ["T4", "A100-80GB", "A100-80GB", "A100-80GB"]
+    plan = parse_plan({"tp": 1, "dp": [2, 1], "pp": 2, "shares": [[3, 1], [4]], "partition": [0, 2, 4],
+                       "stages": [[[0], [1]], [[2]]], "zero_stage": 0})
+    ev = amp_opt.evaluate(inst, plan)
+    tables, tr = Tables(inst), inst.training
+    assert ev.n_micro == 8 // 4
+
+    def seconds(node, share, k, l):
+        n = inst.nodes[node]
+        times = tables.layer_times(n.device_type, n.intra_bandwidth, 1, share).seconds
+        return float(times[k:l].sum()) + inst.device_types[n.device_type].step_overhead
+
+    # U1: each replica at its own share, the stage at its slowest
+    t4, a100 = seconds(0, 3, 0, 2), seconds(1, 1, 0, 2)
+    assert ev.stages[0].replica_compute == pytest.approx((t4, a100), rel=REL)
+    assert ev.stages[0].compute == pytest.approx(max(t4, a100), rel=REL)
+    assert ev.stages[1].compute == pytest.approx(seconds(2, 4, 2, 4), rel=REL)
+    # U2: the largest device's bytes (stage 1's 4 samples) over the slowest link of the two stages
+    sent = tables.layer_arrays(1, False).sent[1]
+    link = hetero_link(inst, [0, 1, 2])
+    assert ev.stages[0].p2p == pytest.approx(4 * sent / link, rel=REL)
+    # U3: stage 0's ring over its 2 replicas, on its own slowest link
+    params = float(tables.layer_sums(1).params_in(0, 2))
+    assert ev.stages[0].allreduce == pytest.approx(params * 2 * (2 - 1) / 2 * tr.allreduce_bytes_per_param
+                                                   / hetero_link(inst, [0, 1]), rel=REL)
+    assert ev.stages[1].allreduce == 0.0
+    # U4: the T4 replica keeps 3 samples' activations, the A100 one 1: the difference is 2 samples
+    # times the micro-batches in flight (min(pp - s, n) = 2) times the bytes kept per sample
+    costs = UnevenCosts(HETERO, tables, ev.plan)
+    (m_t4, cap_t4), (m_a100, cap_a100) = costs.replica_memory(0, 0, 2)
+    kept = float(tables.layer_arrays(1, False).activations[0:2].sum()) * tr.activation_factor
+    assert m_t4 - m_a100 == pytest.approx(2 * 2 * kept, rel=1e-9)
+    assert (cap_t4, cap_a100) == (inst.device_types["T4"].capacity, inst.device_types["A100-80GB"].capacity)
+    assert ev.stages[0].memory == pytest.approx(max((m_t4, cap_t4), (m_a100, cap_a100),
+                                                    key=lambda mc: mc[0] - mc[1])[0])
+    assert ev.stages[0].fits == (m_t4 <= cap_t4 and m_a100 <= cap_a100)
+    # the iteration: H13 with n = global batch / M
+    pipe = costs.pipeline
+    assert ev.predicted_time == pytest.approx(pipe.time([s.compute for s in ev.stages], [s.p2p for s in ev.stages],
+                                                        [s.allreduce for s in ev.stages]), rel=REL)
+    assert ev.to_json(inst)["stages"][0]["replica_compute"] == list(ev.stages[0].replica_compute)
+
+
+def test_the_amp_model_refuses_a_non_uniform_plan():
+    inst = two_types()
+    with pytest.raises(InputError, match="amp cost model prices uniform plans only"):
+        amp_opt.evaluate(inst, parse_plan({**UNEVEN, "tp": 1}), "amp")
+
+
+def tiny_uneven(seed, *, devices=3, layers=3, batch=8, engine="amp_opt", idle=True):
+    """A tiny instance of two GPU types, one per node, with a few settings open."""
+    doc = generate_instance(seed, nodes=devices, devices_per_node=1, device_types=2, layers=layers,
+                            global_batch=batch)
+    doc["search"].update({"engine": engine, "micro_batches": [1, 2, 4], "recompute": ["none", "full"],
+                          "zero_stages": [0, 1], "sequence_parallel": [False], "virtual_stages": [1], "idle": idle})
+    return parse_instance(doc)
+
+
+def test_an_uneven_plan_beats_every_uniform_plan():
+    """Three GPUs of two types (seed 0): one replica per GPU with shares 1, 1, 2 beats every
+    uniform plan (the brute force over uniform plans, engine megatron)."""
+    from amp_opt.bench.brute import brute_force
+
+    inst = tiny_uneven(0)
+    uniform = brute_force(tiny_uneven(0, engine="megatron"))
+    plan = {"tp": 1, "dp": 1, "pp": 1, "shares": [[1, 1, 2]], "partition": [0, 3], "zero_stage": 1}
+    plan["dp"] = 3
+    ev = amp_opt.evaluate(inst, parse_plan(plan))
+    assert ev.feasible and ev.predicted_time < uniform.value * (1 - 1e-3)

@@ -153,9 +153,10 @@ class Plan:
         """The uniform candidate one replica of stage s runs as: (tp_s, dp_s, micro-batch = its
         share) in a pipeline of M samples per micro-batch; the cost terms price it."""
         share = self.micro_batch if share is None else share
-        return Candidate(self.tp_at(s), self.dp_at(s), self.pp, share, self.cp, self.sequence_parallel,
+        M, dp = self.pipeline_micro_batch, self.dp_at(s)
+        return Candidate(self.tp_at(s), dp, self.pp, share, self.cp, self.sequence_parallel,
                          self.recompute_of(s), self.recompute_layers or 0, self.zero_stage or 0, self.virtual_stages,
-                         batch=self.pipeline_micro_batch)
+                         batch=0 if M == dp * share else M)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"tp": _degree_json(self.tp), "dp": _degree_json(self.dp), "pp": self.pp,
