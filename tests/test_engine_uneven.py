@@ -93,6 +93,28 @@ def test_uneven_replicas_reduce_to_the_single_process_gradients(single, uneven, 
             assert a.numel() + b.numel() == g.numel()
 
 
+def test_uneven_run_measured_next_to_predicted(uneven):
+    """The record pairs with the evaluator's prediction of the same plan, term by term (U1: a stage's
+    compute is its slowest replica's at its share), and ``run``'s report prints it."""
+    from amp_opt.commands.run import format_comparison
+    from amp_opt.engine.compare import compare_run
+    from amp_opt.model.evaluate import evaluate
+    from amp_opt.model.load import load_instance
+    from amp_opt.model.plan import parse_plan
+
+    instance = load_instance(amp_doc())
+    evaluation = evaluate(instance, parse_plan(uneven["plan"]), "hetero")
+    comparison = compare_run(uneven, evaluation, instance)
+    assert evaluation.n_micro == 2 and comparison.iteration_time.predicted == evaluation.predicted_time
+    assert [s.compute_per_micro_batch.predicted for s in comparison.stages] == [s.compute for s in evaluation.stages]
+    ranks = uneven["measured"]["ranks"]
+    stage0 = [r["compute_per_micro_batch"] for r in ranks if r["stage"] == 0]
+    assert comparison.stages[0].compute_per_micro_batch.measured == pytest.approx(max(stage0))
+    assert comparison.stages[0].allreduce.measured > 0 and comparison.stages[0].allreduce.predicted > 0
+    text = format_comparison(instance, uneven, evaluation, comparison)
+    assert "tp=1,2 dp=2,1 pp=2" in text and "ran 4 processes" in text and "measured/predicted" in text
+
+
 def _refused(instance, bad_plan, match, **kw):
     started = []
     with pytest.raises(InputError, match=match):

@@ -14,13 +14,15 @@ Shape (seconds, bytes)::
         "stages": [{"stage", "layers": [k, l], "tp", "dp", "shares", "compute", "compute_per_micro_batch",
                     "p2p", "allreduce", "tie_allreduce", "tp_comm", "optimizer",
                     "peak_memory", "memory": {parts of the slowest/fullest rank}}],
-        "ranks": [{"rank", "stage", "dp_rank", "tp_rank", "share", "device", "peak_memory"}],
+        "ranks": [{"rank", "stage", "dp_rank", "tp_rank", "share", "device", "peak_memory",
+                   "compute_per_micro_batch"}],
         "memory_kind": "tracked" | "allocator",
         "threads": per process, "provenance": {...}, "notes": [...]}}
 
 A stage's term is the largest over its ranks of that rank's median over the
 measured iterations (the slowest replica sets the pace, as in eq. H1).  ``tp``, ``dp`` and
-``shares`` (samples of each micro-batch per replica) are the stage's own.
+``shares`` (samples of each micro-batch per replica) are the stage's own; each rank's own
+``compute_per_micro_batch`` (at its replica's share) shows which replica sets the stage's pace.
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ def assemble(plan: dict, ranks: list[dict], *, layout, provenance: dict, memory_
             "micro_batches_per_iteration": n,
             "losses": losses,
             "stages": stages,
-            "ranks": [{k: r[k] for k in ("rank", "stage", "dp_rank", "tp_rank", "share", "device", "peak_memory")}
-                      for r in ranks],
+            "ranks": [{**{k: r[k] for k in ("rank", "stage", "dp_rank", "tp_rank", "share", "device", "peak_memory")},
+                       "compute_per_micro_batch": _median(r["records"], "compute") / n} for r in ranks],
             "memory_kind": ranks[0]["memory_kind"],
             "threads": provenance["threads"],
             "provenance": provenance,
