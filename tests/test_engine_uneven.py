@@ -135,10 +135,14 @@ def test_what_run_cannot_execute_is_refused_with_the_way_to_a_runnable_plan(monk
 
 
 @pytest.mark.slow
-def test_three_stages_with_tp_and_shares_that_differ_everywhere(single):
-    """Stage 0 at tp 2, stage 1 two replicas of 1 and 3 samples, stage 2 at tp 1: both ends of the
-    tied embedding at different tp and dp."""
-    three = {"tp": [2, 1, 1], "dp": [1, 2, 1], "pp": 3, "shares": [[4], [1, 3], [4]], "partition": [0, 1, 2, 4]}
-    record = run_plan(amp_doc(devices=5), three, oversubscribe=True, **RUN)
-    assert "failed" not in record
+@pytest.mark.parametrize("devices, other", [
+    # stage 0 at tp 2, stage 1 two replicas of 1 and 3 samples, stage 2 at tp 1: the two ends of the
+    # tied embedding at different tp and dp
+    (5, {"tp": [2, 1, 1], "dp": [1, 2, 1], "pp": 3, "shares": [[4], [1, 3], [4]], "partition": [0, 1, 2, 4]}),
+    # the same dp on both stages, opposite shares: every replica exchanges with both of the other stage
+    (4, {"tp": 1, "dp": [2, 2], "pp": 2, "shares": [[3, 1], [1, 3]], "partition": [0, 2, 4]}),
+])
+def test_other_uneven_plans_run_the_same_training_step(single, devices, other):
+    record = run_plan(amp_doc(devices=devices), other, oversubscribe=True, **RUN)
+    assert "failed" not in record, record.get("error")
     assert record["measured"]["losses"] == pytest.approx(single["measured"]["losses"], rel=1e-5)
