@@ -146,3 +146,21 @@ def test_other_uneven_plans_run_the_same_training_step(single, devices, other):
     record = run_plan(amp_doc(devices=devices), other, oversubscribe=True, **RUN)
     assert "failed" not in record, record.get("error")
     assert record["measured"]["losses"] == pytest.approx(single["measured"]["losses"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_run_command_runs_an_uneven_plan_and_writes_the_record(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "inst.json").write_text(json.dumps(amp_doc()))
+    (tmp_path / "plan.json").write_text(json.dumps(UNEVEN))
+    done = subprocess.run([sys.executable, "-m", "amp_opt", "run", "inst.json", "plan.json", "--iterations", "2",
+                           "--warmup", "1", "--oversubscribe", "-o", "runs.json", "--json"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["comparison"]["iteration_time"]["predicted"] == out["predicted"]["predicted_time"]
+    assert [s["shares"] for s in out["record"]["measured"]["stages"]] == [[3, 1], [4]]
+    assert json.loads((tmp_path / "runs.json").read_text())[0]["plan"]["shares"] == [[3, 1], [4]]
