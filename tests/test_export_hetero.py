@@ -216,3 +216,22 @@ def test_cli_writes_the_flagscale_export(tmp_path):
     out = json.loads((tmp_path / "fs.json").read_text())
     assert out["format"] == "amp_opt.export.flagscale" and out["evaluation"]["predicted_time"] > 0
     flagscale_accepts(parse_instance(two_types()), parse_plan(THREE), out)
+
+
+def test_the_docs_example_is_what_export_writes():
+    """docs/hetero-run.md shows the example files and the YAML export writes for them."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "hetero-run.md").read_text()
+    folder = root / "docs" / "hetero"
+    blocks = re.findall(r"```(?:json|yaml)?\n(.*?)```", text, re.S)
+    for name in ("tiny.json", "uneven.json", "three.json"):
+        assert json.loads((folder / name).read_text()) in [json.loads(b) for b in blocks if b.lstrip().startswith("{")]
+    instance = parse_instance(json.loads((folder / "two_types.json").read_text()))
+    plan = parse_plan(json.loads((folder / "three.json").read_text()))
+    out = export_flagscale(instance, plan)
+    flagscale_accepts(instance, plan, out)
+    assert out["yaml"] in blocks and out["launch"]["hostfile"] in blocks
+    check_plan(parse_instance(json.loads((folder / "tiny.json").read_text())),
+               parse_plan(json.loads((folder / "uneven.json").read_text())))

@@ -53,8 +53,8 @@ def prepare(instance, plan, *, oversubscribe: bool = False, base_dir=None):
                 raise InputError(at, f"tensor-parallel degree {tp} must divide model.{what} ({count})")
     world, cores = lay.world, usable_cores()
     if world > cores and not oversubscribe:
-        raise InputError("plan", f"needs {_world_formula(lay)} = {world} processes, this machine has {cores} usable cores "
-                         "(run --oversubscribe, or oversubscribe=True from Python, runs it anyway: the "
+        raise InputError("plan", f"needs {_world_formula(lay)} = {world} processes, this machine has {cores} "
+                         "usable cores (run --oversubscribe, or oversubscribe=True from Python, runs it anyway: the "
                          "processes then share cores and their times say little)")
     return document, inst, plan, shape
 
@@ -75,7 +75,7 @@ def refuse_unsupported(plan: Plan) -> None:
     ...                                "recompute": "full"}))
     Traceback (most recent call last):
     ...
-    amp_opt.errors.InputError: plan.recompute: the engine runs no activation recomputation (got 'full'; use "none"); to get a plan `run` executes, ...
+    amp_opt.errors.InputError: plan.recompute: the engine runs no activation recomputation (got 'full'; use "none"); ...
     """
     modes = (plan.recompute,) if isinstance(plan.recompute, str) else tuple(plan.recompute)
     asked = {"cp": (plan.cp,), "sequence_parallel": (plan.sequence_parallel,), "recompute": modes,
