@@ -21,6 +21,16 @@ def amp_doc(devices=4, model=MODEL):
     return out
 
 
+def two_cpu_types():
+    """Two CPU stand-ins for device types: node host-a (devices 0, 1) and host-b (devices 2, 3)."""
+    out = amp_doc()
+    out["device_types"] = [{"name": "cpu-a", "memory": "8 GiB", "peak_flops": 1e11},
+                           {"name": "cpu-b", "memory": "8 GiB", "peak_flops": 5e10}]
+    out["nodes"] = [{"name": f"host-{k}", "device_type": f"cpu-{k}", "devices": 2, "intra_bandwidth": "1 GB/s",
+                     "inter_bandwidth": "1 GB/s"} for k in "ab"]
+    return out
+
+
 @pytest.fixture(scope="module")
 def grads(tmp_path_factory):
     return tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("uneven")
@@ -33,7 +43,9 @@ def single(grads):
 
 @pytest.fixture(scope="module")
 def uneven(grads):
-    return run_plan(amp_doc(), UNEVEN, dump_grads=str(grads[1]), oversubscribe=True, **RUN)
+    """Stage 0's replicas on cpu-a (1 thread each), stage 1 on cpu-b (2 threads each)."""
+    return run_plan(two_cpu_types(), UNEVEN, dump_grads=str(grads[1]), oversubscribe=True,
+                    threads={"cpu-a": 1, "cpu-b": 2}, **RUN)
 
 
 def test_layout_ranks_and_sample_ranges():
@@ -58,8 +70,9 @@ def test_uneven_plan_runs_the_same_training_step(single, uneven):
     m = uneven["measured"]
     assert "failed" not in uneven and m["micro_batches_per_iteration"] == 2
     assert [(s["tp"], s["dp"], s["shares"]) for s in m["stages"]] == [(1, 2, [3, 1]), (2, 1, [4])]
-    assert [(r["stage"], r["dp_rank"], r["tp_rank"], r["share"]) for r in m["ranks"]] == [
-        (0, 0, 0, 3), (0, 1, 0, 1), (1, 0, 0, 4), (1, 0, 1, 4)]
+    assert [(r["stage"], r["dp_rank"], r["tp_rank"], r["share"], r["threads"]) for r in m["ranks"]] == [
+        (0, 0, 0, 3, 1), (0, 1, 0, 1, 1), (1, 0, 0, 4, 2), (1, 0, 1, 4, 2)]
+    assert m["threads"] == [1, 1, 2, 2]
     assert m["stages"][0]["allreduce"] > 0 and m["stages"][1]["tp_comm"] > 0
     assert all(s["p2p"] > 0 and s["compute"] > 0 for s in m["stages"])
     # the uneven replicas take 3 and 1 samples: the first keeps more activations
@@ -102,7 +115,7 @@ def test_uneven_run_measured_next_to_predicted(uneven):
     from amp_opt.model.load import load_instance
     from amp_opt.model.plan import parse_plan
 
-    instance = load_instance(amp_doc())
+    instance = load_instance(two_cpu_types())
     evaluation = evaluate(instance, parse_plan(uneven["plan"]), "hetero")
     comparison = compare_run(uneven, evaluation, instance)
     assert evaluation.n_micro == 2 and comparison.iteration_time.predicted == evaluation.predicted_time
@@ -112,7 +125,8 @@ def test_uneven_run_measured_next_to_predicted(uneven):
     assert comparison.stages[0].compute_per_micro_batch.measured == pytest.approx(max(stage0))
     assert comparison.stages[0].allreduce.measured > 0 and comparison.stages[0].allreduce.predicted > 0
     text = format_comparison(instance, uneven, evaluation, comparison)
-    assert "tp=1,2 dp=2,1 pp=2" in text and "ran 4 processes" in text and "measured/predicted" in text
+    assert "tp=1,2 dp=2,1 pp=2" in text and "measured/predicted" in text
+    assert "ran 4 processes on" in text and "threads by rank 1,1,2,2" in text
 
 
 def _refused(instance, bad_plan, match, **kw):
@@ -132,6 +146,8 @@ def test_what_run_cannot_execute_is_refused_with_the_way_to_a_runnable_plan(monk
              r"plan\.tp\[1\]", oversubscribe=True)
     monkeypatch.setattr("amp_opt.engine.run.usable_cores", lambda: 2)
     _refused(amp_doc(), UNEVEN, r"the sum over stages of tp_s\*dp_s = 4 processes, this machine has")
+    _refused(two_cpu_types(), UNEVEN, r"threads: gives no thread count for device type 'cpu-b'",
+             threads={"cpu-a": 1}, oversubscribe=True)
 
 
 @pytest.mark.slow
@@ -154,7 +170,7 @@ def test_run_command_runs_an_uneven_plan_and_writes_the_record(tmp_path):
     import subprocess
     import sys
 
-    (tmp_path / "inst.json").write_text(json.dumps(amp_doc()))
+    (tmp_path / "inst.json").write_text(json.dumps(two_cpu_types()))  # two CPU stand-in types: runnable
     (tmp_path / "plan.json").write_text(json.dumps(UNEVEN))
     done = subprocess.run([sys.executable, "-m", "amp_opt", "run", "inst.json", "plan.json", "--iterations", "2",
                            "--warmup", "1", "--oversubscribe", "-o", "runs.json", "--json"],

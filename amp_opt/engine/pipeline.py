@@ -201,7 +201,7 @@ def _setup(task: dict, rank: int) -> _Rank:
     device = task["device"]
     if device == "cuda":
         torch.cuda.set_device(int(task.get("local_rank", rank)) % torch.cuda.device_count())
-    threads = set_threads(task["threads"])
+    threads = set_threads(task["threads"][rank] if isinstance(task["threads"], list) else task["threads"])
     dtype = torch_dtype(task["dtype"])
     groups = _Groups(lay, rank, shape.tied_embeddings)
     s = groups.stage
@@ -378,6 +378,7 @@ def _gather(me: _Rank, rank: int, world: int, records: list, losses: list) -> di
         peak, kind = int(sum(memory.values())), "tracked"
     s = g.stage
     mine = {"rank": rank, "stage": s, "dp_rank": g.dp_rank, "tp_rank": g.tp_rank, "share": me.share,
+            "threads": me.threads,
             "device": plan["stages"][s][g.dp_rank][g.tp_rank], "layers": plan["partition"][s:s + 2],
             "records": records, "losses": losses, "peak_memory": peak, "memory_kind": kind, "memory": memory,
             "device_memory": device_memory(me.device, int(me.task.get("local_rank", rank)))}

@@ -14,10 +14,10 @@ Shape (seconds, bytes)::
         "stages": [{"stage", "layers": [k, l], "tp", "dp", "shares", "compute", "compute_per_micro_batch",
                     "p2p", "allreduce", "tie_allreduce", "tp_comm", "optimizer",
                     "peak_memory", "memory": {parts of the slowest/fullest rank}}],
-        "ranks": [{"rank", "stage", "dp_rank", "tp_rank", "share", "device", "peak_memory",
+        "ranks": [{"rank", "stage", "dp_rank", "tp_rank", "share", "device", "threads", "peak_memory",
                    "compute_per_micro_batch"}],
         "memory_kind": "tracked" | "allocator",
-        "threads": per process, "provenance": {...}, "notes": [...]}}
+        "threads": per process (a list by rank when they differ), "provenance": {...}, "notes": [...]}}
 
 A stage's term is the largest over its ranks of that rank's median over the
 measured iterations (the slowest replica sets the pace, as in eq. H1).  ``tp``, ``dp`` and
@@ -82,6 +82,7 @@ def assemble(plan: dict, ranks: list[dict], *, layout, provenance: dict, memory_
     if max(layout.tp) > 1:
         notes.append("embedding and head are replicated on every tensor-parallel rank (not vocab-parallel)")
     limit = run_memory_limit(memory_limit, ranks)
+    threads = [r.get("threads", provenance["threads"]) for r in ranks]
     return {
         "plan": plan,
         "iteration_time": float(statistics.median(iteration_times)),
@@ -92,10 +93,11 @@ def assemble(plan: dict, ranks: list[dict], *, layout, provenance: dict, memory_
             "micro_batches_per_iteration": n,
             "losses": losses,
             "stages": stages,
-            "ranks": [{**{k: r[k] for k in ("rank", "stage", "dp_rank", "tp_rank", "share", "device", "peak_memory")},
+            "ranks": [{**{k: r[k] for k in ("rank", "stage", "dp_rank", "tp_rank", "share", "device", "threads",
+                                       "peak_memory")},
                        "compute_per_micro_batch": _median(r["records"], "compute") / n} for r in ranks],
             "memory_kind": ranks[0]["memory_kind"],
-            "threads": provenance["threads"],
+            "threads": threads[0] if len(set(threads)) == 1 else threads,
             "provenance": provenance,
             "notes": notes,
         },

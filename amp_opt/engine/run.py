@@ -104,9 +104,10 @@ def _load_at(document, base_dir):
 
 
 def build_run_task(instance, plan, *, iterations: int = 5, warmup: int = 2, device: str | None = None, dtype=None,
-                   attention: str = "eager", threads: int | None = None, seed: int = 0, lr: float = 1e-3,
-                   timeout: float = 600.0, oversubscribe: bool = False, memory_limit: int | None = None,
-                   dump_grads: str | None = None, fault: Mapping | None = None) -> dict:
+                   attention: str = "eager", threads: int | Mapping[str, int] | None = None, seed: int = 0,
+                   lr: float = 1e-3, timeout: float = 600.0, oversubscribe: bool = False,
+                   memory_limit: int | None = None, dump_grads: str | None = None,
+                   fault: Mapping | None = None) -> dict:
     """The checked, JSON-ready worker task of a run (options as in :func:`run_plan`).
 
     Write it to a file to run across nodes with torchrun
@@ -132,10 +133,10 @@ def build_run_task(instance, plan, *, iterations: int = 5, warmup: int = 2, devi
     dt = torch_dtype(dtype, shape)
     if attention not in ATTENTION_KERNELS:
         raise InputError("attention", f"must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
-    world = Layout.of(plan, global_batch=inst.training.global_batch).world
+    lay = Layout.of(plan, global_batch=inst.training.global_batch)
     if threads is None:
-        threads = max(1, usable_cores() // world)
-    _positive("threads", threads)
+        threads = max(1, usable_cores() // lay.world)
+    threads = rank_threads(inst, plan, lay, threads) if isinstance(threads, Mapping) else _positive("threads", threads)
     return {"kind": "run", "model": asdict(shape), "plan": plan.to_json(), "device": device,
             "dtype": str(dt).replace("torch.", ""), "attention": attention, "threads": threads, "seed": seed,
             "lr": lr, "iterations": iterations, "warmup": warmup, "global_batch": inst.training.global_batch,
@@ -144,8 +145,21 @@ def build_run_task(instance, plan, *, iterations: int = 5, warmup: int = 2, devi
             "fault": dict(fault) if fault else None, "collective_timeout": timeout}
 
 
+def rank_threads(inst, plan: Plan, lay: Layout, threads: Mapping[str, int]) -> list[int]:
+    """Torch threads of every rank from its device type (a CPU stand-in for replicas on device
+    types of different speeds: each type runs with the threads it was profiled with)."""
+    out = []
+    for rank in range(lay.world):
+        s, r, j = lay.place(rank)
+        kind = inst.nodes[int(inst.device_node[plan.stages[s][r][j]])].device_type
+        if kind not in threads:
+            raise InputError("threads", f"gives no thread count for device type {kind!r}")
+        out.append(_positive(f"threads[{kind!r}]", threads[kind]))
+    return out
+
+
 def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: str | None = None, dtype=None,
-             attention: str = "eager", threads: int | None = None, seed: int = 0, lr: float = 1e-3,
+             attention: str = "eager", threads: int | Mapping[str, int] | None = None, seed: int = 0, lr: float = 1e-3,
              timeout: float = 600.0, oversubscribe: bool = False, memory_limit: int | None = None,
              dump_grads: str | None = None, on_start: Callable | None = None, fault: Mapping | None = None) -> dict:
     """Run ``plan`` for real and return its run record (see :mod:`amp_opt.engine.record`).
@@ -160,7 +174,8 @@ def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: st
     device : "cpu" or "cuda" (default cuda when available).
     dtype : "float32", "bfloat16", "float16", or None (the model's dtype_bytes).
     attention : "eager" or "flash".
-    threads : torch threads per process (default: usable cores // processes, at least 1).
+    threads : torch threads per process (default: usable cores // processes, at least 1), or a
+        mapping device type -> threads of the processes on devices of that type.
     seed : model initialisation and synthetic data.
     lr : Adam learning rate.
     timeout : seconds for the whole run; then every worker is stopped.
