@@ -28,7 +28,7 @@ from .partition import make_graph, optimal_path
 from .result import SolverStats, SolveResult, status_of
 from .uneven_space import Configuration, configurations
 
-MAX_CONFIGURATIONS = 20_000  # uneven configurations searched at most (each with every setting and its DP)
+MAX_CONFIGURATIONS = 1_000  # uneven configurations searched at most (each with every setting and its DP)
 REL = 1e-9
 
 
