@@ -284,12 +284,12 @@ def test_the_brute_force_walks_uneven_plans_on_engine_amp_opt_only():
     assert max(b for d in docs for row in d["shares"] for b in row) == max(inst.search.micro_batches)
 
 
-def uneven_check(inst, objective="time", budget=None):
+def uneven_check(inst, objective="time", budget=None, solver="auto"):
     from amp_opt.bench.brute import brute_force
 
     truth = brute_force(inst, objective=objective, budget=budget)
     try:
-        result = amp_opt.solve(inst, objective=objective, budget=budget)
+        result = amp_opt.solve(inst, objective=objective, budget=budget, solver=solver)
     except amp_opt.InfeasibleError:
         assert truth is None
         return None
@@ -306,10 +306,11 @@ uneven_cases = st.fixed_dictionaries({"seed": st.integers(0, 2**31 - 1), "device
                                       "idle": st.booleans()})
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=uneven_cases, objective=st.sampled_from(["time", "cost"]))
-def test_the_search_equals_the_brute_force_on_uneven_plans(case, objective):
-    uneven_check(tiny_uneven(**case), objective)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=uneven_cases, objective=st.sampled_from(["time", "cost"]), solver=st.sampled_from(["auto", "cpsat"]))
+def test_the_search_equals_the_brute_force_on_uneven_plans(case, objective, solver):
+    """Every solver: the uniform plans by its own search, the uneven ones by the uneven search."""
+    uneven_check(tiny_uneven(**case), objective, solver=solver)
 
 
 @pytest.mark.slow
@@ -317,14 +318,15 @@ def test_the_search_equals_the_brute_force_on_uneven_plans(case, objective):
 @given(case=st.fixed_dictionaries({"seed": st.integers(0, 2**31 - 1), "devices": st.integers(2, 4),
                                    "layers": st.integers(3, 5), "batch": st.sampled_from([4, 8, 16]),
                                    "idle": st.booleans()}),
-       objective=st.sampled_from(["time", "cost"]), budget_share=st.sampled_from([None, 0.6]))
-def test_the_search_equals_the_brute_force_on_uneven_plans_slow(case, objective, budget_share):
+       objective=st.sampled_from(["time", "cost"]), budget_share=st.sampled_from([None, 0.6]),
+       solver=st.sampled_from(["auto", "cpsat", "highs"]))
+def test_the_search_equals_the_brute_force_on_uneven_plans_slow(case, objective, budget_share, solver):
     inst = tiny_uneven(**case)
     budget = None
     if budget_share is not None:
         objective = "time"
         budget = budget_share * sum(inst.device_types[n.device_type].price_per_hour * n.devices for n in inst.nodes)
-    uneven_check(inst, objective, budget)
+    uneven_check(inst, objective, budget, solver)
 
 
 def test_the_search_finds_the_uneven_plan_and_says_when_it_leaves_them_out(monkeypatch):

@@ -71,7 +71,7 @@ def _rate(instance, plan) -> float | None:
     return None if any(p is None for p in prices) else sum(prices)
 
 
-def _best_of(instance, options, tables, conf: Configuration, setting, kth: float):
+def _best_of(instance, options, tables, cache: dict, conf: Configuration, setting, kth: float):
     """The best plan of one configuration and setting below ``kth`` (objective units), or None."""
     sp, mode, layers, zero = setting
     L = instance.num_layers
@@ -89,7 +89,7 @@ def _best_of(instance, options, tables, conf: Configuration, setting, kth: float
         if options.budget is not None and rate > options.budget * (1 + 1e-12):
             return None
         scale = rate / 3600.0 if options.objective == "cost" else 1.0
-    found = optimal_path(_graph(UnevenCosts(options.model, tables, plan), L), cutoff=kth / scale)
+    found = optimal_path(_graph(UnevenCosts(options.model, tables, plan, cache=cache), L), cutoff=kth / scale)
     if found is None or found[0] * scale >= kth:
         return None
     ev = evaluate(instance, dataclasses.replace(plan, partition=found[1].bounds), options.model, tables=tables)
@@ -104,12 +104,13 @@ def search_uneven(instance, options, tables, confs, *, cutoff: float, deadline: 
     """The best uneven plans (up to top_k, below ``cutoff``), and whether every configuration was
     searched before ``deadline`` (``time.perf_counter()``)."""
     found: list[Evaluation] = []
+    cache: dict = {}  # the cost views every configuration shares (UnevenCosts)
     for conf in confs:
         if time.perf_counter() > deadline:
             return found, False
         for setting in _settings(instance.search):
             kth = _value(found[-1], options.objective) if len(found) >= options.top_k else cutoff
-            ev = _best_of(instance, options, tables, conf, setting, kth)
+            ev = _best_of(instance, options, tables, cache, conf, setting, kth)
             if ev is not None:
                 found = sorted(found + [ev], key=lambda e: _value(e, options.objective))[:options.top_k]
     return found, True
