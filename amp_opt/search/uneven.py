@@ -122,9 +122,9 @@ def solve_with_uneven(instance, options, run, started: float) -> SolveResult:
     from ..model.tables import Tables
 
     try:
-        uniform = run()
-    except InfeasibleError:
-        uniform = None
+        uniform, why_none = run(), None
+    except InfeasibleError as exc:  # no uniform plan fits: the uneven ones may
+        uniform, why_none = None, exc
     limit = options.time_limit if options.time_limit is not None else INF
     confs, complete = configurations(instance, limit=MAX_CONFIGURATIONS)
     within = uniform.solver.within if uniform is not None else None
@@ -133,7 +133,7 @@ def solve_with_uneven(instance, options, run, started: float) -> SolveResult:
                else f"more than {MAX_CONFIGURATIONS} uneven configurations")
         within = (within + "; " if within else "") + f"plans whose stages and replicas agree ({why})"
         if uniform is None:
-            raise InfeasibleError(f"no uniform plan fits, and uneven plans were not searched ({why})")
+            raise InfeasibleError(f"{why_none} (uneven plans were not searched: {why})")
         return dataclasses.replace(uniform, solver=dataclasses.replace(uniform.solver, within=within))
     top = list(uniform.top) if uniform is not None else []
     obj = options.objective
@@ -142,7 +142,7 @@ def solve_with_uneven(instance, options, run, started: float) -> SolveResult:
                                 deadline=started + limit)
     merged = sorted(top + found, key=lambda e: _value(e, obj))[:options.top_k]
     if not merged:
-        raise InfeasibleError("no plan fits, uniform or with stages and replicas that differ")
+        raise InfeasibleError(f"{why_none} (nor does any plan whose stages or replicas differ)")
     best = _value(merged[0], obj)
     u_bound = uniform.solver.bound if uniform is not None else INF
     bound = min(u_bound, best) if done else 0.0
