@@ -339,6 +339,13 @@ def test_the_search_finds_the_uneven_plan_and_says_when_it_leaves_them_out(monke
     narrowed = amp_opt.solve(inst)
     assert narrowed.best.plan.uniform and narrowed.best.predicted_time > result.best.predicted_time
     assert "plans whose stages and replicas agree" in narrowed.solver.within
+    # the listing's work budget narrows the same way (a large cluster is not listed for minutes)
+    from amp_opt.search import uneven_space
+
+    monkeypatch.setattr(uneven, "MAX_CONFIGURATIONS", 1000)
+    monkeypatch.setattr(uneven_space, "WORK_PER_CONFIGURATION", 0)
+    assert uneven_space.configurations(inst, limit=1000) == ([], False)
+    assert "more than 1000 uneven configurations" in amp_opt.solve(inst).solver.within
     # megatron: today's search, no uneven plan and no uneven statistics
     plain = amp_opt.solve(tiny_uneven(0, engine="megatron"))
     assert plain.best.plan.uniform and "uneven" not in plain.solver.extra
