@@ -284,12 +284,12 @@ def test_the_brute_force_walks_uneven_plans_on_engine_amp_opt_only():
     assert max(b for d in docs for row in d["shares"] for b in row) == max(inst.search.micro_batches)
 
 
-def uneven_check(inst, objective="time", budget=None):
+def uneven_check(inst, objective="time", budget=None, solver="auto"):
     from amp_opt.bench.brute import brute_force
 
     truth = brute_force(inst, objective=objective, budget=budget)
     try:
-        result = amp_opt.solve(inst, objective=objective, budget=budget)
+        result = amp_opt.solve(inst, objective=objective, budget=budget, solver=solver)
     except amp_opt.InfeasibleError:
         assert truth is None
         return None
@@ -306,10 +306,11 @@ uneven_cases = st.fixed_dictionaries({"seed": st.integers(0, 2**31 - 1), "device
                                       "idle": st.booleans()})
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=uneven_cases, objective=st.sampled_from(["time", "cost"]))
-def test_the_search_equals_the_brute_force_on_uneven_plans(case, objective):
-    uneven_check(tiny_uneven(**case), objective)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=uneven_cases, objective=st.sampled_from(["time", "cost"]), solver=st.sampled_from(["auto", "cpsat"]))
+def test_the_search_equals_the_brute_force_on_uneven_plans(case, objective, solver):
+    """Every solver: the uniform plans by its own search, the uneven ones by the uneven search."""
+    uneven_check(tiny_uneven(**case), objective, solver=solver)
 
 
 @pytest.mark.slow
@@ -317,14 +318,15 @@ def test_the_search_equals_the_brute_force_on_uneven_plans(case, objective):
 @given(case=st.fixed_dictionaries({"seed": st.integers(0, 2**31 - 1), "devices": st.integers(2, 4),
                                    "layers": st.integers(3, 5), "batch": st.sampled_from([4, 8, 16]),
                                    "idle": st.booleans()}),
-       objective=st.sampled_from(["time", "cost"]), budget_share=st.sampled_from([None, 0.6]))
-def test_the_search_equals_the_brute_force_on_uneven_plans_slow(case, objective, budget_share):
+       objective=st.sampled_from(["time", "cost"]), budget_share=st.sampled_from([None, 0.6]),
+       solver=st.sampled_from(["auto", "cpsat", "highs"]))
+def test_the_search_equals_the_brute_force_on_uneven_plans_slow(case, objective, budget_share, solver):
     inst = tiny_uneven(**case)
     budget = None
     if budget_share is not None:
         objective = "time"
         budget = budget_share * sum(inst.device_types[n.device_type].price_per_hour * n.devices for n in inst.nodes)
-    uneven_check(inst, objective, budget)
+    uneven_check(inst, objective, budget, solver)
 
 
 def test_the_search_finds_the_uneven_plan_and_says_when_it_leaves_them_out(monkeypatch):
@@ -337,6 +339,13 @@ def test_the_search_finds_the_uneven_plan_and_says_when_it_leaves_them_out(monke
     narrowed = amp_opt.solve(inst)
     assert narrowed.best.plan.uniform and narrowed.best.predicted_time > result.best.predicted_time
     assert "plans whose stages and replicas agree" in narrowed.solver.within
+    # the listing's work budget narrows the same way (a large cluster is not listed for minutes)
+    from amp_opt.search import uneven_space
+
+    monkeypatch.setattr(uneven, "MAX_CONFIGURATIONS", 1000)
+    monkeypatch.setattr(uneven_space, "WORK_PER_CONFIGURATION", 0)
+    assert uneven_space.configurations(inst, limit=1000) == ([], False)
+    assert "more than 1000 uneven configurations" in amp_opt.solve(inst).solver.within
     # megatron: today's search, no uneven plan and no uneven statistics
     plain = amp_opt.solve(tiny_uneven(0, engine="megatron"))
     assert plain.best.plan.uniform and "uneven" not in plain.solver.extra

@@ -28,7 +28,7 @@ from .partition import make_graph, optimal_path
 from .result import SolverStats, SolveResult, status_of
 from .uneven_space import Configuration, configurations
 
-MAX_CONFIGURATIONS = 20_000  # uneven configurations searched at most (each with every setting and its DP)
+MAX_CONFIGURATIONS = 1_000  # uneven configurations searched at most (each with every setting and its DP)
 REL = 1e-9
 
 
@@ -71,7 +71,7 @@ def _rate(instance, plan) -> float | None:
     return None if any(p is None for p in prices) else sum(prices)
 
 
-def _best_of(instance, options, tables, conf: Configuration, setting, kth: float):
+def _best_of(instance, options, tables, cache: dict, conf: Configuration, setting, kth: float):
     """The best plan of one configuration and setting below ``kth`` (objective units), or None."""
     sp, mode, layers, zero = setting
     L = instance.num_layers
@@ -89,7 +89,7 @@ def _best_of(instance, options, tables, conf: Configuration, setting, kth: float
         if options.budget is not None and rate > options.budget * (1 + 1e-12):
             return None
         scale = rate / 3600.0 if options.objective == "cost" else 1.0
-    found = optimal_path(_graph(UnevenCosts(options.model, tables, plan), L), cutoff=kth / scale)
+    found = optimal_path(_graph(UnevenCosts(options.model, tables, plan, cache=cache), L), cutoff=kth / scale)
     if found is None or found[0] * scale >= kth:
         return None
     ev = evaluate(instance, dataclasses.replace(plan, partition=found[1].bounds), options.model, tables=tables)
@@ -104,12 +104,13 @@ def search_uneven(instance, options, tables, confs, *, cutoff: float, deadline: 
     """The best uneven plans (up to top_k, below ``cutoff``), and whether every configuration was
     searched before ``deadline`` (``time.perf_counter()``)."""
     found: list[Evaluation] = []
+    cache: dict = {}  # the cost views every configuration shares (UnevenCosts)
     for conf in confs:
         if time.perf_counter() > deadline:
             return found, False
         for setting in _settings(instance.search):
             kth = _value(found[-1], options.objective) if len(found) >= options.top_k else cutoff
-            ev = _best_of(instance, options, tables, conf, setting, kth)
+            ev = _best_of(instance, options, tables, cache, conf, setting, kth)
             if ev is not None:
                 found = sorted(found + [ev], key=lambda e: _value(e, options.objective))[:options.top_k]
     return found, True
@@ -121,9 +122,9 @@ def solve_with_uneven(instance, options, run, started: float) -> SolveResult:
     from ..model.tables import Tables
 
     try:
-        uniform = run()
-    except InfeasibleError:
-        uniform = None
+        uniform, why_none = run(), None
+    except InfeasibleError as exc:  # no uniform plan fits: the uneven ones may
+        uniform, why_none = None, exc
     limit = options.time_limit if options.time_limit is not None else INF
     confs, complete = configurations(instance, limit=MAX_CONFIGURATIONS)
     within = uniform.solver.within if uniform is not None else None
@@ -132,7 +133,7 @@ def solve_with_uneven(instance, options, run, started: float) -> SolveResult:
                else f"more than {MAX_CONFIGURATIONS} uneven configurations")
         within = (within + "; " if within else "") + f"plans whose stages and replicas agree ({why})"
         if uniform is None:
-            raise InfeasibleError(f"no uniform plan fits, and uneven plans were not searched ({why})")
+            raise InfeasibleError(f"{why_none} (uneven plans were not searched: {why})")
         return dataclasses.replace(uniform, solver=dataclasses.replace(uniform.solver, within=within))
     top = list(uniform.top) if uniform is not None else []
     obj = options.objective
@@ -141,7 +142,7 @@ def solve_with_uneven(instance, options, run, started: float) -> SolveResult:
                                 deadline=started + limit)
     merged = sorted(top + found, key=lambda e: _value(e, obj))[:options.top_k]
     if not merged:
-        raise InfeasibleError("no plan fits, uniform or with stages and replicas that differ")
+        raise InfeasibleError(f"{why_none} (nor does any plan whose stages or replicas differ)")
     best = _value(merged[0], obj)
     u_bound = uniform.solver.bound if uniform is not None else INF
     bound = min(u_bound, best) if done else 0.0

@@ -19,6 +19,7 @@ from ..model.classes import class_of_node
 from ..model.instance import idle_level
 
 Replicas = tuple[tuple[int, int], ...]  # (node, share) per replica, sorted
+WORK_PER_CONFIGURATION = 200  # multisets the listing may look at per configuration it may return
 
 
 @dataclass(frozen=True)
@@ -70,11 +71,29 @@ def _compositions(total: int, parts: int, most: int) -> Iterator[tuple[int, ...]
             yield (first,) + rest
 
 
-def _stage_choices(nodes_free: list[int], tp: int, dp: int, M: int, most: int) -> Iterator[Replicas]:
+class _TooMany(Exception):
+    """The listing went past its work budget."""
+
+
+class _Budget:
+    """Steps of the listing (every multiset looked at) left before it gives up."""
+
+    def __init__(self, steps: int):
+        self.left = steps
+
+    def spend(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise _TooMany
+
+
+def _stage_choices(nodes_free: list[int], tp: int, dp: int, M: int, most: int, budget: _Budget) -> Iterator[Replicas]:
     """Every multiset of dp (node, share) pairs with shares summing to M, each at most ``most``,
     and at most the node's free devices used on each node."""
-    items = [(j, b) for j in range(len(nodes_free)) if nodes_free[j] >= tp for b in range(1, most + 1)]
+    top = min(most, M - dp + 1)
+    items = [(j, b) for j in range(len(nodes_free)) if nodes_free[j] >= tp for b in range(1, top + 1)]
     for combo in itertools.combinations_with_replacement(items, dp):
+        budget.spend()
         if sum(b for _, b in combo) != M:
             continue
         per_node: dict[int, int] = {}
@@ -111,7 +130,8 @@ def _idle_ok(instance, level: str, used: list[int], classes: list[int]) -> bool:
 
 def configurations(instance, *, limit: int) -> tuple[list[Configuration], bool]:
     """Every non-uniform configuration of the instance's search section, one per symmetry class,
-    and whether that is all of them (False once more than ``limit`` were found).
+    and whether that is all of them (False once more than ``limit`` were found, or once the
+    listing looked at more than WORK_PER_CONFIGURATION * ``limit`` multisets of replicas).
 
     Stages: 1 to min(max_pp, layers, devices); tp per stage from ``search.tp``; M over the
     divisors of the global batch; shares at most the largest of ``search.micro_batches``."""
@@ -121,19 +141,23 @@ def configurations(instance, *, limit: int) -> tuple[list[Configuration], bool]:
     most = max(space.micro_batches)
     seen: set = set()
     out: list[Configuration] = []
-    for pp in range(1, min(space.max_pp, instance.num_layers, instance.num_devices) + 1):
-        for M in (m for m in range(1, batch + 1) if batch % m == 0):
-            for tps in itertools.product(space.tp, repeat=pp):
-                for conf in _walk(instance, tps, M, most):
-                    if conf.uniform or not _idle_ok(instance, level, _used(instance, conf), classes):
-                        continue
-                    key = _key(instance, classes, conf)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    out.append(conf)
-                    if len(out) > limit:
-                        return out, False
+    budget = _Budget(WORK_PER_CONFIGURATION * limit)
+    try:
+        for pp in range(1, min(space.max_pp, instance.num_layers, instance.num_devices) + 1):
+            for M in (m for m in range(1, batch + 1) if batch % m == 0):
+                for tps in itertools.product(space.tp, repeat=pp):
+                    for conf in _walk(instance, tps, M, most, budget):
+                        if conf.uniform or not _idle_ok(instance, level, _used(instance, conf), classes):
+                            continue
+                        key = _key(instance, classes, conf)
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                        out.append(conf)
+                        if len(out) > limit:
+                            return out, False
+    except _TooMany:
+        return out, False
     return out, True
 
 
@@ -145,7 +169,7 @@ def _used(instance, conf: Configuration) -> list[int]:
     return used
 
 
-def _walk(instance, tps: tuple[int, ...], M: int, most: int) -> Iterator[Configuration]:
+def _walk(instance, tps: tuple[int, ...], M: int, most: int, budget: _Budget) -> Iterator[Configuration]:
     """Every configuration of these stage tps (before the symmetry classes are taken)."""
     free0 = [n.devices for n in instance.nodes]
 
@@ -154,7 +178,7 @@ def _walk(instance, tps: tuple[int, ...], M: int, most: int) -> Iterator[Configu
             yield Configuration(M, tps, chosen)
             return
         for dp in range(1, min(M, sum(free) // tps[s]) + 1):
-            for stage in _stage_choices(free, tps[s], dp, M, most):
+            for stage in _stage_choices(free, tps[s], dp, M, most, budget):
                 left = list(free)
                 for j, _ in stage:
                     left[j] -= tps[s]

@@ -56,7 +56,7 @@ class UnevenCosts:
     True
     """
 
-    def __init__(self, model, tables, plan):
+    def __init__(self, model, tables, plan, *, cache: dict | None = None):
         if not isinstance(model, HeteroModel):
             raise InputError("plan", f"the {model.name} cost model prices uniform plans only (one tp and dp, equal "
                                      "shares): use --cost-model hetero")
@@ -64,10 +64,10 @@ class UnevenCosts:
         inst = tables.instance
         self.n_micro = inst.training.global_batch // plan.pipeline_micro_batch
         self.pipeline = pipeline_weights(self.n_micro, plan.pp, 1, model.schedule)
-        views: dict = {}
+        # ``cache``: views shared between the plans of one search (a view depends only on its key)
+        views: dict = {} if cache is None else cache
         self.replicas = tuple(tuple(self._replica(views, s, r) for r in range(plan.dp_at(s))) for s in range(plan.pp))
-        # One view per stage on the plan's own placement: its ring (U3) and its boundary link (U2).
-        self.stage_views = tuple(model.stage_costs(tables, plan.stage_candidate(s), plan.stages) for s in range(plan.pp))
+        self.stage_views = tuple(self._stage_view(views, s) for s in range(plan.pp))
         node_of = inst.device_node
         self.placement = tuple(
             StagePlacement(nodes=tuple(int(node_of[g[0]]) for g in stage),
@@ -85,10 +85,23 @@ class UnevenCosts:
         groups = plan.stages[s][r * cp:(r + 1) * cp]
         cand = plan.stage_candidate(s, share)
         node = inst.nodes[int(inst.device_node[groups[0][0]])]
-        key = (cand, s, node.device_type, node.intra_bandwidth)
+        key = (self.model.name, "replica", cand, s, node.device_type, node.intra_bandwidth)
         if key not in views:
             views[key] = self.model.stage_costs(self.tables, cand, (groups,) * plan.pp)
         return Replica(share, groups, views[key])
+
+    def _stage_view(self, views: dict, s: int) -> StageCosts:
+        """Stage s's view on its own devices and the next stage's: its ring (U3) and its boundary
+        link (U2), which read only those two stages' nodes."""
+        plan, node_of = self.plan, self.tables.instance.device_node
+        nxt = min(s + 1, plan.pp - 1)
+        cand = plan.stage_candidate(s)
+        key = (self.model.name, "stage", cand, s, tuple(int(node_of[g[0]]) for g in plan.stages[s]),
+               tuple(int(node_of[g[0]]) for g in plan.stages[nxt]))
+        if key not in views:
+            stages = tuple(plan.stages[nxt] if i == s + 1 else plan.stages[s] for i in range(plan.pp))
+            views[key] = self.model.stage_costs(self.tables, cand, stages)
+        return views[key]
 
     def replica_compute(self, s: int, k, l) -> list:
         """Each replica's seconds per micro-batch through layers [k, l) of stage s at its share."""
