@@ -235,3 +235,16 @@ def test_the_docs_example_is_what_export_writes():
     assert out["yaml"] in blocks and out["launch"]["hostfile"] in blocks
     check_plan(parse_instance(json.loads((folder / "tiny.json").read_text())),
                parse_plan(json.loads((folder / "uneven.json").read_text())))
+
+
+@pytest.mark.parametrize("data, field", [(THREE, "tp"), (dict(THREE, tp=1, dp=2, shares=[[3, 1], [2, 2], [2, 2]],
+                                                               stages=None), "shares")])
+def test_megatron_and_deepspeed_exports_refuse_a_plan_whose_stages_differ(data, field):
+    from amp_opt.export.deepspeed import export_deepspeed
+    from amp_opt.export.megatron import export_megatron
+
+    instance = parse_instance(two_types())
+    plan = parse_plan({k: v for k, v in data.items() if v is not None})
+    for export, name in ((export_megatron, "Megatron-LM"), (export_deepspeed, "DeepSpeed")):
+        with pytest.raises(InputError, match=rf"^plan\.{field}: {name} runs one tp and dp on every stage .*flagscale"):
+            export(instance, plan)
