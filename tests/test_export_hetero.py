@@ -183,6 +183,19 @@ def test_what_flagscale_cannot_express_is_refused_in_one_line(tied, change, matc
     assert "\n" not in str(info.value)
 
 
+def test_zero1_with_a_tied_embedding_needs_the_end_dps_to_divide():
+    instance = parse_instance(dict(two_types(a=8, v=8, batch=12), training={"global_batch": 12, "zero_stage": 1}))
+    plan = parse_plan({"tp": 1, "dp": [2, 3], "pp": 2, "shares": [[3, 3], [2, 2, 2]], "partition": [0, 3, 6]})
+    with pytest.raises(InputError, match=r"plan\.dp: stage 0 at dp 2, the last at dp 3: .*divide"):
+        export_flagscale(instance, plan)
+    plan = parse_plan({"tp": 1, "dp": [2, 4], "pp": 2, "shares": [[4, 4], [2, 2, 2, 2]], "partition": [0, 3, 6]})
+    instance = parse_instance(dict(two_types(a=8, v=8), training={"global_batch": 16, "zero_stage": 1}))
+    out = export_flagscale(instance, plan)
+    flagscale_accepts(instance, plan, out)
+    assert out["config"]["system"]["use_distributed_optimizer"] is True
+    assert out["config"]["system"]["hetero"]["use_partial_reduce_for_shared_embedding"] is True
+
+
 def test_a_recomputation_mode_per_stage_is_refused():
     """(DeepSpeed's engine rules allow one; FlagScale's per-stage lists are not written.)"""
     instance = parse_instance(dict(two_types(), search={"engine": "deepspeed"}))

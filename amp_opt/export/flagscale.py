@@ -14,7 +14,7 @@ follow Megatron's order tp-cp-ep-dp-pp from the mesh's offset.
 A plan FlagScale cannot express is refused with one line naming the field: uneven shares inside
 a stage, replicas of one stage on different device types, a device type whose meshes are not
 consecutive, interleaving, per-stage recomputation lists, ZeRO-2/3, different tp at the two ends
-of a tied word embedding.
+of a tied word embedding (and with ZeRO-1, dp at the two ends of which neither divides the other).
 """
 
 from __future__ import annotations
@@ -99,9 +99,13 @@ def _refuse(instance, plan: Plan) -> None:
     if plan.zero_stage and plan.zero_stage >= 2:
         raise InputError("plan.zero_stage", f"ZeRO-{plan.zero_stage} is not exported to FlagScale's heterogeneous "
                                             "meshes (Megatron-FSDP); use 0 or 1 (the distributed optimizer)")
+    first, last = plan.dp_at(0), plan.dp_at(plan.pp - 1)
     if _tied(instance) and plan.tp_at(0) != plan.tp_at(plan.pp - 1):
         raise InputError("plan.tp", f"stage 0 at tp {plan.tp_at(0)}, the last at tp {plan.tp_at(plan.pp - 1)}: "
                                     "FlagScale needs one tp at both ends of a tied word embedding (" + SOURCE + ")")
+    if _tied(instance) and plan.zero_stage == 1 and first % last and last % first:
+        raise InputError("plan.dp", f"stage 0 at dp {first}, the last at dp {last}: with a tied word embedding and "
+                                    "the distributed optimizer FlagScale needs one to divide the other (" + SOURCE + ")")
 
 
 def _tied(instance) -> bool:
