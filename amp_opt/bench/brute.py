@@ -14,6 +14,14 @@ devices and layers (the tests' random instances, ``benchmarks/exactness.py``).
 A tensor-parallel group is placed as a set of devices (its devices in increasing order): the
 evaluator prices a group by the node it sits on, whatever its ranks' order.
 ``tests/test_brute.py`` checks that claim on the instances it draws.
+
+On the engine ``"amp_opt"`` it also walks the plans whose stages and replicas differ
+(:func:`uneven_plans`): every number of stages, every tp of ``search.tp`` per stage, every dp
+per stage that fits the devices, every pipeline micro-batch M dividing the global batch,
+every share vector of each stage (dp_s positive integers summing to M, each at most the
+largest of ``search.micro_batches``: the bound on the shares), every placement of the
+groups, every partition and every setting; such plans are priced with cp 1, no
+interleaving and ZeRO at most 2 (the evaluator refuses the others).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from dataclasses import dataclass
 from ..errors import InputError
 from ..model.engines import engine_of
 from ..model.evaluate import Evaluation, evaluate
+from ..model.engines import engine_of
 from ..model.instance import idle_level
 from ..model.plan import PER_STAGE_MODES, parse_plan
 from ..model.tables import Tables
@@ -48,15 +57,75 @@ def _partitions(layers: int, parts: int):
 
 def _placements(devices: int, tp: int, groups: int):
     """Every ordered list of ``groups`` disjoint sets of ``tp`` devices."""
+    yield from _sized_placements(devices, (tp,) * groups)
+
+
+def _sized_placements(devices: int, sizes: tuple[int, ...]):
+    """Every ordered list of disjoint sets of devices, the i-th of ``sizes[i]`` devices."""
     def rec(left: tuple[int, ...], k: int):
-        if k == 0:
+        if k == len(sizes):
             yield ()
             return
-        for group in itertools.combinations(left, tp):
+        for group in itertools.combinations(left, sizes[k]):
             rest = tuple(d for d in left if d not in group)
-            for tail in rec(rest, k - 1):
+            for tail in rec(rest, k + 1):
                 yield (group,) + tail
-    yield from rec(tuple(range(devices)), groups)
+    yield from rec(tuple(range(devices)), 0)
+
+
+def _compositions(total: int, parts: int, most: int):
+    """Every tuple of ``parts`` integers in [1, most] summing to ``total``."""
+    if parts == 1:
+        if 1 <= total <= most:
+            yield (total,)
+        return
+    for first in range(1, min(most, total - parts + 1) + 1):
+        for rest in _compositions(total - first, parts - 1, most):
+            yield (first,) + rest
+
+
+def _degree_vectors(space, pp: int, devices: int):
+    """Every (tp per stage, dp per stage) of ``pp`` stages using at most ``devices`` devices."""
+    for tps in itertools.product(space.tp, repeat=pp):
+        def rec(s: int, left: int):
+            if s == pp:
+                yield ()
+                return
+            for dp in range(1, left // tps[s] + 1):
+                for tail in rec(s + 1, left - dp * tps[s]):
+                    yield (dp,) + tail
+        for dps in rec(0, devices):
+            yield tps, dps
+
+
+def uneven_plans(instance):
+    """Every plan document whose stages or replicas differ (per-stage tp or dp, uneven shares)
+    that the module docstring lists; with ``search.idle`` false, only those using every device."""
+    n_dev, n_layers, batch = instance.num_devices, instance.num_layers, instance.training.global_batch
+    space = instance.search
+    every = idle_level(space.idle) == "none"
+    most = max(space.micro_batches)
+    for pp in range(1, min(space.max_pp, n_dev, n_layers) + 1):
+        settings = list(_settings(space, pp))
+        for tps, dps in _degree_vectors(space, pp, n_dev):
+            if every and sum(t * d for t, d in zip(tps, dps)) != n_dev:
+                continue
+            sizes = tuple(t for t, d in zip(tps, dps) for _ in range(d))
+            for M in (m for m in range(1, batch + 1) if batch % m == 0):
+                for shares in itertools.product(*(list(_compositions(M, d, most)) for d in dps)):
+                    if len(set(tps)) == 1 and len(set(dps)) == 1 and len({b for row in shares for b in row}) == 1:
+                        continue  # a uniform plan: raw_plans has it
+                    for groups in _sized_placements(n_dev, sizes):
+                        it = iter(groups)
+                        nested = [[list(next(it)) for _ in range(d)] for d in dps]
+                        for partition in _partitions(n_layers, pp):
+                            for sp, mode, layers, zero in settings:
+                                doc = {"tp": list(tps), "dp": list(dps), "pp": pp, "shares": [list(r) for r in shares],
+                                       "partition": list(partition), "stages": nested, "sequence_parallel": sp,
+                                       "recompute": mode if isinstance(mode, str) else list(mode), "zero_stage": zero}
+                                if layers is not None:
+                                    doc["recompute_layers"] = layers
+                                yield doc
 
 
 def _settings(space, pp: int):
@@ -117,7 +186,10 @@ def brute_force(instance, *, cost_model="hetero", objective: str = "time", budge
     """
     tables = Tables(instance)
     best, kept, scored = math.inf, [], 0
-    for doc in raw_plans(instance):
+    docs = raw_plans(instance)
+    if engine_of(instance).uneven:
+        docs = itertools.chain(docs, uneven_plans(instance))
+    for doc in docs:
         try:
             ev = evaluate(instance, parse_plan(doc), cost_model, tables=tables)
         except InputError:

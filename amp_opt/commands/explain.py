@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InfeasibleError, NoPlanFound
+from ..errors import InfeasibleError, InputError, NoPlanFound
 from ..model.candidates import allowed_tp
 from ..model.costs import cost_model as get_cost_model
 from ..model.engines import engine_of
@@ -102,7 +102,12 @@ def _searched(change: str, instance, cand: Candidate, cost_model) -> Alternative
 def _changed(instance, plan, cost_model: str, change: str, **fields) -> list[Alternative]:
     """The plan with some settings changed, scored; nothing when its engine cannot run it."""
     other = dataclasses.replace(plan, **fields)
-    if engine_of(instance).rule(instance, other.candidate) is not None:
+    if not other.uniform:  # per-stage degrees: the engine's rules on each stage, through the plan's checks
+        try:
+            check_plan(instance, other)
+        except InputError:
+            return []
+    elif engine_of(instance).rule(instance, other.candidate) is not None:
         return []
     return [_evaluated(change, instance, other, cost_model)]
 
@@ -125,7 +130,7 @@ def _block_method(instance, plan, cost_model: str) -> list[Alternative]:
 def _per_stage(instance, plan, cost_model: str) -> list[Alternative]:
     """On an engine whose stages may recompute differently (DeepSpeed): each stage in its faster
     mode that fits, full recomputation or none (what the search chooses per stage)."""
-    if not engine_of(instance).per_stage_recompute or plan.pp == 1:
+    if not engine_of(instance).per_stage_recompute or plan.pp == 1 or not plan.uniform:
         return []
     cand = dataclasses.replace(plan.candidate, recompute="full", recompute_layers=0, per_stage=True)
     stages = plan.stages or rank_order_stages(plan.tp, plan.dp, plan.pp, plan.cp)
@@ -136,26 +141,37 @@ def _per_stage(instance, plan, cost_model: str) -> list[Alternative]:
                     recompute=chosen.recompute, recompute_layers=None)
 
 
+def _settings_changed(instance, plan, cost_model: str) -> list[Alternative]:
+    """The plan with more memory-saving settings: ZeRO, sequence parallelism, recomputation, the
+    block method, per-stage recomputation."""
+    out = []
+    for z in range(plan.zero_stage + 1, 4):
+        out += _changed(instance, plan, cost_model, f"ZeRO stage {plan.zero_stage} -> {z}", zero_stage=z)
+    if all(plan.tp_at(s) > 1 for s in range(plan.pp)) and not plan.sequence_parallel:
+        out += _changed(instance, plan, cost_model, "sequence parallelism", sequence_parallel=True)
+    for mode in ("selective", "full"):
+        if mode != plan.recompute:
+            out += _changed(instance, plan, cost_model, f"recompute {mode}", recompute=mode, recompute_layers=None)
+    out += _block_method(instance, plan, cost_model)
+    out += _per_stage(instance, plan, cost_model)
+    return out
+
+
 def plan_alternatives(instance, plan, cost_model: str) -> list[Alternative]:
     """Smaller micro-batch; more memory-saving settings (ZeRO, sequence parallelism, recomputation,
-    the block method); more pipeline stages (same tp); larger tp: each scored."""
+    the block method); more pipeline stages (same tp); larger tp: each scored.  A plan whose
+    stages differ gets the settings only (its degrees are per stage, not one candidate's)."""
     out = []
     batch, L = instance.training.global_batch, instance.num_layers
+    if not plan.uniform:
+        return _settings_changed(instance, plan, cost_model) if get_cost_model(cost_model).enforces_memory else []
     for b in sorted({m for m in instance.search.micro_batches if m < plan.micro_batch} | {
             m for m in (1, 2, 4, 8) if m < plan.micro_batch and batch % (plan.dp * m) == 0}, reverse=True):
         if batch % (plan.dp * b) == 0:
             out += _changed(instance, plan, cost_model, f"micro_batch {plan.micro_batch} -> {b} (same partition and devices)",
                             micro_batch=b)
     if get_cost_model(cost_model).enforces_memory:
-        for z in range(plan.zero_stage + 1, 4):
-            out += _changed(instance, plan, cost_model, f"ZeRO stage {plan.zero_stage} -> {z}", zero_stage=z)
-        if plan.tp > 1 and not plan.sequence_parallel:
-            out += _changed(instance, plan, cost_model, "sequence parallelism", sequence_parallel=True)
-        for mode in ("selective", "full"):
-            if mode != plan.recompute:
-                out += _changed(instance, plan, cost_model, f"recompute {mode}", recompute=mode, recompute_layers=None)
-        out += _block_method(instance, plan, cost_model)
-        out += _per_stage(instance, plan, cost_model)
+        out += _settings_changed(instance, plan, cost_model)
     cand = plan.candidate
     devices = cand.devices
     for pp in range(plan.pp + 1, min(L, devices // (plan.tp * plan.cp)) + 1):
@@ -185,7 +201,9 @@ def explain_plan(instance, plan, cost_model: str = "hetero") -> dict[str, Any]:
     parts = memory_parts(instance, ev)
     over = overflows(instance, ev, parts)
     stages = [
-        {"stage": r.index, "device_types": list(r.device_types), "memory": r.memory, "capacity": r.capacity,
+        {"stage": r.index, "tp": ev.plan.tp_at(r.index), "dp": ev.plan.dp_at(r.index),
+         "shares": list(ev.plan.shares_at(r.index)), "device_types": list(r.device_types), "memory": r.memory,
+         "capacity": r.capacity,
          "headroom": r.capacity - r.memory, "model_state": p.model_state, "activations": p.activations,
          "reserve": p.reserve, "dominant": p.dominant}
         for r, p in zip(ev.stages, parts)
@@ -290,6 +308,14 @@ def _gib(x: float) -> str:
     return f"{x / GIB:.2f} GiB"
 
 
+def _degrees(plan_doc: dict, stage: dict) -> str:
+    """A stage's own tp, dp and shares, when the plan's stages or replicas differ."""
+    if "shares" not in plan_doc and isinstance(plan_doc["tp"], int) and isinstance(plan_doc["dp"], int):
+        return ""
+    shares = "+".join(map(str, stage["shares"]))
+    return f"; tp {stage['tp']}, dp {stage['dp']}, samples per replica {shares}"
+
+
 def plan_text(instance, doc: dict[str, Any]) -> str:
     p = doc["plan"]
     lines = [f"{instance.name}: {describe(parse_plan(p))} partition {p['partition']} "
@@ -299,14 +325,14 @@ def plan_text(instance, doc: dict[str, Any]) -> str:
     if doc["fits"]:
         lines.append(f"the plan fits in memory; predicted {doc['predicted_time']:.4f} s per iteration. Headroom per device:")
         for s in doc["stages"]:
-            lines.append(f"  stage {s['stage']} ({', '.join(s['device_types'])}): {_gib(s['memory'])} of "
-                         f"{_gib(s['capacity'])}, headroom {_gib(s['headroom'])}")
+            lines.append(f"  stage {s['stage']} ({', '.join(s['device_types'])}{_degrees(p, s)}): "
+                         f"{_gib(s['memory'])} of {_gib(s['capacity'])}, headroom {_gib(s['headroom'])}")
         return "\n".join(lines)
     lines.append("the plan does NOT fit in memory:")
     for o in doc["overflows"]:
         s = doc["stages"][o["stage"]]
         lines.append(
-            f"  stage {o['stage']} on {o['device_type']}: needs {_gib(o['memory'])} per device, capacity "
+            f"  stage {o['stage']} on {o['device_type']}{_degrees(p, s)}: needs {_gib(o['memory'])} per device, capacity "
             f"{_gib(o['capacity'])}, over by {_gib(o['over_bytes'])} ({o['over_bytes']:.0f} bytes); "
             f"model state {_gib(s['model_state'])}, activations {_gib(s['activations'])}, reserve "
             f"{_gib(s['reserve'])}: {o['dominant']} dominates")

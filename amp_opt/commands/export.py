@@ -1,6 +1,7 @@
-"""``export``: turn a plan into what a training run needs (DeepSpeed config or Megatron-LM flags).
+"""``export``: turn a plan into what a training run needs (DeepSpeed config, Megatron-LM flags, or
+FlagScale's heterogeneous-training config for plans whose stages differ).
 
-Both exports carry the batch arithmetic, the pipeline layer split and the
+The exports carry the batch arithmetic, the pipeline layer split and the
 rank-to-device mapping that realises the plan's ``stages`` (:mod:`amp_opt.export`).
 """
 
@@ -10,13 +11,14 @@ import json
 import sys
 
 from ..export.deepspeed import export_deepspeed
+from ..export.flagscale import export_flagscale
 from ..export.megatron import export_megatron
 from ..model.evaluate import evaluate
 from ..model.load import load_instance
 from ..model.plan import check_plan
 from .common import add_cost_model, load_single_plan, write_text
 
-EXPORTERS = {"deepspeed": export_deepspeed, "megatron": export_megatron}
+EXPORTERS = {"deepspeed": export_deepspeed, "megatron": export_megatron, "flagscale": export_flagscale}
 
 
 def add_arguments(p) -> None:
@@ -25,7 +27,8 @@ def add_arguments(p) -> None:
     p.add_argument("plan", help="JSON file with one plan object")
     p.add_argument("--format", choices=list(EXPORTERS), required=True,
                    help="deepspeed: a DeepSpeed config file plus the stage boundaries and launch mapping; "
-                        "megatron: Megatron-LM arguments (required)")
+                        "megatron: Megatron-LM arguments; flagscale: FlagScale's heterogeneous-training config "
+                        "(process meshes with their own tp, dp and device type; required)")
     p.add_argument("-o", "--output", default=None, metavar="FILE",
                    help="file to write (default: stdout)")
     add_cost_model(p, "cost model whose verdict is attached (predicted time, feasibility)")

@@ -35,10 +35,16 @@ def _import_pyplot():
     return plt
 
 
-def stage_label(instance, report) -> str:
+def stage_label(instance, report, plan=None) -> str:
+    """A stage's lane label: its device types and layers; its own tp, dp and shares when the plan's
+    stages or replicas differ."""
     chunks = report.chunks if len(report.chunks) > 1 else (report.layers,)
     ranges = ", ".join(f"{a}-{b - 1}" for a, b in chunks)
-    return f"stage {report.index}: {'+'.join(report.device_types)}\nlayers {ranges}"
+    label = f"stage {report.index}: {'+'.join(report.device_types)}\nlayers {ranges}"
+    if plan is not None and not plan.uniform:
+        s = report.index
+        label += f"\ntp {plan.tp_at(s)} dp {plan.dp_at(s)} shares {'+'.join(map(str, plan.shares_at(s)))}"
+    return label
 
 
 def render(instance, evaluation, path: str) -> Schedule:
@@ -65,7 +71,7 @@ def render(instance, evaluation, path: str) -> Schedule:
                        edgecolors="black" if on_path else ("none" if dense else "white"),
                        linewidth=1.6 if on_path else 0.3, zorder=3 if on_path else 2)
     ax.set_yticks(range(pp))
-    ax.set_yticklabels([stage_label(instance, stages[pp - 1 - y]) for y in range(pp)], fontsize=8)
+    ax.set_yticklabels([stage_label(instance, stages[pp - 1 - y], evaluation.plan) for y in range(pp)], fontsize=8)
     ax.set_ylim(-0.6, pp - 0.3)
     ax.set_xlim(0, sched.makespan * 1.01)
     ax.set_xlabel("seconds")

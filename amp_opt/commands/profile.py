@@ -26,11 +26,10 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..model.load import load_instance, load_json, parse_instance
+from ..engine.layout import RUNNABLE
 from .common import positive_int, write_json_document
 
 
-RUNNABLE = {"cp": [1], "sequence_parallel": [False], "recompute": ["none"], "zero_stages": [0],
-            "virtual_stages": [1]}
 
 
 def _sizes(text: str) -> tuple[int, ...]:

@@ -1,8 +1,11 @@
 """``run``: execute a plan for real on local processes and put the measurements next to the prediction.
 
-The plan runs on ``tp*dp*pp`` local processes (:func:`amp_opt.engine.run_plan`:
+The plan runs on one local process per device it uses (:func:`amp_opt.engine.run_plan`:
 gloo on CPU, NCCL on GPUs; 1F1B pipeline, data-parallel gradient allreduce,
-Megatron tensor parallelism).  Everything is checked before any process starts:
+Megatron tensor parallelism; each stage with its own tp and dp and each replica with its
+share of every micro-batch when the plan says so).  A plan over several device types runs on
+CPU with each type's processes at the thread count its profiles were measured with (a stand-in
+for types of different speeds).  Everything is checked before any process starts:
 the plan against the instance, what the engine runs (no recomputation, ZeRO,
 context or sequence parallelism, interleaving), that the plan's device types are
 this machine's, the model's dimensions, and the process count against the usable
@@ -85,10 +88,10 @@ def run(args) -> int:
     plan = check_plan(instance, load_single_plan(args.plan))
     types = sorted({instance.nodes[instance.device_node[d]].device_type
                     for stage in plan.stages for group in stage for d in group})
-    if len(types) > 1:
-        raise InputError("plan.stages", f"the plan uses device types {', '.join(types)}; one machine runs one kind "
-                                        "of device")
     device = resolve_device(args.device)
+    if len(types) > 1 and device != "cpu":
+        raise InputError("plan.stages", f"the plan uses device types {', '.join(types)}; one machine runs one kind "
+                                        "of GPU (on CPU, each type's processes run with its own thread count)")
     check_local(types, device, catalog_fields(load_json(args.instance, "instance")))
     prepare(args.instance, plan, oversubscribe=args.oversubscribe)  # every other check (engine support, model
     # dimensions, processes) before starting, and the prediction too (a missing profile is bad input, not a failed run)
@@ -96,8 +99,9 @@ def run(args) -> int:
     shape = model_shape(load_json(args.instance, "instance"), base_dir=Path(args.instance).parent)
     threads = args.threads
     if threads is None and device == "cpu":
-        per_node = max(n.devices for n in instance.nodes if n.device_type == types[0])
-        threads = max(1, usable_cores() // per_node)
+        threads = {kind: _type_threads(load_json(args.instance, "instance"), instance, kind, usable_cores())
+                   for kind in types}
+        threads = threads[types[0]] if len(types) == 1 else threads
     records = []
     for _ in range(args.repeats):
         record = run_plan(args.instance, plan, iterations=args.iterations, warmup=args.warmup, device=device,
@@ -121,6 +125,19 @@ def run(args) -> int:
         if args.output:
             print(f"wrote {args.output}")
     return EXIT_RUN_FAILED if record.get("failed") else 0
+
+
+def _type_threads(document: dict, instance, kind: str, cores: int) -> int:
+    """CPU threads of a device type's processes: with several types, the threads its profiles were
+    measured with (a CPU stand-in for device types of different speeds); else usable cores / its
+    devices per node."""
+    types = {n.device_type for n in instance.nodes}
+    measured = [p.get("provenance", {}).get("threads") for p in document.get("profiles", [])
+                if isinstance(p, dict) and p.get("device_type") == kind]
+    if len(types) > 1 and measured and measured[0]:
+        return int(measured[0])
+    per_node = max(n.devices for n in instance.nodes if n.device_type == kind)
+    return max(1, cores // per_node)
 
 
 def _median_record(records: list[dict]) -> dict:
@@ -157,8 +174,11 @@ def format_comparison(instance, record: dict, evaluation, comparison) -> str:
         return f"{head}\nrun FAILED ({record['failed']}): {record.get('error', '')}\n"
     m = record["measured"]
     prov = m.get("provenance", {})
-    lines = [head, f"ran {plan.tp * plan.dp * plan.pp} processes on {prov.get('device', '?')}, "
-             f"{m.get('threads', '?')} thread(s) each, torch {prov.get('torch', '?')}, {prov.get('dtype', '?')}"]
+    threads = m.get("threads", "?")
+    threads = (f"{threads} thread(s) each" if not isinstance(threads, list) else
+               "threads by rank " + ",".join(map(str, threads)))
+    lines = [head, f"ran {len(m['ranks'])} processes on {prov.get('device', '?')}, "
+             f"{threads}, torch {prov.get('torch', '?')}, {prov.get('dtype', '?')}"]
     it = comparison.iteration_time
     repeats = m.get("repeats")
     spread = f"{min(m['iteration_times']):.4f}..{max(m['iteration_times']):.4f}"

@@ -71,7 +71,7 @@ def _stop(procs) -> None:
 
 
 def launch(task: dict, world_size: int, *, timeout: float, on_start: Callable[[tuple[int, ...]], None] | None = None,
-           threads: int | None = None) -> LaunchResult:
+           threads: int | list[int] | None = None) -> LaunchResult:
     """Run ``task`` on ``world_size`` local worker processes; return how they ended.
 
     Parameters
@@ -84,8 +84,8 @@ def launch(task: dict, world_size: int, *, timeout: float, on_start: Callable[[t
         Seconds before every worker is stopped and the status is "timeout".
     on_start : callable, optional
         Called with the workers' pids once they are started.
-    threads : int, optional
-        OMP_NUM_THREADS for each worker.
+    threads : int or list of int, optional
+        OMP_NUM_THREADS for each worker (a list: per rank).
 
     Examples
     --------
@@ -97,7 +97,7 @@ def launch(task: dict, world_size: int, *, timeout: float, on_start: Callable[[t
         tmp = Path(tmp)
         (tmp / "task.json").write_text(json.dumps(task))
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world_size))
-        if threads is not None:
+        if isinstance(threads, int):
             env["OMP_NUM_THREADS"] = str(threads)
         procs, errs = [], []
         try:
@@ -107,7 +107,8 @@ def launch(task: dict, world_size: int, *, timeout: float, on_start: Callable[[t
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "amp_opt.engine.worker", "--task", str(tmp / "task.json"),
                      "--out", str(tmp)],
-                    env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
+                    env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank),
+                             **({"OMP_NUM_THREADS": str(threads[rank])} if isinstance(threads, list) else {})),
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None))
             if on_start is not None:

@@ -1,45 +1,53 @@
 """One rank of a plan's execution: its stage's layers, the 1F1B schedule, the allreduces, Adam.
 
-Rank order (Megatron / DeepSpeed): rank = tp_rank + tp*dp_rank + tp*dp*stage.
-Per iteration, replica r takes samples [r*B/dp, (r+1)*B/dp) of the global batch
-(synthetic tokens from a generator seeded by (seed, iteration)), in n = B/(dp*b)
-micro-batches of b samples, through a non-interleaved 1F1B schedule (Narayanan et
-al. 2021): stage s runs min(pp-s-1, n) forwards, then alternates one forward and
-one backward, then drains the remaining backwards.  Activations go forward and
-gradients backward with ``isend`` and a blocking ``recv``; an activation's send
-is completed when its gradient comes back, a gradient's send before the next one
-(at most one in flight).  Each micro-batch's loss is divided by n; after the schedule,
-tied word-embedding gradients are all-reduced between the first and last stage
-(Megatron-LM), then each stage's gradients are all-reduced over its dp replicas
-(one flat buffer, averaged), then Adam steps.
+Every stage s has its own tensor-parallel degree tp_s and dp_s replicas (:class:`.layout.Layout`);
+ranks are stage by stage, rank = offset_s + tp_rank + tp_s*dp_rank (Megatron / DeepSpeed's order
+when the plan is uniform).  Per iteration (synthetic tokens from a generator seeded by (seed,
+iteration)) the global batch B is cut into n = B/M pipeline micro-batches of M samples; replica r
+of stage s processes its share shares[s][r] of every one of them (``Layout.samples``), through a
+non-interleaved 1F1B schedule (Narayanan et al. 2021): stage s runs min(pp-s-1, n) forwards, then
+alternates one forward and one backward, then drains the remaining backwards.
 
-Timed per rank and iteration (seconds, ``time.perf_counter``): the iteration
-(after a barrier, to the end of the optimizer step), compute (forward + backward
-of the stage's layers), p2p (time blocked in recv and in waiting for sends --
-this includes pipeline bubbles: a stage waiting for its neighbour's compute is
-blocked in recv), allreduce (dp gradients, with the flattening copies), tie
-allreduce, tensor-parallel all-reduce inside the blocks, optimizer.
+Stage boundaries reshard: tensor-parallel rank j' of replica q of stage s+1 receives its samples,
+piece by piece, from the replicas r of stage s whose sample ranges overlap its own (from their
+tensor-parallel rank j' mod tp_s: a stage's output is whole on every tensor-parallel rank), and
+sends the gradients of those pieces back to every tensor-parallel rank j of r with
+j mod tp_{s+1} = j'.  A uniform plan exchanges with one peer, as Megatron does.  Sends are
+``isend`` and receives a blocking ``recv``; an activation's sends are completed when its gradient
+comes back, a gradient's sends before the next ones (one micro-batch in flight).
 
-Memory: on CUDA ``torch.cuda.max_memory_allocated``.  On CPU there is no
-allocator counter, so it is TRACKED: parameters + gradients + Adam's two moments
-(element bytes of the model dtype) + the dp flat buffer + the peak over the
-schedule of live saved activations (saved_tensors_hooks) plus pipeline buffers
-(stage outputs held for backward, gradients received or being sent).  Each part's
-peak is added: an upper bound on what is live at once, not an allocator figure.
-A task's ``memory_limit`` (bytes, a stand-in for the device's memory) raises an
-out-of-memory error once the tracked total exceeds it: the model state, the flat
-buffer and the instance's memory reserve count first, then the activations and
-pipeline buffers as they come.
+Each micro-batch's loss (mean over its tokens) is weighted by share/B, so the gradients summed
+over a stage's replicas are those of the mean loss over the batch: after the schedule each stage
+sums its gradients over its dp_s replicas (one flat buffer), then the tied word-embedding gradient
+is summed between the first and last stage (Megatron-LM), then Adam steps.
+
+Timed per rank and iteration (seconds, ``time.perf_counter``): the iteration (after a barrier, to
+the end of the optimizer step), compute (forward + backward of the stage's layers), p2p (time
+blocked in recv and in waiting for sends -- this includes pipeline bubbles), allreduce (dp
+gradients, with the flattening copies), tie allreduce, tensor-parallel all-reduce inside the
+blocks, optimizer.
+
+Memory: on CUDA ``torch.cuda.max_memory_allocated``.  On CPU there is no allocator counter, so it
+is TRACKED: parameters + gradients + Adam's two moments (element bytes of the model dtype) + the dp
+flat buffer + the peak over the schedule of live saved activations (saved_tensors_hooks) plus
+pipeline buffers (stage outputs held for backward, gradients received or being sent).  Each part's
+peak is added: an upper bound on what is live at once, not an allocator figure.  A task's
+``memory_limit`` (bytes, a stand-in for the device's memory) raises an out-of-memory error once
+the tracked total exceeds it: the model state, the flat buffer and the instance's memory reserve
+count first, then the activations and pipeline buffers as they come.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..model.presets import ModelShape
 from ..model.schedule import pipeline_order
 
 from ._torch import require_torch
+from .layout import Layout
 from .memory import SavedTensorTracker, tensor_bytes
 from .modules import TensorParallel, build_model, run_layers, torch_dtype
 from .profile import Timer
@@ -56,37 +64,57 @@ def synthetic_batch(shape: ModelShape, global_batch: int, seed: int, iteration: 
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
+@dataclass(frozen=True)
+class Peer:
+    """One piece that crosses a stage boundary: the other rank and positions [a, b) of this
+    rank's own samples (relative to the start of its share)."""
+
+    rank: int
+    a: int
+    b: int
+
+
 class _Groups:
-    """Every process group of the plan (all ranks create all groups, in one order)."""
+    """Every process group of the plan (all ranks create all groups, in one order) and this rank's
+    peers across the stage boundaries."""
 
-    def __init__(self, tp: int, dp: int, pp: int, rank: int, tied: bool):
-        def rank_of(j, r, s):
-            return j + tp * r + tp * dp * s
-
-        self.stage, self.dp_rank, self.tp_rank = rank // (tp * dp), (rank // tp) % dp, rank % tp
+    def __init__(self, lay: Layout, rank: int, tied: bool):
+        self.stage, self.dp_rank, self.tp_rank = lay.place(rank)
         self.tp = self.dp = self.tie = None
-        for s in range(pp):
-            for r in range(dp):
-                ranks = [rank_of(j, r, s) for j in range(tp)]
-                group = dist.new_group(ranks) if tp > 1 else None
-                if rank in ranks:
-                    self.tp = group
-        for s in range(pp):
-            for j in range(tp):
-                ranks = [rank_of(j, r, s) for r in range(dp)]
-                group = dist.new_group(ranks) if dp > 1 else None
-                if rank in ranks:
-                    self.dp = group
-        if tied and pp > 1:
-            for r in range(dp):
-                for j in range(tp):
-                    ranks = [rank_of(j, r, 0), rank_of(j, r, pp - 1)]
-                    group = dist.new_group(ranks)
-                    if rank in ranks:
-                        self.tie = group
+        for s in range(lay.pp):
+            for r in range(lay.dp[s]):
+                self.tp = self._group([lay.rank(s, r, j) for j in range(lay.tp[s])], rank, self.tp)
+        for s in range(lay.pp):
+            for j in range(lay.tp[s]):
+                self.dp = self._group([lay.rank(s, r, j) for r in range(lay.dp[s])], rank, self.dp)
+        if tied and lay.pp > 1:
+            ends = [lay.rank(s, r, j) for s in (0, lay.pp - 1) for r in range(lay.dp[s]) for j in range(lay.tp[s])]
+            self.tie = self._group(ends, rank, None, always=True)
+        self.prev = self._peers(lay, -1) if self.stage > 0 else None
+        self.next = self._peers(lay, +1) if self.stage < lay.pp - 1 else None
+
+    @staticmethod
+    def _group(ranks, rank, mine, always=False):
+        group = dist.new_group(ranks) if always or len(ranks) > 1 else None
+        return group if rank in ranks else mine
+
+    def _peers(self, lay: Layout, step: int) -> tuple[list[Peer], list[Peer]]:
+        """(forward, backward) peers toward stage s+step: from step -1 the pieces received forward
+        and the gradients sent back; toward step +1 the pieces sent forward, the gradients received."""
         s, r, j = self.stage, self.dp_rank, self.tp_rank
-        self.prev = rank_of(j, r, s - 1) if s > 0 else None
-        self.next = rank_of(j, r, s + 1) if s < pp - 1 else None
+        t = s + step
+        base = lay.samples(s, r)[0]
+        forward, backward = [], []
+        for q, a, b in lay.overlaps(s, t, r):
+            if step < 0:  # q sends from its tensor-parallel rank j mod tp_t; we send gradients back
+                forward.append(Peer(lay.rank(t, q, j % lay.tp[t]), a - base, b - base))
+                backward += [Peer(lay.rank(t, q, k), a - base, b - base) for k in range(lay.tp[t])
+                             if k % lay.tp[s] == j]
+            else:
+                forward += [Peer(lay.rank(t, q, k), a - base, b - base) for k in range(lay.tp[t])
+                            if k % lay.tp[s] == j]
+                backward.append(Peer(lay.rank(t, q, j % lay.tp[t]), a - base, b - base))
+        return forward, backward
 
 
 class _Clock:
@@ -134,149 +162,233 @@ def _word_grad(layers, stage: int, pp: int):
     return None
 
 
-def run_worker(task: dict, rank: int, world: int) -> dict:
-    """Execute the task's plan on this rank; rank 0 returns the gathered measurements."""
+@dataclass
+class _Rank:
+    """This rank's part of the plan: its layers, groups, optimizer, memory tracking."""
+
+    task: dict
+    shape: ModelShape
+    lay: Layout
+    groups: _Groups
+    layers: Any
+    params: list
+    optimizer: Any
+    tracker: Any
+    buffers: _Buffers
+    tp_timer: Timer
+    dtype: Any
+    device: str
+    threads: int
+    state: int
+    flat_bytes: int
+    word: Any = None
+    schedule: list = field(default_factory=list)
+
+    @property
+    def share(self) -> int:
+        return self.lay.shares[self.groups.stage][self.groups.dp_rank]
+
+    @property
+    def rows(self) -> tuple[int, int]:
+        return self.lay.samples(self.groups.stage, self.groups.dp_rank)
+
+
+def _setup(task: dict, rank: int) -> _Rank:
+    """Build this rank's layers, groups, optimizer and memory tracker."""
     shape = ModelShape(**task["model"])
     plan = task["plan"]
-    tp, dp, pp, b = plan["tp"], plan["dp"], plan["pp"], plan["micro_batch"]
+    lay = Layout.of(plan, global_batch=task["global_batch"])
     device = task["device"]
     if device == "cuda":
         torch.cuda.set_device(int(task.get("local_rank", rank)) % torch.cuda.device_count())
-    threads = set_threads(task["threads"])
+    threads = set_threads(task["threads"][rank] if isinstance(task["threads"], list) else task["threads"])
     dtype = torch_dtype(task["dtype"])
-    groups = _Groups(tp, dp, pp, rank, shape.tied_embeddings)
+    groups = _Groups(lay, rank, shape.tied_embeddings)
     s = groups.stage
-    first, last = plan["partition"][s], plan["partition"][s + 1]
     tp_timer = Timer()
-    layers = build_model(shape, layers=range(first, last), attention=task["attention"], dtype=dtype, device=device,
-                         seed=task["seed"], tp=TensorParallel(tp, groups.tp_rank, groups.tp, tp_timer))
+    layers = build_model(shape, layers=range(plan["partition"][s], plan["partition"][s + 1]),
+                         attention=task["attention"], dtype=dtype, device=device, seed=task["seed"],
+                         tp=TensorParallel(lay.tp[s], groups.tp_rank, groups.tp, tp_timer))
     params = list({id(p): p for p in layers.parameters()}.values())
-    optimizer = torch.optim.Adam(params, lr=task["lr"])
-    n = task["global_batch"] // (dp * b)
-    hidden = (b, shape.seq_len, shape.hidden)
-    has_head = "head" in layers
-    word = _word_grad(layers, s, pp) if groups.tie is not None else None
-    flat_bytes = sum(tensor_bytes(p) for p in params) if dp > 1 else 0
     state = sum(tensor_bytes(p) for p in params)
+    flat_bytes = state if lay.dp[s] > 1 else 0
     # --memory-limit stands for the device's memory: parameters, gradients, two Adam moments, the
     # reduction buffer and the instance's reserve count toward it before any activation.
     tracker = SavedTensorTracker(exclude=[layers], limit=task.get("memory_limit"),
                                  reserved=4 * state + flat_bytes + int(task.get("memory_reserve", 0)))
     tracker.add_extra(0)  # the model state alone may exceed the limit
-    buffers = _Buffers(tracker)
-    schedule = [(kind, j) for kind, j, _ in pipeline_order(s, pp, n)]  # Megatron's 1F1B
+    return _Rank(task, shape, lay, groups, layers, params, torch.optim.Adam(params, lr=task["lr"]), tracker,
+                 _Buffers(tracker), tp_timer, dtype, device, threads, state, flat_bytes,
+                 word=_word_grad(layers, s, lay.pp) if groups.tie is not None else None,
+                 schedule=[(kind, j) for kind, j, _ in pipeline_order(s, lay.pp, lay.n_micro)])  # Megatron's 1F1B
+
+
+def _recv(me: _Rank, peers: list[Peer], tag: int, clock: _Clock, track: bool):
+    """Receive the pieces of one micro-batch from ``peers`` (position order) as one tensor."""
+    t0 = time.perf_counter()
+    pieces = []
+    for peer in peers:
+        piece = torch.empty((peer.b - peer.a, me.shape.seq_len, me.shape.hidden), dtype=me.dtype, device=me.device)
+        dist.recv(piece, peer.rank, tag=tag)
+        pieces.append(me.buffers.add(piece) if track else piece)
+    whole = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    if track and len(pieces) > 1:
+        me.buffers.add(whole)
+        for piece in pieces:
+            me.buffers.remove(piece)
+    clock.add("p2p", time.perf_counter() - t0)
+    return whole
+
+
+def _send(me: _Rank, tensor, peers: list[Peer], tag: int) -> list:
+    """Start sending the pieces of ``tensor`` to ``peers``: [(handle, piece)], each piece tracked."""
+    return [(dist.isend(tensor[p.a:p.b].contiguous(), p.rank, tag=tag), me.buffers.add(tensor[p.a:p.b]))
+            for p in peers]
+
+
+def _finish_sends(me: _Rank, sends: list) -> None:
+    for handle, piece in sends:
+        handle.wait()
+        me.buffers.remove(piece)
+
+
+def _forward(me: _Rank, j: int, inputs, targets, run: dict, clock: _Clock) -> None:
+    """Micro-batch j forward: receive (or take) the input, run the stage, send the output on."""
+    g, (a, b), m = me.groups, me.rows, me.lay.micro
+    mb_targets = targets[j * m + a: j * m + b].clone().to(me.device)  # own storage
+    if g.prev is None:
+        x = inputs[j * m + a: j * m + b].clone().to(me.device)
+    else:
+        x = _recv(me, g.prev[0], j, clock, track=False)
+        x.requires_grad_()
+    t0 = time.perf_counter()
+    with me.tracker:
+        out = run_layers(me.layers, x, mb_targets)
+    if "head" in me.layers:
+        out = out * (me.share / me.lay.global_batch)  # this micro-batch's part of the batch's mean loss
+        run["loss"] += float(out.detach())
+    else:
+        me.buffers.add(out)
+    clock.add("compute", time.perf_counter() - t0)
+    run["kept"][j] = (x, out)
+    if g.next is not None:
+        t0 = time.perf_counter()
+        run["sent"][j] = _send(me, out.detach(), g.next[0], j)
+        clock.add("p2p", time.perf_counter() - t0)
+
+
+def _backward(me: _Rank, j: int, run: dict, clock: _Clock) -> None:
+    """Micro-batch j backward: receive the output's gradient, run backward, send the input's back."""
+    g = me.groups
+    x, out = run["kept"].pop(j)
+    grad = _recv(me, g.next[1], j, clock, track=True) if g.next is not None else None
+    t0 = time.perf_counter()
+    torch.autograd.backward(out, grad)
+    clock.add("compute", time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    if grad is not None:
+        # its gradient came back, so the activation was received: finish those sends
+        _finish_sends(me, run["sent"].pop(j))
+        me.buffers.remove(out)
+        me.buffers.remove(grad)
+    del out, grad
+    if g.prev is not None:
+        _finish_sends(me, run["pending"])  # at most one micro-batch's gradients in flight
+        run["pending"] = _send(me, x.grad, g.prev[1], j)
+    clock.add("p2p", time.perf_counter() - t0)
+
+
+def _reduce(me: _Rank, clock: _Clock) -> None:
+    """Sum the gradients over the stage's replicas, then the tied word embedding's between the ends."""
+    dp = me.lay.dp[me.groups.stage]
+    if dp > 1:
+        t0 = time.perf_counter()
+        flat = torch.cat([p.grad.reshape(-1) for p in me.params])
+        dist.all_reduce(flat, group=me.groups.dp)
+        offset = 0
+        for p in me.params:
+            p.grad.copy_(flat[offset: offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
+        del flat
+        clock.add("allreduce", time.perf_counter() - t0)
+    if me.word is not None:
+        t0 = time.perf_counter()
+        s = me.groups.stage
+        copies = me.lay.tp[s] * dp  # every rank of the stage holds the stage's summed gradient
+        if copies > 1:
+            me.word.grad /= copies
+        dist.all_reduce(me.word.grad, group=me.groups.tie)
+        clock.add("tie_allreduce", time.perf_counter() - t0)
+
+
+def _iteration(me: _Rank, it: int) -> tuple[dict, float | None, dict | None]:
+    """One training iteration: (its times, its loss on the last stage, the gradients to dump)."""
+    inputs, targets = synthetic_batch(me.shape, me.lay.global_batch, me.task["seed"], it)
+    clock = _Clock()
+    run = {"pending": [], "sent": {}, "kept": {}, "loss": 0.0}
+    dist.barrier()
+    tp_before = me.tp_timer.total
+    start = time.perf_counter()
+    for kind, j in me.schedule:
+        if kind == "F":
+            _forward(me, j, inputs, targets, run, clock)
+        else:
+            _backward(me, j, run, clock)
+    t0 = time.perf_counter()
+    _finish_sends(me, run["pending"] + [s for sends in run["sent"].values() for s in sends])
+    clock.add("p2p", time.perf_counter() - t0)
+    del run["kept"]
+    _reduce(me, clock)
+    dump = None
+    if me.task.get("dump_grads") and it == 0:
+        dump = {f"{name}.{pname}": p.grad.detach().cpu().clone()
+                for name, module in me.layers.items() for pname, p in module.named_parameters()}
+    t0 = time.perf_counter()
+    me.optimizer.step()
+    me.optimizer.zero_grad(set_to_none=True)
+    clock.add("optimizer", time.perf_counter() - t0)
+    elapsed = time.perf_counter() - start
+    clock.add("tp_comm", me.tp_timer.total - tp_before)
+    return {"iteration": elapsed, **clock.totals}, (run["loss"] if "head" in me.layers else None), dump
+
+
+def run_worker(task: dict, rank: int, world: int) -> dict:
+    """Execute the task's plan on this rank; rank 0 returns the gathered measurements."""
+    me = _setup(task, rank)
     records, losses, grads_dump = [], [], None
     for it in range(task["warmup"] + task["iterations"]):
-        inputs, targets = synthetic_batch(shape, task["global_batch"], task["seed"], it)
-        lo = groups.dp_rank * n * b
-        clock = _Clock()
-        pending, sent, kept, loss_sum = [], {}, {}, 0.0
-        dist.barrier()
-        tp_before = tp_timer.total
-        start = time.perf_counter()
-        for kind, j in schedule:
-            mb_targets = targets[lo + j * b: lo + (j + 1) * b].clone().to(device)  # own storage
-            if kind == "F":
-                if groups.prev is None:
-                    x = inputs[lo + j * b: lo + (j + 1) * b].clone().to(device)
-                else:
-                    t0 = time.perf_counter()
-                    x = torch.empty(hidden, dtype=dtype, device=device)
-                    dist.recv(x, groups.prev)
-                    clock.add("p2p", time.perf_counter() - t0)
-                    x.requires_grad_()
-                t0 = time.perf_counter()
-                with tracker:
-                    out = run_layers(layers, x, mb_targets)
-                if has_head:
-                    out = out / n
-                    loss_sum += float(out.detach())
-                else:
-                    buffers.add(out)
-                clock.add("compute", time.perf_counter() - t0)
-                kept[j] = (x, out)
-                if groups.next is not None:
-                    t0 = time.perf_counter()
-                    sent[j] = (dist.isend(out.detach(), groups.next), buffers.add(out.detach()))
-                    clock.add("p2p", time.perf_counter() - t0)
-            else:
-                x, out = kept.pop(j)
-                grad = None
-                if groups.next is not None:
-                    t0 = time.perf_counter()
-                    grad = buffers.add(torch.empty(hidden, dtype=dtype, device=device))
-                    dist.recv(grad, groups.next)
-                    clock.add("p2p", time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                torch.autograd.backward(out, grad)
-                clock.add("compute", time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                if grad is not None:
-                    # its gradient came back, so the activation was received: finish that send
-                    handle, tensor = sent.pop(j)
-                    handle.wait()
-                    buffers.remove(tensor)
-                    buffers.remove(out)
-                    buffers.remove(grad)
-                del out, grad
-                if groups.prev is not None:
-                    if pending:  # at most one gradient in flight
-                        handle, tensor = pending.pop()
-                        handle.wait()
-                        buffers.remove(tensor)
-                    pending.append((dist.isend(x.grad, groups.prev), buffers.add(x.grad)))
-                clock.add("p2p", time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        for handle, tensor in pending + list(sent.values()):
-            handle.wait()
-            buffers.remove(tensor)
-        del pending, sent, kept
-        clock.add("p2p", time.perf_counter() - t0)
-        if word is not None:
-            t0 = time.perf_counter()
-            dist.all_reduce(word.grad, group=groups.tie)
-            clock.add("tie_allreduce", time.perf_counter() - t0)
-        if dp > 1:
-            t0 = time.perf_counter()
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            dist.all_reduce(flat, group=groups.dp)
-            flat /= dp
-            offset = 0
-            for p in params:
-                p.grad.copy_(flat[offset: offset + p.numel()].view_as(p.grad))
-                offset += p.numel()
-            del flat
-            clock.add("allreduce", time.perf_counter() - t0)
-        if task.get("dump_grads") and it == 0:
-            grads_dump = {f"{name}.{pname}": p.grad.detach().cpu().clone()
-                          for name, module in layers.items() for pname, p in module.named_parameters()}
-        t0 = time.perf_counter()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        clock.add("optimizer", time.perf_counter() - t0)
-        elapsed = time.perf_counter() - start
-        clock.add("tp_comm", tp_timer.total - tp_before)
+        record, loss, dump = _iteration(me, it)
         if it >= task["warmup"]:
-            records.append({"iteration": elapsed, **clock.totals})
-        losses.append(loss_sum if has_head else None)
+            records.append(record)
+        losses.append(loss)
+        grads_dump = dump if dump is not None else grads_dump
     if grads_dump is not None:
         torch.save(grads_dump, f"{task['dump_grads']}/grads.{rank}.pt")
+    return _gather(me, rank, world, records, losses)
+
+
+def _gather(me: _Rank, rank: int, world: int, records: list, losses: list) -> dict:
+    """Every rank's measurements to rank 0, which assembles the run record."""
+    g, plan, state = me.groups, me.task["plan"], me.state
     memory = {"parameters": state, "gradients": state, "optimizer": 2 * state,
-              "communication_buffers": flat_bytes, "activations_peak": tracker.peak}
-    if device == "cuda":
+              "communication_buffers": me.flat_bytes, "activations_peak": me.tracker.peak}
+    if me.device == "cuda":
         peak, kind = int(torch.cuda.max_memory_allocated()), "allocator"
     else:
         peak, kind = int(sum(memory.values())), "tracked"
-    mine = {"rank": rank, "stage": s, "dp_rank": groups.dp_rank, "tp_rank": groups.tp_rank,
-            "device": plan["stages"][s][groups.dp_rank][groups.tp_rank], "layers": [first, last],
+    s = g.stage
+    mine = {"rank": rank, "stage": s, "dp_rank": g.dp_rank, "tp_rank": g.tp_rank, "share": me.share,
+            "threads": me.threads,
+            "device": plan["stages"][s][g.dp_rank][g.tp_rank], "layers": plan["partition"][s:s + 2],
             "records": records, "losses": losses, "peak_memory": peak, "memory_kind": kind, "memory": memory,
-            "device_memory": device_memory(device, int(task.get("local_rank", rank)))}
+            "device_memory": device_memory(me.device, int(me.task.get("local_rank", rank)))}
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank != 0:
         return {"rank": rank}
-    prov = provenance(device, dtype, threads, attention=task["attention"], processes=world,
-                      backend=dist.get_backend(), warmup=task["warmup"], iterations=task["iterations"])
+    prov = provenance(me.device, me.dtype, me.threads, attention=me.task["attention"], processes=world,
+                      backend=dist.get_backend(), warmup=me.task["warmup"], iterations=me.task["iterations"])
     from .record import assemble
 
-    return {"record": assemble(plan, gathered, n=n, provenance=prov, tp=tp, memory_limit=task.get("memory_limit"))}
+    return {"record": assemble(plan, gathered, layout=me.lay, provenance=prov,
+                               memory_limit=me.task.get("memory_limit"))}

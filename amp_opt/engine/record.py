@@ -10,16 +10,19 @@ Shape (seconds, bytes)::
      "measured": {
         "iteration_times": [per measured iteration, max over ranks],
         "micro_batches_per_iteration": n,
-        "losses": [per iteration incl. warm-up, mean over replicas],
-        "stages": [{"stage", "layers": [k, l], "compute", "compute_per_micro_batch",
+        "losses": [per iteration incl. warm-up: the batch's mean loss],
+        "stages": [{"stage", "layers": [k, l], "tp", "dp", "shares", "compute", "compute_per_micro_batch",
                     "p2p", "allreduce", "tie_allreduce", "tp_comm", "optimizer",
                     "peak_memory", "memory": {parts of the slowest/fullest rank}}],
-        "ranks": [{"rank", "stage", "dp_rank", "tp_rank", "device", "peak_memory"}],
+        "ranks": [{"rank", "stage", "dp_rank", "tp_rank", "share", "device", "threads", "peak_memory",
+                   "compute_per_micro_batch"}],
         "memory_kind": "tracked" | "allocator",
-        "threads": per process, "provenance": {...}, "notes": [...]}}
+        "threads": per process (a list by rank when they differ), "provenance": {...}, "notes": [...]}}
 
 A stage's term is the largest over its ranks of that rank's median over the
-measured iterations (the slowest replica sets the pace, as in eq. H1).
+measured iterations (the slowest replica sets the pace, as in eq. H1).  ``tp``, ``dp`` and
+``shares`` (samples of each micro-batch per replica) are the stage's own; each rank's own
+``compute_per_micro_batch`` (at its replica's share) shows which replica sets the stage's pace.
 """
 
 from __future__ import annotations
@@ -50,15 +53,17 @@ def run_memory_limit(memory_limit: int | None, ranks) -> int | None:
     return min(sizes) if sizes and all(sizes) else None
 
 
-def assemble(plan: dict, ranks: list[dict], *, n: int, provenance: dict, tp: int,
-             memory_limit: int | None = None) -> dict:
-    """The run record of a finished run (see the module docstring for its shape)."""
+def assemble(plan: dict, ranks: list[dict], *, layout, provenance: dict, memory_limit: int | None = None) -> dict:
+    """The run record of a finished run (see the module docstring for its shape); ``layout`` is the
+    plan's :class:`amp_opt.engine.layout.Layout`."""
+    n = layout.n_micro
     iterations = len(ranks[0]["records"])
     iteration_times = [max(r["records"][i]["iteration"] for r in ranks) for i in range(iterations)]
     stages = []
     for s in range(plan["pp"]):
         mine = [r for r in ranks if r["stage"] == s]
-        entry = {"stage": s, "layers": mine[0]["layers"]}
+        entry = {"stage": s, "layers": mine[0]["layers"], "tp": layout.tp[s], "dp": layout.dp[s],
+                 "shares": list(layout.shares[s])}
         for term in TERMS:
             entry[term] = max(_median(r["records"], term) for r in mine)
         entry["compute_per_micro_batch"] = entry["compute"] / n
@@ -66,18 +71,18 @@ def assemble(plan: dict, ranks: list[dict], *, n: int, provenance: dict, tp: int
         entry["peak_memory"] = fullest["peak_memory"]
         entry["memory"] = fullest["memory"]
         stages.append(entry)
-    losses = []
+    # each replica of the last stage reports its samples' part of the batch's mean loss
     last = [r for r in ranks if r["stage"] == plan["pp"] - 1 and r["tp_rank"] == 0]
-    for i in range(len(last[0]["losses"])):
-        losses.append(sum(r["losses"][i] for r in last) / len(last))
+    losses = [sum(r["losses"][i] for r in last) for i in range(len(last[0]["losses"]))]
     notes = []
     if ranks[0]["memory_kind"] == "tracked":
         notes.append("peak_memory is tracked, not an allocator figure: parameters + gradients + Adam moments + "
                      "dp buffer + peak of saved activations and pipeline buffers")
     notes.append("p2p is time blocked in send/recv, pipeline bubbles included")
-    if tp > 1:
+    if max(layout.tp) > 1:
         notes.append("embedding and head are replicated on every tensor-parallel rank (not vocab-parallel)")
     limit = run_memory_limit(memory_limit, ranks)
+    threads = [r.get("threads", provenance["threads"]) for r in ranks]
     return {
         "plan": plan,
         "iteration_time": float(statistics.median(iteration_times)),
@@ -88,10 +93,11 @@ def assemble(plan: dict, ranks: list[dict], *, n: int, provenance: dict, tp: int
             "micro_batches_per_iteration": n,
             "losses": losses,
             "stages": stages,
-            "ranks": [{k: r[k] for k in ("rank", "stage", "dp_rank", "tp_rank", "device", "peak_memory")}
-                      for r in ranks],
+            "ranks": [{**{k: r[k] for k in ("rank", "stage", "dp_rank", "tp_rank", "share", "device", "threads",
+                                       "peak_memory")},
+                       "compute_per_micro_batch": _median(r["records"], "compute") / n} for r in ranks],
             "memory_kind": ranks[0]["memory_kind"],
-            "threads": provenance["threads"],
+            "threads": threads[0] if len(set(threads)) == 1 else threads,
             "provenance": provenance,
             "notes": notes,
         },

@@ -20,6 +20,7 @@ from ..model.plan import Plan, check_plan, parse_plan
 
 from ._torch import require_torch
 from .launch import launch
+from .layout import RUNNABLE, RUNNABLE_HINT, Layout
 from .modules import ATTENTION_KERNELS, model_shape, torch_dtype
 from .provenance import resolve_device, usable_cores
 from .record import run_memory_limit
@@ -43,21 +44,30 @@ def prepare(instance, plan, *, oversubscribe: bool = False, base_dir=None):
     plan = plan if isinstance(plan, Plan) else parse_plan(plan)
     plan = check_plan(inst, plan)
     refuse_unsupported(plan)
+    lay = Layout.of(plan, global_batch=inst.training.global_batch)
     shape = model_shape(document, base_dir=base_dir or ".")
-    for what, count in (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("ffn", shape.ffn)):
-        if count % plan.tp:
-            raise InputError("plan.tp", f"tensor-parallel degree {plan.tp} must divide model.{what} ({count})")
-    world, cores = plan.tp * plan.dp * plan.pp, usable_cores()
+    for s, tp in enumerate(lay.tp):
+        for what, count in (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("ffn", shape.ffn)):
+            if count % tp:
+                at = "plan.tp" if lay.uniform else f"plan.tp[{s}]"
+                raise InputError(at, f"tensor-parallel degree {tp} must divide model.{what} ({count})")
+    world, cores = lay.world, usable_cores()
     if world > cores and not oversubscribe:
-        raise InputError("plan", f"needs tp*dp*pp = {world} processes, this machine has {cores} usable cores "
-                         "(run --oversubscribe, or oversubscribe=True from Python, runs it anyway: the "
+        raise InputError("plan", f"needs {_world_formula(lay)} = {world} processes, this machine has {cores} "
+                         "usable cores (run --oversubscribe, or oversubscribe=True from Python, runs it anyway: the "
                          "processes then share cores and their times say little)")
     return document, inst, plan, shape
 
 
+def _world_formula(lay: Layout) -> str:
+    return "tp*dp*pp" if lay.uniform else "the sum over stages of tp_s*dp_s"
+
+
 def refuse_unsupported(plan: Plan) -> None:
-    """The engine runs tensor, data and pipeline parallelism with plain 1F1B; a plan asking for
-    anything else is refused (InputError naming the field) rather than run without it.
+    """The engine runs what :data:`~amp_opt.engine.layout.RUNNABLE` states: tensor, data and pipeline
+    parallelism (per stage, with uneven batch shares) with plain 1F1B; a plan asking for anything
+    else is refused (InputError naming the field and how to get a runnable plan) rather than run
+    without it.
 
     Examples
     --------
@@ -65,21 +75,28 @@ def refuse_unsupported(plan: Plan) -> None:
     ...                                "recompute": "full"}))
     Traceback (most recent call last):
     ...
-    amp_opt.errors.InputError: plan.recompute: the engine runs no activation recomputation (got 'full'; use "none")
+    amp_opt.errors.InputError: plan.recompute: the engine runs no activation recomputation (got 'full'; use "none"); ...
     """
-    modes = (plan.recompute,) if isinstance(plan.recompute, str) else plan.recompute
-    if plan.cp > 1:
-        raise InputError("plan.cp", f"the engine runs no context parallelism (got cp {plan.cp}; use 1)")
-    if plan.sequence_parallel:
-        raise InputError("plan.sequence_parallel", "the engine runs no sequence parallelism (use false)")
-    if any(m != "none" for m in modes):
-        raise InputError("plan.recompute", f"the engine runs no activation recomputation (got {plan.recompute!r}; "
-                                           "use \"none\")")
-    if plan.zero_stage:
-        raise InputError("plan.zero_stage", f"the engine runs no ZeRO sharding (got stage {plan.zero_stage}; use 0)")
-    if plan.virtual_stages > 1:
-        raise InputError("plan.virtual_stages", f"the engine runs no interleaved schedule (got {plan.virtual_stages}; "
-                                                "use 1)")
+    modes = (plan.recompute,) if isinstance(plan.recompute, str) else tuple(plan.recompute)
+    asked = {"cp": (plan.cp,), "sequence_parallel": (plan.sequence_parallel,), "recompute": modes,
+             "zero_stages": (plan.zero_stage or 0,), "virtual_stages": (plan.virtual_stages,)}
+    what = {"cp": ("plan.cp", "context parallelism", f"cp {plan.cp}"),
+            "sequence_parallel": ("plan.sequence_parallel", "sequence parallelism", "true"),
+            "recompute": ("plan.recompute", "activation recomputation", repr(plan.recompute)),
+            "zero_stages": ("plan.zero_stage", "ZeRO sharding", f"stage {plan.zero_stage}"),
+            "virtual_stages": ("plan.virtual_stages", "interleaved schedule", str(plan.virtual_stages))}
+    for key, allowed in RUNNABLE.items():
+        if any(value not in allowed for value in asked[key]):
+            field, name, got = what[key]
+            use = json_value(allowed[0])
+            raise InputError(field, f"the engine runs no {name} (got {got}; use {use}); {RUNNABLE_HINT}")
+
+
+def json_value(value) -> str:
+    """A setting as the plan's JSON writes it (false, "none", 1)."""
+    import json
+
+    return json.dumps(value)
 
 
 def _load_at(document, base_dir):
@@ -87,9 +104,10 @@ def _load_at(document, base_dir):
 
 
 def build_run_task(instance, plan, *, iterations: int = 5, warmup: int = 2, device: str | None = None, dtype=None,
-                   attention: str = "eager", threads: int | None = None, seed: int = 0, lr: float = 1e-3,
-                   timeout: float = 600.0, oversubscribe: bool = False, memory_limit: int | None = None,
-                   dump_grads: str | None = None, fault: Mapping | None = None) -> dict:
+                   attention: str = "eager", threads: int | Mapping[str, int] | None = None, seed: int = 0,
+                   lr: float = 1e-3, timeout: float = 600.0, oversubscribe: bool = False,
+                   memory_limit: int | None = None, dump_grads: str | None = None,
+                   fault: Mapping | None = None) -> dict:
     """The checked, JSON-ready worker task of a run (options as in :func:`run_plan`).
 
     Write it to a file to run across nodes with torchrun
@@ -115,10 +133,10 @@ def build_run_task(instance, plan, *, iterations: int = 5, warmup: int = 2, devi
     dt = torch_dtype(dtype, shape)
     if attention not in ATTENTION_KERNELS:
         raise InputError("attention", f"must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
-    world = plan.tp * plan.dp * plan.pp
+    lay = Layout.of(plan, global_batch=inst.training.global_batch)
     if threads is None:
-        threads = max(1, usable_cores() // world)
-    _positive("threads", threads)
+        threads = max(1, usable_cores() // lay.world)
+    threads = rank_threads(inst, plan, lay, threads) if isinstance(threads, Mapping) else _positive("threads", threads)
     return {"kind": "run", "model": asdict(shape), "plan": plan.to_json(), "device": device,
             "dtype": str(dt).replace("torch.", ""), "attention": attention, "threads": threads, "seed": seed,
             "lr": lr, "iterations": iterations, "warmup": warmup, "global_batch": inst.training.global_batch,
@@ -127,8 +145,21 @@ def build_run_task(instance, plan, *, iterations: int = 5, warmup: int = 2, devi
             "fault": dict(fault) if fault else None, "collective_timeout": timeout}
 
 
+def rank_threads(inst, plan: Plan, lay: Layout, threads: Mapping[str, int]) -> list[int]:
+    """Torch threads of every rank from its device type (a CPU stand-in for replicas on device
+    types of different speeds: each type runs with the threads it was profiled with)."""
+    out = []
+    for rank in range(lay.world):
+        s, r, j = lay.place(rank)
+        kind = inst.nodes[int(inst.device_node[plan.stages[s][r][j]])].device_type
+        if kind not in threads:
+            raise InputError("threads", f"gives no thread count for device type {kind!r}")
+        out.append(_positive(f"threads[{kind!r}]", threads[kind]))
+    return out
+
+
 def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: str | None = None, dtype=None,
-             attention: str = "eager", threads: int | None = None, seed: int = 0, lr: float = 1e-3,
+             attention: str = "eager", threads: int | Mapping[str, int] | None = None, seed: int = 0, lr: float = 1e-3,
              timeout: float = 600.0, oversubscribe: bool = False, memory_limit: int | None = None,
              dump_grads: str | None = None, on_start: Callable | None = None, fault: Mapping | None = None) -> dict:
     """Run ``plan`` for real and return its run record (see :mod:`amp_opt.engine.record`).
@@ -143,7 +174,8 @@ def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: st
     device : "cpu" or "cuda" (default cuda when available).
     dtype : "float32", "bfloat16", "float16", or None (the model's dtype_bytes).
     attention : "eager" or "flash".
-    threads : torch threads per process (default: usable cores // processes, at least 1).
+    threads : torch threads per process (default: usable cores // processes, at least 1), or a
+        mapping device type -> threads of the processes on devices of that type.
     seed : model initialisation and synthetic data.
     lr : Adam learning rate.
     timeout : seconds for the whole run; then every worker is stopped.
@@ -178,7 +210,7 @@ def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: st
                           attention=attention, threads=threads, seed=seed, lr=lr, timeout=timeout,
                           oversubscribe=oversubscribe, memory_limit=memory_limit, dump_grads=dump_grads, fault=fault)
     plan = parse_plan(task["plan"])
-    world = plan.tp * plan.dp * plan.pp
+    world = Layout.of(task["plan"], global_batch=task["global_batch"]).world
     threads = task["threads"]
     result = launch(task, world, timeout=timeout, on_start=on_start, threads=threads)
     plan_json = plan.to_json()

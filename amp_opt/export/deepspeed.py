@@ -15,7 +15,7 @@ from typing import Any
 
 from ..model.engines import ENGINES
 from ..model.plan import Plan, check_plan
-from .ranks import batch_sizes, launch_layout, stage_layers
+from .ranks import batch_sizes, launch_layout, require_uniform, stage_layers
 
 SECTION = "amp_opt"  # the one key of the exported file that is not DeepSpeed's
 
@@ -24,6 +24,7 @@ def export_deepspeed(instance, plan: Plan) -> dict[str, Any]:
     """A DeepSpeed config whose ``amp_opt`` key holds the pipeline layout and the launch mapping.
     A plan DeepSpeed cannot run (e.g. context parallelism) is an InputError."""
     plan = check_plan(instance, plan)
+    require_uniform(plan, "DeepSpeed")
     ENGINES["deepspeed"].check(instance, plan)
     batch, micro, gas = batch_sizes(instance, plan)
     config: dict[str, Any] = {

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..model.engines import ENGINES, megatron_split
 from ..model.plan import Plan, check_plan
-from .ranks import batch_sizes, launch_layout, stage_layers
+from .ranks import batch_sizes, launch_layout, require_uniform, stage_layers
 
 # Layer kinds that Megatron-LM's GPT model builds outside its transformer block.
 PRE_KINDS = ("embedding",)
@@ -151,6 +151,7 @@ def export_megatron(instance, plan: Plan) -> dict[str, Any]:
     """Megatron-LM command-line arguments for the plan, the layer split and the launch mapping.
     A plan Megatron-LM cannot run (e.g. a recomputation mode per stage) is an InputError."""
     plan = check_plan(instance, plan)
+    require_uniform(plan, "Megatron-LM")
     ENGINES["megatron"].check(instance, plan)
     batch, micro, _ = batch_sizes(instance, plan)
     counts, problems, notes = transformer_split(instance, plan)

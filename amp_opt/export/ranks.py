@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..model.plan import Plan, check_plan
+from ..model.plan_stages import uneven_field
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,15 @@ def _explicit_launch(mine, world: int, visible: str, master: str, port: int) -> 
         lines.append(f"RANK={p.rank} LOCAL_RANK={i} python TRAIN_SCRIPT ARGS &")
     lines.append("wait")
     return "\n".join(lines)
+
+
+def require_uniform(plan: Plan, system: str) -> None:
+    """Refuse a plan whose stages or replicas differ for a launcher that runs one tp and dp on every
+    stage (InputError naming the field that differs)."""
+    if not plan.uniform:
+        raise InputError(f"plan.{uneven_field(plan)}", f"{system} runs one tp and dp on every stage and equal "
+                                                       "shares; export --format flagscale takes plans whose stages "
+                                                       "differ")
 
 
 def batch_sizes(instance, plan: Plan) -> tuple[int, int, int]:

@@ -8,7 +8,8 @@ parallelism is dropped when tp is 1; context parallelism needs seq_len divisible
 ZeRO-2/3 through Megatron-FSDP, which amp_opt plans without pipeline parallelism, as
 Torch-FSDP2 requires and Megatron-FSDP's documentation does not promise otherwise) and DeepSpeed (``PipelineModule``: no interleaved schedule, ZeRO
 stages 2 and 3 only without pipeline parallelism, activation checkpointing of whole
-layers, which each stage's own layer code may apply or not).
+layers, which each stage's own layer code may apply or not).  ``amp_opt`` (amp_opt's own
+runtime) keeps Megatron's rules and alone runs plans whose stages and replicas differ.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Engine:
     per_stage_recompute: bool  # stages may recompute differently
     block_recompute: bool  # full recomputation of only each stage's first r layers (Megatron's block method)
     sharded_zero_with_pipeline: int  # the largest ZeRO stage allowed together with pp > 1
+    uneven: bool = False  # per-stage tp and dp, replicas on different types, uneven batch shares (PLAN_FORMAT.md)
 
     def rule(self, instance, cand) -> tuple[str, str] | None:
         """(field, rule) of the first rule the candidate breaks, or None when the engine can run it."""
@@ -83,9 +85,14 @@ class Engine:
             # the rule below sees the candidate's most recomputing mode only, which hides a selective stage
             raise InputError(f"{where}.recompute", f"{self.name} recomputes whole layers only (no selective "
                                                    f"recomputation), got {list(plan.recompute)}")
-        broken = self.rule(instance, plan.candidate)
-        if broken is not None:
-            raise InputError(f"{where}.{broken[0]}", f"{broken[1]} (engine {self.name})")
+        # a non-uniform plan (only on an engine that runs it, :func:`.plan_stages.check_uneven`)
+        # keeps every rule on each stage's own degrees, at its largest share
+        cands = [plan.candidate] if plan.uniform else [plan.stage_candidate(s, max(plan.shares_at(s)))
+                                                       for s in range(plan.pp)]
+        for cand in cands:
+            broken = self.rule(instance, cand)
+            if broken is not None:
+                raise InputError(f"{where}.{broken[0]}", f"{broken[1]} (engine {self.name})")
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,11 @@ ENGINES = {
     "deepspeed": Engine("deepspeed", interleaving=False, context_parallel=False, sequence_parallel=False,
                         selective_recompute=False, per_stage_recompute=True, block_recompute=False,
                         sharded_zero_with_pipeline=1),
+    # amp_opt's own runtime (``python -m amp_opt run``): Megatron's rules for uniform plans, and
+    # the whole space of per-stage degrees, replicas on different types and uneven shares.
+    "amp_opt": Engine("amp_opt", interleaving=True, context_parallel=True, sequence_parallel=True,
+                      selective_recompute=True, per_stage_recompute=False, block_recompute=True,
+                      sharded_zero_with_pipeline=1, uneven=True),
 }
 
 

@@ -6,7 +6,9 @@ cost model's :class:`~amp_opt.model.costs.StageCosts` and adds the terms with th
 model's iteration-time formula (eq. A5 / H6 / H11, or H13 under the 1F1B schedule).  It also reports the price of an
 iteration (the devices the plan uses, at their $/hour) and the model-FLOPs
 utilisation.  :func:`memory_parts` splits a stage's bytes per device into the parts
-of eq. H5, for reports.
+of eq. H5, for reports.  A plan whose stages or replicas differ (per-stage tp and dp, uneven
+shares) is priced by :class:`~amp_opt.model.costs.stages.UnevenCosts` (eq. U1-U4) and added up
+the same way; a uniform plan takes the uniform path.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .costs import CandidateTerms, CostModel, StageCosts, cost_model as get_cost_model
+from .costs.stages import UnevenCosts
 from .costs.terms import stage_order
 from .plan import Plan, check_plan, parse_plan
 from .tables import LayerSums, Tables
@@ -38,6 +41,7 @@ class StageReport:
     fits: bool
     chunks: tuple[tuple[int, int], ...] = ()  # with interleaving: the stage's layer ranges
     recompute: str = "none"
+    replica_compute: tuple[float, ...] = ()  # a non-uniform plan: each replica's seconds per micro-batch
 
     def to_json(self, instance) -> dict[str, Any]:
         a, b = self.layers
@@ -58,6 +62,8 @@ class StageReport:
         }
         if len(self.chunks) > 1:
             out["chunks"] = [list(c) for c in self.chunks]
+        if self.replica_compute:
+            out["replica_compute"] = list(self.replica_compute)
         return out
 
 
@@ -100,9 +106,11 @@ class Evaluation:
         }
 
 
-def stage_costs(instance, plan: Plan, model: str | CostModel, tables: Tables | None = None) -> StageCosts:
-    """The StageCosts of a checked plan (explicit stages)."""
+def stage_costs(instance, plan: Plan, model: str | CostModel, tables: Tables | None = None) -> StageCosts | UnevenCosts:
+    """The StageCosts of a checked plan (explicit stages); a non-uniform plan's UnevenCosts."""
     model = get_cost_model(model)
+    if not plan.uniform:
+        return UnevenCosts(model, tables or Tables(instance), plan)
     return model.stage_costs(tables or Tables(instance), plan.candidate, plan.stages,
                              chunks=plan.partition if plan.virtual_stages > 1 else None,
                              modes=None if isinstance(plan.recompute, str) else plan.recompute)
@@ -185,13 +193,15 @@ def _stage_report(instance, plan: Plan, costs: StageCosts, s: int, k: int, l: in
     """One stage's terms; [k, l) is its range in stage order."""
     place = costs.placement[s]
     chunks = tuple(plan.chunks(s))
-    memory = float(costs.memory(s, k, l))
+    uneven = isinstance(costs, UnevenCosts)
+    memory, capacity = costs.tightest(s, k, l) if uneven else (float(costs.memory(s, k, l)), costs.capacity[s])
     return StageReport(
         index=s, layers=(chunks[0][0], chunks[-1][1]), groups=plan.stages[s], device_types=place.device_types,
         nodes=tuple(dict.fromkeys(instance.nodes[j].name for j in place.nodes)),
         compute=float(costs.compute(s, k, l)), p2p=float(costs.p2p(s, l)), allreduce=float(costs.allreduce(s, k, l)),
-        memory=memory, capacity=costs.capacity[s], fits=memory <= costs.capacity[s], chunks=chunks,
-        recompute=plan.recompute_of(s))
+        memory=memory, capacity=capacity, fits=costs.fits(s, k, l) if uneven else memory <= capacity, chunks=chunks,
+        recompute=plan.recompute_of(s),
+        replica_compute=tuple(float(t) for t in costs.replica_compute(s, k, l)) if uneven else ())
 
 
 def _price(instance, devices, seconds: float) -> float | None:
@@ -242,11 +252,13 @@ class MemoryParts:
 def memory_parts(instance, evaluation: Evaluation) -> tuple[MemoryParts, ...]:
     """An evaluation's per-stage memory split into model state, activations and reserve (eq. H5)."""
     plan = evaluation.plan
-    terms = CandidateTerms(Tables(instance), plan.candidate, chunks=plan.partition if plan.virtual_stages > 1 else None)
+    tables, chunks = Tables(instance), plan.partition if plan.virtual_stages > 1 else None
+    per_stage = [CandidateTerms(tables, plan.stage_candidate(s), chunks=chunks) for s in range(plan.pp)]
     bounds = stage_bounds(plan)
     reserve = instance.training.memory_reserve
     out = []
     for r in evaluation.stages:
+        terms = per_stage[r.index]  # the stage's own tp_s and dp_s (the same for every stage of a uniform plan)
         state = float(terms.sums.params_in(bounds[r.index], bounds[r.index + 1])) * terms.state_bytes_per_param
         out.append(MemoryParts(r.index, state, r.memory - state - reserve, reserve, r.memory))
     return tuple(out)

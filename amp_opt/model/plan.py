@@ -9,6 +9,12 @@ Megatron rank order applies: rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*sta
 device = rank.  With ``virtual_stages`` v > 1 (interleaved 1F1B) the partition has
 pp*v + 1 boundaries: chunk j runs on stage j mod pp.  A plan may use fewer devices than
 the cluster has (tp*cp*dp*pp at most the device count); the others stay idle.
+
+Stages may differ (``PLAN_FORMAT.md``, issue #40): ``tp`` and ``dp`` may list one degree per
+stage, and ``shares[s][r]`` gives the samples of each pipeline micro-batch that replica r of
+stage s processes.  A plan whose stages and replicas agree is normalised to the uniform form
+(int tp and dp, no shares), so every uniform plan has one record.  The per-stage fields are
+read and checked in :mod:`.plan_stages`.
 """
 
 from __future__ import annotations
@@ -19,12 +25,15 @@ from typing import Any, Mapping, Sequence
 from ..errors import InputError
 from .engines import engine_of
 from .fields import number_field, whole_number
+from .plan_stages import check_uneven, parse_degrees, parse_shares
 
 Stages = tuple[tuple[tuple[int, ...], ...], ...]
 RECOMPUTE = ("none", "selective", "full")
 PER_STAGE_MODES = ("none", "full")  # what each stage of a ``per_stage`` candidate chooses between, fastest first
 PLAN_KEYS = ("tp", "dp", "pp", "micro_batch", "partition", "stages", "cp", "sequence_parallel", "recompute",
-             "recompute_layers", "zero_stage", "virtual_stages")
+             "recompute_layers", "zero_stage", "virtual_stages", "shares")
+Degrees = "int | tuple[int, ...]"
+Shares = tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True, order=True)
@@ -51,6 +60,7 @@ class Candidate:
     virtual_stages: int = 1
     per_stage: bool = False
     chunks: tuple[int, ...] | None = None  # with virtual stages: the partition (None: the engine's even split)
+    batch: int = 0  # the pipeline micro-batch M when it is not dp*micro_batch (one replica of a non-uniform plan)
 
     @property
     def replicas(self) -> int:
@@ -62,8 +72,8 @@ class Candidate:
         return self.tp * self.cp * self.dp * self.pp
 
     def n_micro(self, instance) -> int:
-        """Micro-batches per iteration and replica: global batch / (dp * micro-batch)."""
-        return instance.training.global_batch // (self.dp * self.micro_batch)
+        """Micro-batches per iteration and replica: global batch / M, M = dp * micro-batch (or ``batch``)."""
+        return instance.training.global_batch // (self.batch or self.dp * self.micro_batch)
 
     def plan(self, partition, stages: Stages | None = None, *, modes: tuple[str, ...] | None = None) -> "Plan":
         """The plan of this candidate with a layer partition and, optionally, its device groups and
@@ -81,10 +91,12 @@ class Candidate:
 class Plan:
     """A plan; see the module docstring.  ``recompute`` may list one mode per stage;
     ``zero_stage`` None means the instance's ``training.zero_stage`` (plans written before
-    these fields existed keep their meaning)."""
+    these fields existed keep their meaning).  ``tp`` and ``dp`` may be tuples (one per stage)
+    and ``shares`` lists each stage's samples per replica; ``micro_batch`` is then the largest
+    share.  A plan whose stages and replicas agree is normalised to ints and no shares."""
 
-    tp: int
-    dp: int
+    tp: int | tuple[int, ...]
+    dp: int | tuple[int, ...]
     pp: int
     micro_batch: int
     partition: tuple[int, ...]
@@ -95,10 +107,62 @@ class Plan:
     recompute_layers: int | None = None
     zero_stage: int | None = None
     virtual_stages: int = 1
+    shares: Shares | None = None
+
+    def __post_init__(self):
+        tp, dp, shares = self.tp, self.dp, self.shares
+        if isinstance(tp, tuple) and len(set(tp)) == 1:
+            tp = tp[0]
+        if isinstance(dp, tuple) and len(set(dp)) == 1:
+            dp = dp[0]
+        if shares is not None and isinstance(dp, int) and len({b for row in shares for b in row}) == 1:
+            object.__setattr__(self, "micro_batch", shares[0][0])
+            shares = None
+        object.__setattr__(self, "tp", tp)
+        object.__setattr__(self, "dp", dp)
+        object.__setattr__(self, "shares", shares)
+
+    @property
+    def uniform(self) -> bool:
+        """One tp, one dp and every replica the same share: a plan of today's form."""
+        return isinstance(self.tp, int) and isinstance(self.dp, int) and self.shares is None
+
+    def tp_at(self, s: int) -> int:
+        """Stage s's tensor-parallel degree."""
+        return self.tp if isinstance(self.tp, int) else self.tp[s]
+
+    def dp_at(self, s: int) -> int:
+        """Stage s's data-parallel degree."""
+        return self.dp if isinstance(self.dp, int) else self.dp[s]
+
+    def shares_at(self, s: int) -> tuple[int, ...]:
+        """Samples of each pipeline micro-batch per data-parallel replica of stage s."""
+        return self.shares[s] if self.shares is not None else (self.micro_batch,) * self.dp_at(s)
+
+    @property
+    def pipeline_micro_batch(self) -> int:
+        """M: the samples of one pipeline micro-batch (every stage's shares sum to it)."""
+        return sum(self.shares_at(0))
+
+    @property
+    def devices(self) -> int:
+        """Devices the plan uses: sum over stages of tp_s * cp * dp_s."""
+        return sum(self.tp_at(s) * self.cp * self.dp_at(s) for s in range(self.pp))
+
+    def stage_candidate(self, s: int, share: int | None = None) -> Candidate:
+        """The uniform candidate one replica of stage s runs as: (tp_s, dp_s, micro-batch = its
+        share) in a pipeline of M samples per micro-batch; the cost terms price it."""
+        share = self.micro_batch if share is None else share
+        M, dp = self.pipeline_micro_batch, self.dp_at(s)
+        return Candidate(self.tp_at(s), dp, self.pp, share, self.cp, self.sequence_parallel,
+                         self.recompute_of(s), self.recompute_layers or 0, self.zero_stage or 0, self.virtual_stages,
+                         batch=0 if M == dp * share else M)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"tp": self.tp, "dp": self.dp, "pp": self.pp, "micro_batch": self.micro_batch,
-                               "partition": list(self.partition)}
+        out: dict[str, Any] = {"tp": _degree_json(self.tp), "dp": _degree_json(self.dp), "pp": self.pp,
+                               "micro_batch": self.micro_batch, "partition": list(self.partition)}
+        if self.shares is not None:
+            out["shares"] = [list(row) for row in self.shares]
         if self.stages is not None:
             out["stages"] = [[list(group) for group in stage] for stage in self.stages]
         out.update(cp=self.cp, sequence_parallel=self.sequence_parallel,
@@ -112,7 +176,11 @@ class Plan:
 
     @property
     def candidate(self) -> Candidate:
-        """The plan's candidate (a per-stage recompute list becomes the most recomputing mode)."""
+        """The plan's candidate (a per-stage recompute list becomes the most recomputing mode);
+        InputError on a non-uniform plan, whose degrees are per stage (:meth:`stage_candidate`)."""
+        if not self.uniform:
+            raise InputError("plan", "has per-stage tp/dp or uneven shares: it has no single candidate "
+                                     "(ask per stage: tp_at, dp_at, shares_at)")
         modes = (self.recompute,) if isinstance(self.recompute, str) else self.recompute
         return Candidate(self.tp, self.dp, self.pp, self.micro_batch, self.cp, self.sequence_parallel,
                          max(modes, key=RECOMPUTE.index), self.recompute_layers or 0, self.zero_stage or 0,
@@ -131,10 +199,20 @@ class Plan:
         return [i for k, l in self.chunks(s) for i in range(k, l)]
 
 
+def _degree_json(value):
+    return value if isinstance(value, int) else list(value)
+
+
+def _degree_text(value) -> str:
+    return str(value) if isinstance(value, int) else ",".join(map(str, value))
+
+
 def describe(plan: Plan) -> str:
     """A plan's degrees and settings in one line, for messages (defaults left out)."""
-    parts = [f"tp={plan.tp}"] + ([f"cp={plan.cp}"] if plan.cp > 1 else []) + [f"dp={plan.dp}", f"pp={plan.pp}",
-                                                                             f"micro_batch={plan.micro_batch}"]
+    parts = [f"tp={_degree_text(plan.tp)}"] + ([f"cp={plan.cp}"] if plan.cp > 1 else []) + [
+        f"dp={_degree_text(plan.dp)}", f"pp={plan.pp}", f"micro_batch={plan.micro_batch}"]
+    if plan.shares is not None:
+        parts.append("shares=" + "/".join(",".join(map(str, row)) for row in plan.shares))
     if plan.virtual_stages > 1:
         parts.append(f"virtual_stages={plan.virtual_stages}")
     if plan.sequence_parallel:
@@ -155,12 +233,17 @@ def describe_candidate(cand: Candidate) -> str:
     return text.replace("recompute=full", "recompute=per-stage") if cand.per_stage else text
 
 
-def rank_order_stages(tp: int, dp: int, pp: int, cp: int = 1) -> Stages:
-    """Megatron's placement: rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*stage)), device = rank."""
-    groups = dp * cp
-    return tuple(
-        tuple(tuple(j + tp * (r + groups * i) for j in range(tp)) for r in range(groups)) for i in range(pp)
-    )
+def rank_order_stages(tp, dp, pp: int, cp: int = 1) -> Stages:
+    """Megatron's placement: rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*stage)), device = rank.
+    With per-stage degrees (tuples) the devices are dealt in the same order: stage 0's groups
+    first, then stage 1's, ..."""
+    out, first = [], 0
+    for i in range(pp):
+        m = tp if isinstance(tp, int) else tp[i]
+        groups = (dp if isinstance(dp, int) else dp[i]) * cp
+        out.append(tuple(tuple(first + j + m * r for j in range(m)) for r in range(groups)))
+        first += m * groups
+    return tuple(out)
 
 
 def _flag(data: Mapping, key: str, where: str, default: bool) -> bool:
@@ -212,12 +295,24 @@ def parse_plan(data: Any, *, where: str = "plan") -> Plan:
     """
     if not isinstance(data, Mapping):
         raise InputError(where, f"must be a JSON object, got {type(data).__name__}")
+    if "pipelines" in data:
+        raise InputError(f"{where}.pipelines", "several pipelines with their own partitions are not supported yet: "
+                                               "write one pipeline (per-stage tp/dp and shares)")
     unknown = sorted(set(data) - set(PLAN_KEYS))
     if unknown:
         hint = ("; this is a result (solve --json, evaluate --json), not a plan: take its \"plan\" member"
                 if isinstance(data.get("plan"), Mapping) else "")
         raise InputError(f"{where}.{unknown[0]}", f"unknown field (a plan has {', '.join(PLAN_KEYS)}){hint}")
-    tp, dp, pp, mb = (number_field(data, key, where) for key in PLAN_KEYS[:4])
+    pp = number_field(data, "pp", where)
+    tp, dp = parse_degrees(data, "tp", pp, where), parse_degrees(data, "dp", pp, where)
+    shares = parse_shares(data, dp, pp, where)
+    if shares is None:
+        mb = number_field(data, "micro_batch", where)
+    else:
+        mb = max(b for row in shares for b in row)
+        if data.get("micro_batch") is not None and number_field(data, "micro_batch", where) != mb:
+            raise InputError(f"{where}.micro_batch", f"with shares it must be the largest share {mb}, "
+                                                     f"got {data['micro_batch']}")
     cp = number_field(data, "cp", where, default=1)
     v = number_field(data, "virtual_stages", where, default=1)
     partition = data.get("partition")
@@ -242,7 +337,7 @@ def parse_plan(data: Any, *, where: str = "plan") -> Plan:
         raise InputError(f"{where}.zero_stage", f"must be 0, 1, 2 or 3, got {zero!r}")
     return Plan(tp, dp, pp, mb, tuple(partition), _stages(data, where), cp=cp,
                 sequence_parallel=_flag(data, "sequence_parallel", where, False), recompute=recompute,
-                recompute_layers=layers, zero_stage=zero, virtual_stages=v)
+                recompute_layers=layers, zero_stage=zero, virtual_stages=v, shares=shares)
 
 
 def check_plan(instance, plan: Plan, *, where: str = "plan") -> Plan:
@@ -253,12 +348,13 @@ def check_plan(instance, plan: Plan, *, where: str = "plan") -> Plan:
     tensor-parallel groups inside one node, and the instance's engine's rules.
     """
     n_dev, n_layers = instance.num_devices, instance.num_layers
-    used = plan.tp * plan.cp * plan.dp * plan.pp
-    if used > n_dev:
-        raise InputError(where, f"tp*cp*dp*pp = {plan.tp}*{plan.cp}*{plan.dp}*{plan.pp} = {used}, "
-                                f"the cluster has {n_dev} devices")
+    if not plan.uniform:
+        check_uneven(instance, plan, where)
+    elif plan.tp * plan.cp * plan.dp * plan.pp > n_dev:
+        raise InputError(where, f"tp*cp*dp*pp = {plan.tp}*{plan.cp}*{plan.dp}*{plan.pp} = "
+                                f"{plan.tp * plan.cp * plan.dp * plan.pp}, the cluster has {n_dev} devices")
     batch = instance.training.global_batch
-    if batch % (plan.dp * plan.micro_batch):
+    if plan.uniform and batch % (plan.dp * plan.micro_batch):
         raise InputError(f"{where}.micro_batch",
                          f"dp*micro_batch = {plan.dp * plan.micro_batch} does not divide the global batch {batch}")
     p = plan.partition
@@ -279,14 +375,15 @@ def _check_stages(instance, plan: Plan, stages: Stages, where: str) -> None:
     if len(stages) != plan.pp:
         raise InputError(f"{where}.stages", f"has {len(stages)} stages, pp is {plan.pp}")
     seen: set[int] = set()
-    groups = plan.dp * plan.cp
     for s, stage in enumerate(stages):
+        groups = plan.dp_at(s) * plan.cp
         if len(stage) != groups:
             raise InputError(f"{where}.stages[{s}]", f"has {len(stage)} tensor-parallel groups, dp*cp is {groups}")
         for r, group in enumerate(stage):
             at = f"{where}.stages[{s}][{r}]"
-            if len(group) != plan.tp:
-                raise InputError(at, f"has {len(group)} devices, tp is {plan.tp}")
+            if len(group) != plan.tp_at(s):
+                raise InputError(at, f"has {len(group)} devices, tp is {plan.tp_at(s)} (every group of a stage "
+                                     "has the stage's tp: per-replica tp is not supported yet)")
             for device in group:
                 if not 0 <= device < n_dev:
                     raise InputError(at, f"device {device} does not exist (devices are 0..{n_dev - 1})")

@@ -45,7 +45,8 @@ class StageGraph:
     compute: np.ndarray  # (K, L+1, L+1) seconds, inf off the upper triangle
     allreduce: np.ndarray  # (K, L+1, L+1) seconds
     feasible: np.ndarray  # (p, K, L+1, L+1) bool: non-empty, room left, memory fits
-    volume: np.ndarray  # (L+1,) p2p seconds x bandwidth of a boundary at position k (0 at k = 0)
+    volume: np.ndarray  # (L+1,) p2p seconds x bandwidth of a boundary at position k (0 at k = 0); or (p, L+1),
+    # per stage s the boundary before it (a plan whose stages differ, :mod:`amp_opt.search.uneven`)
     transitions: tuple  # per stage: tuple of (from_state, kind, p2p factor of the boundary before, to_state)
     memory_ratio: np.ndarray  # (p, K, L+1, L+1) per-device memory over capacity
     structural: np.ndarray  # (p, 1, L+1, L+1) bool: non-empty and leaving room
@@ -138,8 +139,13 @@ def path_terms(g: StageGraph, path: Path):
     kinds = [g.transitions[s][t][1] for s, t in enumerate(path.transitions)]
     compute = [float(g.compute[kinds[s], b[s], b[s + 1]]) for s in range(g.stages)]
     allreduce = [float(g.allreduce[kinds[s], b[s], b[s + 1]]) for s in range(g.stages)]
-    p2p = [float(g.volume[b[s + 1]] * g.transitions[s + 1][path.transitions[s + 1]][2]) for s in range(g.stages - 1)]
+    p2p = [float(_boundary(g, s + 1)[b[s + 1]] * g.transitions[s + 1][path.transitions[s + 1]][2]) for s in range(g.stages - 1)]
     return compute, p2p + [0.0], allreduce
+
+
+def _boundary(g: StageGraph, s: int) -> np.ndarray:
+    """The p2p volume of the boundary before stage s, per position."""
+    return g.volume[s] if g.volume.ndim == 2 else g.volume
 
 
 def path_value(g: StageGraph, path: Path) -> float:
@@ -174,7 +180,7 @@ def _sweep(g: StageGraph, T: np.ndarray, U: np.ndarray, pointers: bool = False):
                 ok = g.feasible[s, kind, ks, ls][None] & (lead[None] <= T[:, None, None])
                 ok &= g.allreduce[kind, ks, ls][None] <= U[:, None, None]
                 masked[kind] = np.where(ok, C[None] * g.fill, INF)
-            start = values[src][:, ks] + g.volume[ks] * factor * r
+            start = values[src][:, ks] + _boundary(g, s)[ks] * factor * r
             cand = start[:, :, None] + masked[kind]
             row = np.full((batch, L + 1), INF)
             row[:, ls] = cand.min(axis=1)

@@ -16,6 +16,7 @@ from .registry import lookup, run_plugin
 from .result import SolveResult
 from .route import enumerator_fits
 from .subsets import solve_subsets
+from . import uneven
 
 
 def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str | None = None, top_k: int = 1,
@@ -95,7 +96,11 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     entry = lookup(options.solver)
     if not entry.builtin:  # a plug-in gets the whole instance; its plans are re-scored by the evaluator
         return run_plugin(entry, instance, options)
-    return solve_subsets(instance, options, run_builtin, time.perf_counter() if started is None else started)
+    started = time.perf_counter() if started is None else started
+    if uneven.applies(instance, options):  # engine amp_opt: the plans whose stages and replicas differ too
+        return uneven.solve_with_uneven(instance, options, lambda: solve_subsets(instance, options, run_builtin,
+                                                                                 started), started)
+    return solve_subsets(instance, options, run_builtin, started)
 
 
 def run_builtin(instance, options: SolveOptions, started: float | None = None) -> SolveResult:

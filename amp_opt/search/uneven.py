@@ -1,0 +1,155 @@
+"""The search over plans whose stages and replicas differ (engine ``"amp_opt"``, issue #40).
+
+A first, exact but exhaustive version (``formulations/uneven-search.md``): every
+configuration of :mod:`.uneven_space` (stages' tp, replicas on nodes, shares, M), one per
+symmetry class, and every training setting is priced by the cost terms U1-U4
+(:class:`~amp_opt.model.costs.stages.UnevenCosts`); for each, the exact stage DP of
+:mod:`.partition` finds the best layer partition.  The uniform plans are searched by the usual
+search; the better of the two is returned, re-scored by the evaluator.  Past
+``MAX_CONFIGURATIONS`` the uneven plans are not searched and the result says "OPTIMAL within
+plans whose stages and replicas agree".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from ..errors import InfeasibleError, InputError
+from ..model.costs.hetero import HeteroModel
+from ..model.costs.stages import UnevenCosts
+from ..model.engines import engine_of
+from ..model.evaluate import Evaluation, evaluate
+from ..model.plan import RECOMPUTE, check_plan, parse_plan
+from ..model.ranges import INF, grid
+from .partition import make_graph, optimal_path
+from .result import SolverStats, SolveResult, status_of
+from .uneven_space import Configuration, configurations
+
+MAX_CONFIGURATIONS = 1_000  # uneven configurations searched at most (each with every setting and its DP)
+REL = 1e-9
+
+
+def applies(instance, options) -> bool:
+    """Whether a solve also searches the uneven plans: an engine that runs them, a cost model
+    that prices them (hetero)."""
+    return engine_of(instance).uneven and isinstance(options.model, HeteroModel)
+
+
+def _settings(space):
+    """Every (sequence_parallel, recompute, recompute_layers, zero_stage) the search section lists
+    that an uneven plan may take (one recomputation mode for every stage; ZeRO at most 2)."""
+    for sp in space.sequence_parallel:
+        for mode in (m for m in RECOMPUTE if m in space.recompute):
+            for zero in (z for z in space.zero_stages if z <= 2):
+                for layers in [None] + (list(space.recompute_layers) if mode == "full" else []):
+                    yield sp, mode, layers, zero
+
+
+def _graph(costs: UnevenCosts, L: int):
+    """The stage graph of one configuration and setting: one kind per stage, the boundary before
+    each stage priced per position (U2), memory as the tightest replica's ratio (U4)."""
+    g, p = grid(L), costs.pp
+    compute = np.stack([np.where(g.nonempty, costs.compute(s, g.start, g.stop), INF) for s in range(p)])
+    allreduce = np.stack([np.where(g.nonempty, costs.allreduce(s, g.start, g.stop), INF) for s in range(p)])
+    ratio = np.full((p, p, L + 1, L + 1), INF)
+    for s in range(p):
+        ratio[s, s] = np.max([m / c for m, c in costs.replica_memory(s, g.start, g.stop)], axis=0)
+    volume = np.zeros((p, L + 1))
+    for s in range(1, p):
+        volume[s, 1:] = costs.p2p(s - 1, np.arange(1, L + 1))
+    transitions = tuple(((0, s, 1.0, 0),) for s in range(p))
+    return make_graph(costs.n_micro, compute, allreduce, ratio, True, volume, transitions, pipeline=costs.pipeline)
+
+
+def _rate(instance, plan) -> float | None:
+    """USD per hour of the plan's devices (None when a price is missing)."""
+    prices = [instance.device_types[instance.nodes[instance.device_node[d]].device_type].price_per_hour
+              for stage in plan.stages for group in stage for d in group]
+    return None if any(p is None for p in prices) else sum(prices)
+
+
+def _best_of(instance, options, tables, cache: dict, conf: Configuration, setting, kth: float):
+    """The best plan of one configuration and setting below ``kth`` (objective units), or None."""
+    sp, mode, layers, zero = setting
+    L = instance.num_layers
+    doc = {**conf.plan_doc(instance), "partition": [0, *range(1, conf.pp), L], "sequence_parallel": sp,
+           "recompute": mode, "zero_stage": zero, **({"recompute_layers": layers} if layers else {})}
+    try:
+        plan = check_plan(instance, parse_plan(doc))
+    except InputError:  # an engine rule on some stage's degrees
+        return None
+    scale = 1.0
+    if options.objective == "cost" or options.budget is not None:
+        rate = _rate(instance, plan)
+        if rate is None:
+            raise InputError("instance.device_types", "the cost objective and budgets need every price")
+        if options.budget is not None and rate > options.budget * (1 + 1e-12):
+            return None
+        scale = rate / 3600.0 if options.objective == "cost" else 1.0
+    found = optimal_path(_graph(UnevenCosts(options.model, tables, plan, cache=cache), L), cutoff=kth / scale)
+    if found is None or found[0] * scale >= kth:
+        return None
+    ev = evaluate(instance, dataclasses.replace(plan, partition=found[1].bounds), options.model, tables=tables)
+    return ev if ev.feasible else None
+
+
+def _value(ev: Evaluation, objective: str) -> float:
+    return ev.cost if objective == "cost" else ev.predicted_time
+
+
+def search_uneven(instance, options, tables, confs, *, cutoff: float, deadline: float):
+    """The best uneven plans (up to top_k, below ``cutoff``), and whether every configuration was
+    searched before ``deadline`` (``time.perf_counter()``)."""
+    found: list[Evaluation] = []
+    cache: dict = {}  # the cost views every configuration shares (UnevenCosts)
+    for conf in confs:
+        if time.perf_counter() > deadline:
+            return found, False
+        for setting in _settings(instance.search):
+            kth = _value(found[-1], options.objective) if len(found) >= options.top_k else cutoff
+            ev = _best_of(instance, options, tables, cache, conf, setting, kth)
+            if ev is not None:
+                found = sorted(found + [ev], key=lambda e: _value(e, options.objective))[:options.top_k]
+    return found, True
+
+
+def solve_with_uneven(instance, options, run, started: float) -> SolveResult:
+    """The uniform search (``run()``) and the uneven one, merged: the best plans of both, OPTIMAL
+    when both were searched whole."""
+    from ..model.tables import Tables
+
+    try:
+        uniform, why_none = run(), None
+    except InfeasibleError as exc:  # no uniform plan fits: the uneven ones may
+        uniform, why_none = None, exc
+    limit = options.time_limit if options.time_limit is not None else INF
+    confs, complete = configurations(instance, limit=MAX_CONFIGURATIONS)
+    within = uniform.solver.within if uniform is not None else None
+    if options.placement != "free" or not complete:
+        why = ("rank-order placement" if options.placement != "free"
+               else f"more than {MAX_CONFIGURATIONS} uneven configurations")
+        within = (within + "; " if within else "") + f"plans whose stages and replicas agree ({why})"
+        if uniform is None:
+            raise InfeasibleError(f"{why_none} (uneven plans were not searched: {why})")
+        return dataclasses.replace(uniform, solver=dataclasses.replace(uniform.solver, within=within))
+    top = list(uniform.top) if uniform is not None else []
+    obj = options.objective
+    cutoff = _value(top[options.top_k - 1], obj) * (1 + REL) if len(top) >= options.top_k else options.cutoff
+    found, done = search_uneven(instance, options, Tables(instance), confs, cutoff=cutoff,
+                                deadline=started + limit)
+    merged = sorted(top + found, key=lambda e: _value(e, obj))[:options.top_k]
+    if not merged:
+        raise InfeasibleError(f"{why_none} (nor does any plan whose stages or replicas differ)")
+    best = _value(merged[0], obj)
+    u_bound = uniform.solver.bound if uniform is not None else INF
+    bound = min(u_bound, best) if done else 0.0
+    extra = {**(uniform.solver.extra if uniform is not None else {}),
+             "uneven": {"configurations": len(confs), "searched_whole": done, "plans_found": len(found)}}
+    base = uniform.solver if uniform is not None else SolverStats(options.solver, "OPTIMAL", 0.0, best, best)
+    status = status_of(best, bound) if base.status == "OPTIMAL" or uniform is None else "FEASIBLE"
+    stats = dataclasses.replace(base, status=status if done else "FEASIBLE", objective=best, bound=bound,
+                                wall_time=time.perf_counter() - started, extra=extra, within=within)
+    return SolveResult(merged[0], tuple(merged), stats)
