@@ -167,7 +167,7 @@ def test_a_run_out_of_memory_is_a_record(workflow):
     (lambda d: None, {"plan": {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4]},
                       "predicted_time": 0.1, "breakdown": {}, "feasible": True},
      'plan.breakdown: unknown field (a plan has tp, dp, pp, micro_batch, partition, stages, cp, sequence_parallel, '
-     'recompute, recompute_layers, zero_stage, virtual_stages); this is a result (solve --json, evaluate --json), '
+     'recompute, recompute_layers, zero_stage, virtual_stages, shares); this is a result (solve --json, evaluate --json), '
      'not a plan: take its "plan" member'),
 ])
 def test_run_refuses_before_starting(tmp_path, capsys, monkeypatch, mutate, plan, expected):
