@@ -523,7 +523,7 @@ def test_the_time_left_is_shared_by_the_subsets_not_proven_yet():
     def run(sub, options, started):
         if len(sub.nodes) == len(inst.nodes):
             return run_builtin(sub, options, started)
-        calls.append((tuple(n.device_type for n in sub.nodes), options.time_limit))
+        calls.append((tuple(n.device_type for n in sub.nodes), started.budget))
         raise NoPlanFound("time limit of 0.1 s", bound=0.0)
 
     result = solve_subsets(inst, solve_options(solver="enumerate", time_limit=5.0), run)
@@ -627,6 +627,7 @@ def test_the_least_overfull_diagnosis_stops_at_the_deadline():
     and the message says it is the tightest among those examined."""
     import time
 
+    from amp_opt.search.clock import Clock
     from amp_opt.search.context import Search
     from amp_opt.search.diagnose import infeasible_reason, least_overfull_rank_order
     from amp_opt.search.options import solve_options
@@ -637,7 +638,7 @@ def test_the_least_overfull_diagnosis_stops_at_the_deadline():
     with pytest.raises(InfeasibleError):
         solve(inst, solver="enumerate")
     whole = least_overfull_rank_order(Search(inst, solve_options(time_limit=60.0)))
-    late = Search(inst, solve_options(time_limit=1.0), started=time.perf_counter() - 10.0)
+    late = Search(inst, solve_options(time_limit=1.0), Clock.of(1.0, started=time.perf_counter() - 10.0))
     cut = least_overfull_rank_order(late)
     assert not whole.partial and cut.partial and cut.ratio >= whole.ratio
     assert "examined before the time limit" in infeasible_reason(late, cut)

@@ -22,10 +22,8 @@ from ..grouping import assign_groups
 from ..result import Incumbent
 from .bound import Cell
 from ...model.ranges import weighted as _weighted
+from ..tuning import POLISH_RATE, POLISH_WORK
 from .model import KindModel, KindPath, band_layout
-
-POLISH_WORK = 2e9  # array operations one polish may spend by default (a few seconds)
-POLISH_RATE = 5e8  # array operations per second the multiset DP is assumed to run at before it has run
 
 
 @dataclass

@@ -26,8 +26,7 @@ from ...model.costs.terms import stage_order
 from ...model.plan import PER_STAGE_MODES
 from ...model.ranges import INF, backtrack, band_min_sum_step, chain_window, grid, min_max_chain
 from ...model.ranges import weighted as _weighted
-
-MAX_KINDS = 63  # 6 node classes; more and the bound falls back to eq. B2/B3
+from ..tuning import MAX_KINDS
 
 
 @dataclass(frozen=True)
