@@ -705,7 +705,7 @@ def outcome(instance, solver):
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instance=open_instances)
 # CP-SAT's symmetry handling (OR-Tools 9.15) called this program infeasible under a cutoff, and under
-# H13 its presolve's inclusion detection called a worse plan optimal (backends.solve_cpsat):
+# H13 its presolve's inclusion detection called a worse plan optimal (cpsat.solve):
 @example(instance=open_instance(["V100-32GB", "A100-80GB", "T4"], 1, 2, [8, 4, 6], "eager", "deepspeed"))
 def test_all_solvers_equal_the_enumerator_with_all_decisions_open(instance):
     found = {s: outcome(instance, s) for s in ("enumerate",) + OTHER_SOLVERS}

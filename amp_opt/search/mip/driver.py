@@ -6,7 +6,7 @@ smaller and tighter (w = n-1 and the memory in flight are constants), and candid
 are pruned with the best objective found so far.  In order:
 
 1. every candidate gets a fast incumbent from the exact stage DP on a few fixed node
-   orders (AMP's rank order, fastest nodes first, slowest first); under a time limit this
+   orders (AMP's rank order, fastest nodes first, slowest first; :mod:`.fixed_orders`); under a time limit this
    phase ends at P1_SHARE of the time left once it has a plan (P1_KINDS_SHARE when phase
    1b follows, whose plans are better; without a plan it goes on until it has one), and the
    quick kind bounds before the DP stop at P1_QUICK_SHARE;
@@ -18,8 +18,8 @@ are pruned with the best objective found so far.  In order:
 Each ingredient can be switched off through the options record (``kinds``,
 ``incumbents``, ``warm_start``, ``cutoffs``, ``symmetry``; the ablation variants of
 ``formulations/variants.md``), and the layer assignment can be the prefix or the
-assignment formulation (``layers``).  The engine is ``options.backend``: CP-SAT, CBC or
-HiGHS.  The search's trace records the best plan and the proven bound over time, and
+assignment formulation (``layers``).  The backend is ``options.backend`` (CP-SAT, CBC or
+HiGHS, :mod:`.backends`), each program handed its share of the search's clock.  The search's trace records the best plan and the proven bound over time, and
 every program's statistics are returned in ``SolverStats.programs``.
 
 The returned plans are re-scored by the evaluator.
@@ -34,56 +34,16 @@ import numpy as np
 
 from ...errors import InfeasibleError, NoPlanFound
 from ...model.candidates import candidates, why_empty
-from ...model.costs.terms import stage_order
 from ...model.plan import Candidate, describe_candidate, rank_order_stages
 from ..clock import Clock
 from ..diagnose import verdict
 from ..kinds.refine import KindPhase, runs_kinds
-from ..partition import fixed_placement_graph, good_path
 from ..result import SAME, Incumbent, NoPlanBelow, SolverStats, SolveResult, status_of
 from ..tuning import (BOUNDS_SHARE, KIND_FIRST, P1_KINDS_SHARE, P1_QUICK_SHARE, P1_SHARE, PROGRAM_FLOOR,
                       PROGRAM_SHARE, SOLVER_FLOOR)
 from .backends import Program, Settings, resolution_for, run_backend
+from .fixed_orders import heuristic
 from .formulation import build
-
-
-def node_orders(search, cand: Candidate) -> list[list[int]]:
-    """Node orders whose rank-order placement seeds the search: AMP's rank order and,
-    under free placement, the nodes fastest first and slowest first."""
-    instance = search.instance
-    orders = [list(range(len(instance.nodes)))]
-    if search.options.placement == "free":
-        speed = [float(search.tables.layer_times(n.device_type, n.intra_bandwidth, cand.tp, cand.micro_batch)
-                       .seconds.sum()) for n in instance.nodes]
-        fast_first = sorted(range(len(speed)), key=lambda j: (speed[j], j))
-        orders += [fast_first, fast_first[::-1]]
-    return [o for i, o in enumerate(orders) if o not in orders[:i]]
-
-
-def stages_in_order(instance, cand: Candidate, order: list[int]):
-    """Rank-order placement over the devices of the nodes taken in ``order``."""
-    devices = [dev for j in order for dev in range(instance.node_first_device[j],
-                                                   instance.node_first_device[j] + instance.nodes[j].devices)]
-    return tuple(tuple(tuple(devices[r] for r in group) for group in stage)
-                 for stage in rank_order_stages(cand.tp, cand.dp, cand.pp, cand.cp))
-
-
-def heuristic(search, cand: Candidate) -> Incumbent | None:
-    """The best partition (stage DP) over a few fixed placements (``node_orders``); once out of
-    time, what the orders tried so far gave."""
-    best = None
-    chunks = search.chunks(cand)
-    fixed = None if chunks is None else stage_order(chunks, cand.pp)[1]
-    for i, order in enumerate(node_orders(search, cand)):
-        if i > 0 and search.out_of_time():
-            break
-        stages = stages_in_order(search.instance, cand, order)
-        costs = search.stage_costs(cand, stages)
-        found = good_path(fixed_placement_graph(costs, search.instance.num_layers, fixed))
-        if found and (best is None or found[0] < best.value):
-            plan = cand.plan(search.partition(cand, found[1].bounds), stages, modes=costs.modes_of(found[1].bounds))
-            best = Incumbent.of_plan(found[0], cand, plan)
-    return best
 
 
 @dataclass
@@ -336,12 +296,7 @@ def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: flo
     for t, objective, bound in out.progress:
         dual = min(others, max(lower, min(bound, cap))) if bound is not None else None
         search.trace.update(objective, dual if dual is not None and np.isfinite(dual) else None, at=t)
-    sizes = proofs.sizes
-    sizes["programs"] += 1
-    if out.rejected:  # the program exists but the solver could not take it: no proof, no plan
-        sizes["programs_rejected"] = sizes.get("programs_rejected", 0) + 1
-    sizes["variables"] = max(sizes["variables"], form.model.size["variables"])
-    sizes["constraints"] = max(sizes["constraints"], form.model.size["constraints"])
+    _count(proofs.sizes, out, form.model.size)
     found = np.inf
     if out.values is not None:
         bounds, stages = form.decode(out.values)
@@ -361,6 +316,22 @@ def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: flo
         "seconds": time.perf_counter() - started, "solver_seconds": out.wall_time, "nodes": out.nodes,
         "variables": form.model.size["variables"], "constraints": form.model.size["constraints"],
         "warm_start": inc is not None and opts.warm_start, "cutoff": cutoff, "lower_bound": lower})
+    _record_proof(proofs, c, out, inc, lower, tol, cutoff)
+
+
+def _count(sizes: dict, out, size: dict) -> None:
+    """One more program in the search's statistics: the count, the rejected ones, the largest sizes."""
+    sizes["programs"] += 1
+    if out.rejected:  # the program exists but the solver could not take it: no proof, no plan
+        sizes["programs_rejected"] = sizes.get("programs_rejected", 0) + 1
+    sizes["variables"] = max(sizes["variables"], size["variables"])
+    sizes["constraints"] = max(sizes["constraints"], size["constraints"])
+
+
+def _record_proof(proofs: Proofs, c: Candidate, out, inc: Incumbent | None, lower: float, tol: float,
+                  cutoff: float | None) -> None:
+    """What one candidate's program proved about it, into ``proofs`` (``tol``: the program's
+    integer resolution on the objective's path)."""
     # What an optimal program proves is its bound (CP-SAT and CBC: the objective; HiGHS: its dual
     # bound, which may sit below a solution it accepted within its tolerances).
     proven = out.bound if out.status == "OPTIMAL" and out.bound is not None else out.objective

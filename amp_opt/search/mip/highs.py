@@ -140,14 +140,7 @@ def solve(program: Program, clock: Clock, settings: Settings) -> Outcome:
         h.setOptionValue("time_limit", max(SOLVER_FLOOR, left))
     _stop_when_asked(h, clock)
     if not _run(h, clock):  # HiGHS did not return in time: keep the promise with what it found
-        wall = time.perf_counter() - start
-        if not latest:
-            return Outcome("UNKNOWN", None, None, None, wall, None, points)
-        x = latest[0] * unit
-        values = {i: float(x[i]) for i in range(len(lm.vars))}
-        objective = sum(c * values[i] for i, c in lm.objective.items())
-        bounds = [b for _, _, b in points if b is not None]
-        return Outcome("FEASIBLE", values, objective, bounds[-1] if bounds else None, wall, None, points)
+        return _left_running(lm, latest, unit, points, time.perf_counter() - start)
     wall = time.perf_counter() - start
     model_status = h.getModelStatus()
     info = h.getInfo()
@@ -171,6 +164,18 @@ def solve(program: Program, clock: Clock, settings: Settings) -> Outcome:
         return Outcome("OPTIMAL", values, objective, objective if bound is None else min(bound, objective), wall,
                        nodes, points)
     return Outcome("FEASIBLE", values, objective, bound, wall, nodes, points)
+
+
+def _left_running(lm: LinearModel, latest: list, unit, points: list, wall: float) -> Outcome:
+    """The outcome of a HiGHS run left running past its deadline: its latest improving solution
+    (FEASIBLE, with the last dual bound it reported) or nothing (UNKNOWN)."""
+    if not latest:
+        return Outcome("UNKNOWN", None, None, None, wall, None, points)
+    x = latest[0] * unit
+    values = {i: float(x[i]) for i in range(len(lm.vars))}
+    objective = sum(c * values[i] for i, c in lm.objective.items())
+    bounds = [b for _, _, b in points if b is not None]
+    return Outcome("FEASIBLE", values, objective, bounds[-1] if bounds else None, wall, None, points)
 
 
 def _run(h, clock: Clock) -> bool:
