@@ -787,6 +787,7 @@ def test_a_helper_that_overruns_is_not_waited_for():
     helper is killed and the whole cluster's plan is returned, its bound not claimed proven."""
     import time
 
+    from amp_opt.search.clock import Clock
     from amp_opt.search.options import solve_options
     from amp_opt.search.solve import run_builtin
     from amp_opt.search.subsets import solve_subsets
@@ -800,7 +801,7 @@ def test_a_helper_that_overruns_is_not_waited_for():
 
     began = time.perf_counter()
     result = solve_subsets(inst, dataclasses.replace(solve_options(solver="enumerate", time_limit=3.0), processes=2),
-                           run, began)
+                           run, Clock.of(3.0, began))
     assert time.perf_counter() - began < 3.0
     assert result.solver.status == "FEASIBLE" and result.solver.extra["subsets_searched"] == 1
 

@@ -93,7 +93,7 @@ class SubsetSearch:
         self.carries: dict = {}  # what each set's search left for its next run
         self.build_rate = 0.0  # the slowest program build of any set, seconds per stage x layer
         self.marks: list = []  # (time.perf_counter(), best plan or None, bound or None) of every run
-        self.helpers = _helpers(options, clock, len(self.allowed))
+        self.helpers = _helpers(options, len(self.allowed))
         self.shared = sidecar.shared_value(math.inf) if self.helpers else None  # the best plan any process found
         self.sink = None  # in a helper process: where each run's record goes (to this process)
 
@@ -289,11 +289,11 @@ class SubsetSearch:
         raise InfeasibleError(f"{whole_cluster}; leaving devices idle does not help either")
 
 
-def _helpers(options, clock: Clock, count: int) -> int:
+def _helpers(options, count: int) -> int:
     """How many processes beside this one search the sets other than the whole cluster: none
     without a time limit (the search then repeats exactly), with one set or with ``top_k`` > 1;
     else up to ``options.processes`` - 1, no more than the cores beyond this process's and the sets."""
-    if (clock.deadline is None or count < 2 or options.processes < 2 or options.top_k > 1
+    if (options.time_limit is None or count < 2 or options.processes < 2 or options.top_k > 1
             or not sidecar.can_fork()):  # the shared value is one plan's: a cutoff for the best plan only
         return 0
     return max(0, min(options.processes - 1, sidecar.usable_cores() - 1, count - 1))
