@@ -127,6 +127,8 @@ MAX_GROUPS = 4096
 
 # Seconds (at most a tenth of its budget) CBC stops early to write its solution.
 CBC_WRITE_S = 1.0
+# Seconds CBC gets at least once its program is written (it is killed at them).
+CBC_FLOOR = 0.1
 # Seconds HiGHS may take past its deadline before the caller stops waiting for it: the presolve
 # of a heuristic's sub-MIP has no callback and ran more than 45 s past the limit
 # (benchmarks/results/formulations.md, "Three MIP engines").

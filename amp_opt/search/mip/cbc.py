@@ -22,11 +22,9 @@ import warnings
 
 from .. import stop
 from ..clock import Clock
-from ..tuning import CBC_WRITE_S
+from ..tuning import CBC_FLOOR, CBC_WRITE_S
 from .model import BIN, INT, LinearModel
 from .protocol import Outcome, Program, Settings, scaled_rows, unit_of
-
-CBC_FLOOR = 0.1  # seconds CBC gets at least once its program is written (it is killed at them)
 
 
 def _cbc_command():
