@@ -445,7 +445,7 @@ def test_the_solve_options_are_declared_once():
     assert all(fields[n] == d or (n, d) == ("placement", None) for n, d in OPTIONS.items())
     documented = {name for line in re.findall(r"^    (\w[\w, ]*) :", amp_opt.solve.__doc__, re.M)
                   for name in line.split(", ")}
-    assert set(OPTIONS) | {"instance", "started"} <= documented
+    assert set(OPTIONS) | {"instance", "started"} == documented
     with pytest.raises(TypeError, match="gap"):
         solve_options(gap=0.1)
     assert solve_options(top_k=2, seed=3) == dataclasses.replace(SolveOptions(placement="free"), top_k=2, seed=3)
