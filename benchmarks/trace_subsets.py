@@ -36,12 +36,13 @@ import amp_opt.search.solve as solve_module  # noqa: E402
 def traced(run):
     """``run`` (one subset's search) printing a line per call."""
 
-    def wrapper(inst, options, started=None):
+    def wrapper(inst, options, clock=None):
         began = time.perf_counter()
+        budget = None if clock is None else clock.budget
         head = (f"{began - STARTED:6.2f} s  {len(inst.nodes):4d} nodes  cutoff {options.cutoff:.6f}  "
-                f"limit {options.time_limit if options.time_limit is None else round(options.time_limit, 3)}")
+                f"limit {budget if budget is None else round(budget, 3)}")
         try:
-            result = run(inst, options, started)
+            result = run(inst, options, clock)
         except Exception as exc:
             print(f"{head}  -> {type(exc).__name__}, bound {getattr(exc, 'bound', None)}, "
                   f"{time.perf_counter() - began:.2f} s: {str(exc)[:80]}", file=sys.stderr, flush=True)

@@ -255,6 +255,7 @@ def test_fit_ranks_hold_every_stage_memory_test(instance):
 def test_a_ruled_out_candidate_lets_its_kind_search_go_and_keeps_its_bound():
     """Once a candidate's kind bound reaches the best plan, phase 1b keeps only that bound (its
     tables are megabytes on 1024 GPUs); raised again, even from nothing, it is still ruled out."""
+    from amp_opt.search.clock import NO_LIMIT
     from amp_opt.search.context import Search
     from amp_opt.search.kinds.bound import KindSearch
     from amp_opt.search.kinds.refine import KindPhase, RuledOut
@@ -267,13 +268,13 @@ def test_a_ruled_out_candidate_lets_its_kind_search_go_and_keeps_its_bound():
     optimum = {c: exact(inst, c)[0] for c in cands}
     best = min(optimum.values())
     lower = dict.fromkeys(cands, 0.0)
-    phase.raise_bounds(cands, lower, best, None)
+    phase.raise_bounds(cands, lower, best, NO_LIMIT)
     out = [c for c in cands if lower[c] >= best]
     assert out and all(isinstance(phase.searches[c], RuledOut) and phase.searches[c].bound == lower[c] for c in out)
     assert all(isinstance(phase.searches[c], KindSearch) for c in cands if lower[c] < best)
     assert all(lower[c] <= optimum[c] * (1 + 1e-9) for c in cands)
     again = dict.fromkeys(cands, 0.0)
-    phase.raise_bounds(cands, again, best, None)
+    phase.raise_bounds(cands, again, best, NO_LIMIT)
     assert all(again[c] == lower[c] for c in out)
 
 

@@ -278,7 +278,7 @@ def test_a_labelled_bound_is_not_started_without_the_time_it_takes(paper_instanc
     search.lower_bound(first)  # 0.6 s of the deadline's 0.95 s
     assert asked == [True]
     assert search.lower_bound(second) == lower_bound(options.model, search.tables, second, labelled=False)
-    assert asked == [True, False] and search.remaining() > 0
+    assert asked == [True, False] and search.clock.remaining() > 0
 
 
 @pytest.mark.parametrize("kinds", [True, False])
@@ -353,10 +353,11 @@ def test_auto_hands_large_free_grouping_to_cpsat():
 
 def test_cbc_runs_serially_with_one_worker():
     """'-threads 1' starts CBC's parallel code, which stalled 10 s after a MIP start (CBC 2.10.3)."""
-    from amp_opt.search.mip.backends import _cbc_args
+    from amp_opt.search.mip.cbc import _cbc_args
+    from amp_opt.search.mip.protocol import Settings
 
-    one = _cbc_args("cbc", "m.mps", "m.sol", "m.mst", 0, 1, None, None, 0.0)
-    two = _cbc_args("cbc", "m.mps", "m.sol", "m.mst", 0, 2, None, None, 0.0)
+    one = _cbc_args("cbc", "m.mps", "m.sol", "m.mst", Settings(0, 1), None, None)
+    two = _cbc_args("cbc", "m.mps", "m.sol", "m.mst", Settings(0, 2), None, None)
     assert "-threads" not in one
     assert two[two.index("-threads") + 1] == "2"
 
@@ -385,7 +386,13 @@ def test_a_candidate_without_a_fitting_fixed_order_hands_phase_1_to_its_leanest_
         return found
 
     monkeypatch.setattr(driver, "heuristic", recorded)
-    monkeypatch.setattr(search, "share", lambda fraction: 0.0)  # every share spent: stop at the first plan
+    from amp_opt.search.clock import Clock
+
+    class Spent(Clock):
+        def share(self, *args, **kwargs):  # every share spent: stop at the first plan
+            return Clock(self.start, 0.0)
+
+    monkeypatch.setattr(search, "clock", Spent(search.clock.start, None))
     best = driver._incumbents(search, cands, lower, None, set(), {}, set())
     assert np.isfinite(best)
     (first, none), (lean, plan) = tried

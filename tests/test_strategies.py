@@ -523,7 +523,7 @@ def test_the_time_left_is_shared_by_the_subsets_not_proven_yet():
     def run(sub, options, started):
         if len(sub.nodes) == len(inst.nodes):
             return run_builtin(sub, options, started)
-        calls.append((tuple(n.device_type for n in sub.nodes), options.time_limit))
+        calls.append((tuple(n.device_type for n in sub.nodes), started.budget))
         raise NoPlanFound("time limit of 0.1 s", bound=0.0)
 
     result = solve_subsets(inst, solve_options(solver="enumerate", time_limit=5.0), run)
@@ -627,6 +627,7 @@ def test_the_least_overfull_diagnosis_stops_at_the_deadline():
     and the message says it is the tightest among those examined."""
     import time
 
+    from amp_opt.search.clock import Clock
     from amp_opt.search.context import Search
     from amp_opt.search.diagnose import infeasible_reason, least_overfull_rank_order
     from amp_opt.search.options import solve_options
@@ -637,7 +638,7 @@ def test_the_least_overfull_diagnosis_stops_at_the_deadline():
     with pytest.raises(InfeasibleError):
         solve(inst, solver="enumerate")
     whole = least_overfull_rank_order(Search(inst, solve_options(time_limit=60.0)))
-    late = Search(inst, solve_options(time_limit=1.0), started=time.perf_counter() - 10.0)
+    late = Search(inst, solve_options(time_limit=1.0), Clock.of(1.0, started=time.perf_counter() - 10.0))
     cut = least_overfull_rank_order(late)
     assert not whole.partial and cut.partial and cut.ratio >= whole.ratio
     assert "examined before the time limit" in infeasible_reason(late, cut)
@@ -704,7 +705,7 @@ def outcome(instance, solver):
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instance=open_instances)
 # CP-SAT's symmetry handling (OR-Tools 9.15) called this program infeasible under a cutoff, and under
-# H13 its presolve's inclusion detection called a worse plan optimal (backends.solve_cpsat):
+# H13 its presolve's inclusion detection called a worse plan optimal (cpsat.solve):
 @example(instance=open_instance(["V100-32GB", "A100-80GB", "T4"], 1, 2, [8, 4, 6], "eager", "deepspeed"))
 def test_all_solvers_equal_the_enumerator_with_all_decisions_open(instance):
     found = {s: outcome(instance, s) for s in ("enumerate",) + OTHER_SOLVERS}
@@ -786,6 +787,7 @@ def test_a_helper_that_overruns_is_not_waited_for():
     helper is killed and the whole cluster's plan is returned, its bound not claimed proven."""
     import time
 
+    from amp_opt.search.clock import Clock
     from amp_opt.search.options import solve_options
     from amp_opt.search.solve import run_builtin
     from amp_opt.search.subsets import solve_subsets
@@ -799,7 +801,7 @@ def test_a_helper_that_overruns_is_not_waited_for():
 
     began = time.perf_counter()
     result = solve_subsets(inst, dataclasses.replace(solve_options(solver="enumerate", time_limit=3.0), processes=2),
-                           run, began)
+                           run, Clock.of(3.0, began))
     assert time.perf_counter() - began < 3.0
     assert result.solver.status == "FEASIBLE" and result.solver.extra["subsets_searched"] == 1
 

@@ -14,9 +14,11 @@ variability (:mod:`amp_opt.bench.stats`).  ``python -m amp_opt bench`` is the co
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
@@ -52,54 +54,99 @@ def collect(suite: str | None, paths=()) -> list:
     return out
 
 
-def run_bench(suite: str | None = "paper", solvers=("enumerate",), time_limit: float = DEFAULT_TIME_LIMIT,
-              out_dir: Path | str = "benchmarks/results", progress: bool = True, command: str | None = None, *,
-              paths=(), repeats: int = 1, seed: int = 0, jobs: int = 1, threads: int = 1,
-              scheduler: str | None = None, baselines: bool = True, plugins=()) -> list[dict]:
-    """Benchmark ``solvers`` on the instances; write the result files into ``out_dir``; return the rows.
+@dataclass(frozen=True)
+class BenchOptions:
+    """What a sweep runs and where it writes, checked once when the record is made (a plug-in is
+    imported then: it may register the solvers named).
 
     ``repeats`` runs each (instance, solver) pair with seeds ``seed``, ``seed + 1``, ...; ``jobs``
     runs that many at once here, or ``scheduler`` (a Dask scheduler address) runs them on a
     cluster; each solver uses ``threads`` threads.  ``plugins`` are modules imported first (they
-    register solvers).  ``command`` is written at the top of the report (default: this call).
+    register solvers).  ``command`` is written at the top of the report (default: the call).
     """
-    solvers = list(solvers)
-    specs = plugin_specs(plugins)  # imports (and so validates) every plug-in before anything runs
-    if not solvers:
-        raise InputError("--solvers", "give at least one solver")
-    for name in solvers:
-        lookup(name, "--solvers")
-    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0 \
-            or not math.isfinite(time_limit):
-        raise InputError("--time-limit", f"must be positive seconds, got {time_limit!r}")
-    whole_number(repeats, "--repeats")
-    whole_number(jobs, "--jobs")
-    whole_number(threads, "--threads")
-    out_dir = Path(out_dir)
-    if command is None:
-        command = (f"run_bench(suite={suite!r}, solvers={solvers!r}, time_limit={time_limit!r}, "
-                   f"out_dir={str(out_dir)!r}" + (f", paths={list(paths)!r}" if paths else "")
-                   + (f", repeats={repeats}" if repeats != 1 else "") + ")")
-    entries = collect(suite, paths)
-    say = _stderr_printer(progress)
-    executor = make_executor(jobs, threads, scheduler, warn=stderr_warn)
-    out_dir.mkdir(parents=True, exist_ok=True)
 
-    # The sweep: per instance its baselines, then every solver and repeat.  Jobs carry the instance text.
+    suite: str | None = "paper"
+    solvers: tuple[str, ...] = ("enumerate",)
+    time_limit: float = DEFAULT_TIME_LIMIT
+    out_dir: Path = Path("benchmarks/results")
+    progress: bool = True
+    command: str | None = None
+    paths: tuple = ()
+    repeats: int = 1
+    seed: int = 0
+    jobs: int = 1
+    threads: int = 1
+    scheduler: str | None = None
+    baselines: bool = True
+    plugins: tuple = ()
+    plugin_specs: tuple = field(default=(), init=False, repr=False)  # the plug-ins' sources, for the jobs
+
+    def __post_init__(self):
+        put = functools.partial(object.__setattr__, self)
+        put("solvers", tuple(self.solvers))
+        put("paths", tuple(self.paths))
+        put("plugins", tuple(self.plugins))
+        put("out_dir", Path(self.out_dir))
+        put("plugin_specs", plugin_specs(self.plugins))  # imports (and so validates) every plug-in first
+        if not self.solvers:
+            raise InputError("--solvers", "give at least one solver")
+        for name in self.solvers:
+            lookup(name, "--solvers")
+        limit = self.time_limit
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0 or not math.isfinite(limit):
+            raise InputError("--time-limit", f"must be positive seconds, got {limit!r}")
+        whole_number(self.repeats, "--repeats")
+        whole_number(self.jobs, "--jobs")
+        whole_number(self.threads, "--threads")
+        if self.command is None:
+            put("command", f"run_bench(suite={self.suite!r}, solvers={list(self.solvers)!r}, time_limit={limit!r}, "
+                           f"out_dir={str(self.out_dir)!r}" + (f", paths={list(self.paths)!r}" if self.paths else "")
+                           + (f", repeats={self.repeats}" if self.repeats != 1 else "") + ")")
+
+
+def run_bench(suite: str | None = "paper", solvers=("enumerate",), time_limit: float = DEFAULT_TIME_LIMIT,
+              out_dir: Path | str = "benchmarks/results", progress: bool = True, command: str | None = None,
+              **options) -> list[dict]:
+    """Benchmark ``solvers`` on the instances; write the result files into ``out_dir``; return the rows.
+    The keyword-only ``options`` and what they mean are the fields of :class:`BenchOptions`."""
+    return sweep(BenchOptions(suite, solvers, time_limit, out_dir, progress, command, **options))
+
+
+def sweep(opts: BenchOptions) -> list[dict]:
+    """The sweep a record describes: per instance its baselines, then every solver and repeat (jobs
+    that carry the instance text); the result files written into ``opts.out_dir``; the rows."""
+    entries = collect(opts.suite, opts.paths)
+    say = _stderr_printer(opts.progress)
+    executor = make_executor(opts.jobs, opts.threads, opts.scheduler, warn=stderr_warn)
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    job_list, what = _jobs(opts, entries)
+    say(f"{len(entries)} instances x {len(opts.solvers)} solvers x {opts.repeats} repeats = "
+        f"{len(entries) * len(opts.solvers) * opts.repeats} runs, {opts.time_limit:g} s each; {executor.describe()}")
+    started = time.perf_counter()
+    answers = _run_jobs(opts, executor, job_list, what, say)
+    return _write_results(opts, what, answers, started, executor.describe(), say)
+
+
+def _jobs(opts: BenchOptions, entries) -> tuple[list, list]:
+    """The job specs of the sweep, and per job (instance, solver or None for baselines, repeat, seed)."""
     job_list, what = [], []
     for inst in entries:
         spec = instance_spec(inst.path)
-        if baselines:
-            job_list.append(baselines_job_spec(spec, time_limit))
+        if opts.baselines:
+            job_list.append(baselines_job_spec(spec, opts.time_limit))
             what.append((inst, None, None, None))
-        for solver in solvers:
-            for r in range(repeats):
-                job_list.append(solve_job_spec(spec, solver, time_limit, seed + r, threads, specs))
-                what.append((inst, solver, r, seed + r))
-    say(f"{len(entries)} instances x {len(solvers)} solvers x {repeats} repeats = "
-        f"{len(entries) * len(solvers) * repeats} runs, {time_limit:g} s each; {executor.describe()}")
+        for solver in opts.solvers:
+            for r in range(opts.repeats):
+                job_list.append(solve_job_spec(spec, solver, opts.time_limit, opts.seed + r, opts.threads,
+                                               opts.plugin_specs))
+                what.append((inst, solver, r, opts.seed + r))
+    return job_list, what
+
+
+def _run_jobs(opts: BenchOptions, executor, job_list, what, say) -> dict[int, dict]:
+    """Every job's answer by its index, each line of progress said and the rows so far written as it
+    comes; an interrupted sweep (Ctrl-C, SIGTERM) leaves no job process behind."""
     answers: dict[int, dict] = {}
-    started = time.perf_counter()
     previous = _raise_on_sigterm()
     try:
         for done, (i, answer) in enumerate(executor.map(job_list), start=1):
@@ -114,29 +161,34 @@ def run_bench(suite: str | None = "paper", solvers=("enumerate",), time_limit: f
                 run = SolveRun(**fields_of(SolveRun, answer))
                 say(f"[{done}/{len(job_list)}] {inst.name} ({inst.devices} GPUs): {solver} #{r} {run.status} in "
                     f"{run.wall_time:.1f} s, plan {_fmt(run.plan_time)} s" + (f"  ({run.error[:200]})" if run.error else ""))
-            rows, traces, programs = _rows(what, answers, baselines, time_limit, threads)
-            write_csv(rows, out_dir / "results.csv")  # so that an interrupted bench leaves its rows
+            rows, _, _ = _rows(what, answers, opts.baselines, opts.time_limit, opts.threads)
+            write_csv(rows, opts.out_dir / "results.csv")  # so that an interrupted bench leaves its rows
     except BaseException:
-        killed = kill_running()  # an interrupted sweep leaves no job process behind
+        killed = kill_running()
         if killed:
-            print(f"amp-opt: stopped {killed} running job(s); finished rows are in {out_dir}/results.csv",
+            print(f"amp-opt: stopped {killed} running job(s); finished rows are in {opts.out_dir}/results.csv",
                   file=sys.stderr)
         raise
     finally:
         executor.close()
         _restore_sigterm(previous)
-    rows, traces, programs = _rows(what, answers, baselines, time_limit, threads)
+    return answers
+
+
+def _write_results(opts: BenchOptions, what, answers: dict, started: float, executor: str, say) -> list[dict]:
+    """The result files (rows as CSV, JSON and Markdown, program statistics, plots); the rows."""
+    out_dir = opts.out_dir
+    rows, traces, programs = _rows(what, answers, opts.baselines, opts.time_limit, opts.threads)
     plans = {stats.row_key(r): answers[i].get("plan") for i, r in _row_jobs(what, answers, rows)}
     summary = stats.solver_summary(rows)
-    variability = stats.variability(rows)
     machine = machine_info()
     write_csv(rows, out_dir / "results.csv")
     write_programs(rows, programs, out_dir / "programs.csv")
-    write_json(rows, command, machine, out_dir / "results.json", traces, programs, summary, plans)
-    write_markdown(rows, command, machine, time.perf_counter() - started, out_dir / "results.md", summary,
-                   variability, executor.describe(), baselines)
+    write_json(rows, opts.command, machine, out_dir / "results.json", traces, programs, summary, plans)
+    write_markdown(rows, opts.command, machine, time.perf_counter() - started, out_dir / "results.md", summary,
+                   stats.variability(rows), executor, opts.baselines)
     plots = [write_profile(rows, out_dir / "profile.png"), write_primal_plot(rows, traces, out_dir / "primal.png")]
-    if baselines:
+    if opts.baselines:
         plots.append(write_plot(rows, out_dir / "results.png"))
     if not all(plots):
         print("amp-opt: warning: matplotlib is not installed (or nothing to plot); skipped plots "

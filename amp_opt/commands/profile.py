@@ -10,25 +10,20 @@ between local processes and writes the allreduce bandwidth as the intra-node
 bandwidth of that device type's nodes.  ``--runnable`` restricts the search to the plans
 ``python -m amp_opt run`` executes.
 
-The copy is made solvable as it stands: when the instance does not say how its
-training stores model state, the engine's own (weights, gradients and two Adam
-moments in the run's dtype) is written, and on CPU a memory reserve of 0; tensor-
-parallel degrees with neither a profile nor FLOPs to estimate from are removed
-from the search.  Each change is listed under ``measurements.notes``.
+The copy is made solvable as it stands (:func:`amp_opt.model.profile_instance.profiled_instance`,
+where the measurements become an instance): each change is listed under ``measurements.notes``.
 """
 
 from __future__ import annotations
 
-import copy
-import json
 import sys
 from pathlib import Path
 
 from ..errors import InputError
 from ..model.load import load_instance, load_json, parse_instance
 from ..engine.layout import RUNNABLE
+from ..model.profile_instance import profiled_instance
 from .common import positive_int, write_json_document
-
 
 
 
@@ -94,11 +89,17 @@ def _device_type(instance, name: str | None) -> str:
     return name
 
 
-def engine_training(dtype_bytes: int) -> dict:
-    """What the engine stores per parameter: weights, gradients and Adam's two moments in the run's dtype."""
-    return {"model_state_bytes_per_param": {"weights": dtype_bytes, "gradients": dtype_bytes,
-                                            "optimizer": 2 * dtype_bytes},
-            "gradient_allreduce_bytes_per_param": dtype_bytes}
+def _check_tp(tp_degrees, shape, name: str, per_node: int, available: int, device: str) -> None:
+    """Every tensor-parallel degree fits a node, this machine's processes and the model's sizes."""
+    for tp in tp_degrees:
+        if tp > per_node:
+            raise InputError("--tp", f"tp {tp} is more than the {per_node} devices of a {name} node")
+        if tp > 1 and tp > available:
+            what = "usable cores" if device == "cpu" else "GPUs"
+            raise InputError("--tp", f"tp {tp} needs {tp} processes, this machine has {available} {what}")
+        for what, count in (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("ffn", shape.ffn)):
+            if count % tp:
+                raise InputError("--tp", f"tensor-parallel degree {tp} must divide model.{what} ({count})")
 
 
 def run(args) -> int:
@@ -120,52 +121,33 @@ def run(args) -> int:
     check_local([name], device, catalog_fields(document))
     per_node = max(n.devices for n in instance.nodes if n.device_type == name)
     available = usable_cores() if device == "cpu" else torch.cuda.device_count()
-    for tp in args.tp:
-        if tp > per_node:
-            raise InputError("--tp", f"tp {tp} is more than the {per_node} devices of a {name} node")
-        if tp > 1 and tp > available:
-            what = "usable cores" if device == "cpu" else "GPUs"
-            raise InputError("--tp", f"tp {tp} needs {tp} processes, this machine has {available} {what}")
-        for what, count in (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("ffn", shape.ffn)):
-            if count % tp:
-                raise InputError("--tp", f"tensor-parallel degree {tp} must divide model.{what} ({count})")
+    _check_tp(args.tp, shape, name, per_node, available, device)
     unusable = [b for b in args.micro_batches if b > instance.training.global_batch]
     if unusable:
         print(f"amp-opt: warning: --micro-batches {','.join(map(str, unusable))}: more than the global batch of "
               f"{instance.training.global_batch}, so no plan can use {'them' if len(unusable) > 1 else 'it'} "
               "(profiled anyway)", file=sys.stderr)
     dtype = torch_dtype(args.dtype, shape)
-    attention = args.attention or shape.attention
     threads = args.threads
     if threads is None and device == "cpu":
         threads = max(1, usable_cores() // per_node)
     results = []
     for tp in sorted(set(args.tp)):
         results += profile_model(shape, micro_batches=args.micro_batches, device=device, device_type=name,
-                                 dtype=dtype, attention=attention, warmup=args.warmup, repeats=args.repeats,
-                                 threads=threads,
-                                 tp=tp, memory_limit=args.memory_limit, timeout=float(args.timeout),
-                                 statistic=args.statistic)
-    out = merge_profiles(document, results, extras=True)
-    notes = _make_solvable(out, instance, name, device, dtype.itemsize, {r.tp for r in results if not r.oom})
-    if args.runnable:
-        out.setdefault("search", {}).update(RUNNABLE)
-        notes.append("search restricted to what python -m amp_opt run executes: " + json.dumps(RUNNABLE))
-    measurements = copy.deepcopy(out.get("measurements", {}))
-    ooms = [{"device_type": r.device_type, "tp": r.tp, "micro_batch": r.micro_batch, "error": r.error}
-            for r in results if r.oom]
-    keys = {(o["device_type"], o["tp"], o["micro_batch"]) for o in ooms}
-    measured = {(r.device_type, r.tp, r.micro_batch) for r in results if not r.oom}
-    kept = [o for o in measurements.get("out_of_memory", [])
-            if (o["device_type"], o["tp"], o["micro_batch"]) not in keys | measured]
-    if kept or ooms:
-        measurements["out_of_memory"] = kept + ooms
-    if args.links:
-        notes += _links(out, measurements, instance, name, device, per_node, available, float(args.timeout))
-    if notes:
-        measurements["notes"] = list(dict.fromkeys(measurements.get("notes", []) + notes))
-    if measurements:
-        out["measurements"] = measurements
+                                 dtype=dtype, attention=args.attention or shape.attention, warmup=args.warmup,
+                                 repeats=args.repeats, threads=threads, tp=tp, memory_limit=args.memory_limit,
+                                 timeout=float(args.timeout), statistic=args.statistic)
+    links, processes, notes = None, min(per_node, available), []
+    if args.links and processes < 2:
+        notes.append(f"links not measured: a {name} node has {per_node} device(s) and this machine runs {available} "
+                     "process(es) at once; a link needs two")
+    elif args.links:
+        from ..engine.links import measure_links
+
+        links = measure_links(processes=processes, device=device, timeout=float(args.timeout))
+    out, notes = profiled_instance(merge_profiles(document, results, extras=True), instance, results,
+                                   device_type=name, device=device, dtype_bytes=dtype.itemsize,
+                                   runnable=RUNNABLE if args.runnable else None, links=links, link_processes=processes, notes=notes)
     parse_instance(out, base_dir=base_dir)  # the written instance loads as it stands
     write_json_document(out, args.output, source=args.instance)
     _print_summary(results, shape, name, threads)
@@ -173,50 +155,6 @@ def run(args) -> int:
         print(f"note: {note}")
     print(f"wrote {args.output}")
     return 0
-
-
-def _make_solvable(out: dict, instance, name: str, device: str, dtype_bytes: int, profiled_tp: set[int]) -> list[str]:
-    """Fill in what the engine does where the instance is silent (see the module docstring)."""
-    notes = []
-    training = out.setdefault("training", {})
-    if "model_state_bytes_per_param" not in training and "gradient_allreduce_bytes_per_param" not in training:
-        training.update(engine_training(dtype_bytes))
-        notes.append(f"training.model_state_bytes_per_param and gradient_allreduce_bytes_per_param set to the "
-                     f"engine's: weights, gradients and two Adam moments of {dtype_bytes} bytes each")
-    if device == "cpu" and "memory_reserve" not in training:
-        training["memory_reserve"] = 0
-        notes.append("training.memory_reserve set to 0: a CPU process has no CUDA context to reserve for")
-    dev = instance.device_types[name]
-    if dev.peak_flops is None or any(layer.flops is None for layer in instance.layers):
-        allowed = sorted(instance.search.tp)
-        keep = [t for t in allowed if t in profiled_tp or _has_profile(instance, name, t)]
-        if keep and keep != allowed:
-            out.setdefault("search", {})["tp"] = keep
-            notes.append(f"search.tp restricted to {keep}: {name} has no peak_flops to estimate other degrees from")
-    return notes
-
-
-def _has_profile(instance, name: str, tp: int) -> bool:
-    return any(p.device_type == name and p.tp == tp for p in instance.profiles)
-
-
-def _links(out: dict, measurements: dict, instance, name: str, device: str, per_node: int, available: int,
-           timeout: float) -> list[str]:
-    from ..engine.links import measure_links
-
-    processes = min(per_node, available)
-    if processes < 2:
-        return [f"links not measured: a {name} node has {per_node} device(s) and this machine runs {available} "
-                "process(es) at once; a link needs two"]
-    links = measure_links(processes=processes, device=device, timeout=timeout)
-    measurements["links"] = {name: links}
-    bandwidth = links["allreduce"][-1]["bandwidth"]
-    for node in out["nodes"]:
-        if node["device_type"] == name:
-            node["intra_bandwidth"] = bandwidth
-    return [f"intra_bandwidth of the {name} nodes set to the measured allreduce bus bandwidth "
-            f"({bandwidth / 1e9:.3g} GB/s at {links['allreduce'][-1]['bytes']} bytes over {processes} processes); "
-            "inter-node links cannot be measured on one machine and were left as given"]
 
 
 def _print_summary(results, shape, name: str, threads) -> None:

@@ -32,20 +32,18 @@ from ..model.costs.terms import pipeline_weights
 from ..model.costs.amp import blended_times
 from ..model.evaluate import evaluate
 from ..model.profiles import layer_times
-from .context import rounded
+from .clock import Clock
 from .result import SolveResult, status_of
+from .tuning import REMAP_SECONDS_PER_LAYER
 
-REMAP_SECONDS_PER_LAYER = 5e-6  # re-scoring the plans and the bound on the original layers (0.3 s at 10^5)
 
-
-def solve_blocks(instance, coarse, bounds: tuple[int, ...], run, limit: float | None, *, model) -> SolveResult:
-    """``run(coarse, time_limit)``, its plans mapped to ``instance``'s layers and re-scored; the
-    coarse search's time limit leaves REMAP_SECONDS_PER_LAYER per original layer for that."""
-    inner = None if limit is None else max(0.01, limit - REMAP_SECONDS_PER_LAYER * instance.num_layers)
+def solve_blocks(instance, coarse, bounds: tuple[int, ...], run, clock: Clock, *, model) -> SolveResult:
+    """``run(coarse, clock)``, its plans mapped to ``instance``'s layers and re-scored; the coarse
+    search's clock keeps REMAP_SECONDS_PER_LAYER per original layer back for that."""
     try:
-        result = run(coarse, inner)
-    except NoPlanFound as exc:  # said with the caller's time limit, not the coarse search's
-        raise (NoPlanFound(f"time limit of {rounded(limit)} s") if exc.reason.startswith("time limit") else exc) from None
+        result = run(coarse, clock.less(REMAP_SECONDS_PER_LAYER * instance.num_layers, floor=0.01))
+    except NoPlanFound as exc:  # said with the caller's time limit, without the coarse search's bound
+        raise (NoPlanFound(clock.stopped_why()) if exc.reason.startswith("time limit") else exc) from None
     except InfeasibleError:
         raise NoPlanFound("coarsened", f"no plan with stage boundaries on the {len(bounds) - 1} blocks of "
                                        f"consecutive layers fits ({instance.num_layers} layers in all); a finer split was not "

@@ -3,14 +3,8 @@
 A :class:`Search` is created by :func:`amp_opt.solve` and handed to every solver it runs
 (``auto`` runs the enumerator, then a MIP, on the same one), so derived tables and
 candidate bounds are computed once per solve and owned by it, not hidden on the instance.
-
-The clock: ``start`` is when the time limit started counting (the CLI passes the moment
-the process started, before the instance was loaded; the library, the call to
-:func:`amp_opt.solve`).  The search works until ``deadline = start + time_limit -
-reserve`` (``reserve``: what re-scoring and writing the result need, :data:`RESERVE`),
-and every phase asks :meth:`Search.remaining` or :meth:`Search.share` for its part
-(``formulations/mip.md``, "Time").  A stop request (SIGINT, SIGTERM: :mod:`.stop`) ends
-the search the same way as the deadline does.
+Its :class:`~amp_opt.search.clock.Clock` is the one it was given (the whole time limit, or a
+set of devices' share of it): every phase asks ``search.clock`` for its part.
 """
 
 from __future__ import annotations
@@ -23,16 +17,9 @@ from ..model.costs.terms import plan_of, stage_order
 from ..model.evaluate import Evaluation, evaluate
 from ..model.plan import Candidate, Plan
 from ..model.tables import Tables
-from . import stop
+from .clock import Clock
 from .options import SolveOptions
 from .trace import Trace
-
-RESERVE = (0.05, 0.25)  # seconds kept after the search for the result: a share of the limit, at most
-
-
-def reserve(time_limit: float) -> float:
-    """Seconds of a time limit kept back for re-scoring the plans and writing them."""
-    return min(RESERVE[0] * time_limit, RESERVE[1])
 
 
 @dataclass(eq=False)
@@ -55,50 +42,32 @@ class Carry:
 
 
 class Search:
-    """The instance, the options, the derived tables and the deadline of one solve."""
+    """The instance, the options, the derived tables and the clock of one solve (default: the
+    options' time limit from now)."""
 
-    def __init__(self, instance, options: SolveOptions, started: float | None = None):
+    def __init__(self, instance, options: SolveOptions, clock: Clock | None = None):
         self.instance, self.options = instance, options
         self.model = options.model
         carry = options.carry
         if carry is not None and carry.instance is not None and carry.instance is not instance:
             raise ValueError("a search's carry belongs to another instance")
         self.tables = carry.tables if carry is not None and carry.tables is not None else Tables(instance)
-        self.start = time.perf_counter() if started is None else started
-        limit = options.time_limit
-        self.deadline = None if limit is None else self.start + limit - reserve(limit)
+        self.clock = Clock.of(options.time_limit) if clock is None else clock
         self._bounds: dict[tuple, float] = {} if carry is None else carry.bounds
         self._slowest_labelled = 0.0  # seconds of the slowest labelled bound so far (lower_bound)
         if carry is not None:
             carry.instance, carry.tables = instance, self.tables
-        self.trace = Trace(self.start)  # best plan and proven bound over time (for the benchmark)
+        self.trace = Trace(self.clock.start)  # best plan and proven bound over time (for the benchmark)
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.start
+        return self.clock.elapsed()
 
     def out_of_time(self) -> bool:
-        """Whether the search must stop now: the deadline passed, or a stop was requested."""
-        return stop.past(self.deadline)
-
-    def remaining(self) -> float | None:
-        """Seconds left before the deadline (never negative; 0 once a stop was requested), or
-        None without a time limit."""
-        if stop.requested():
-            return 0.0
-        return None if self.deadline is None else max(0.0, self.deadline - time.perf_counter())
-
-    def share(self, fraction: float) -> float | None:
-        """The deadline of a phase that may spend ``fraction`` of the time left (None without a
-        time limit)."""
-        left = self.remaining()
-        return None if left is None else time.perf_counter() + fraction * left
+        """Whether the search must stop now (its clock's deadline passed, or a stop was requested)."""
+        return self.clock.out_of_time()
 
     def stopped_why(self) -> str:
-        """Why the search stopped early, for messages: the signal, or the time limit."""
-        reason = stop.requested()
-        if reason:
-            return f"interrupted by {reason}"
-        return f"time limit of {rounded(self.options.time_limit)} s"
+        return self.clock.stopped_why()
 
     def lower_bound(self, cand: Candidate, *, labelled: bool = True) -> float:
         """The cost model's bound on every plan of a candidate, remembered for this solve.
@@ -110,7 +79,7 @@ class Search:
         as well as a higher one would, and still does when a later run's cutoff is lower."""
         key = (cand, labelled)
         if key not in self._bounds:
-            left = self.remaining()
+            left = self.clock.remaining()
             if labelled and left is not None and left < self._slowest_labelled:
                 return self.lower_bound(cand, labelled=False)
             began = time.perf_counter()
@@ -145,8 +114,3 @@ class Search:
     def evaluate(self, plan: Plan) -> Evaluation:
         """The one evaluator, with this search's cost model and tables."""
         return evaluate(self.instance, plan, self.model, tables=self.tables)
-
-
-def rounded(seconds: float | None) -> str:
-    """Seconds for people: 3 significant digits, no trailing zeros (2.2, 16, 0.05)."""
-    return "none" if seconds is None else f"{seconds:.3g}"

@@ -28,9 +28,7 @@ from ..model.costs import HETERO, CostModel, StageCosts, hetero_link, plan_of
 from ..model.costs.terms import stage_order
 from ..model.plan import PER_STAGE_MODES, Candidate, Plan, Stages, rank_order_stages
 from .partition import Path, StageGraph, fixed_placement_graph, make_graph, memory_ratio, range_tables
-
-MAX_TRANSITIONS = 50_000
-STOP_EVERY = 512  # transitions between two looks at the stop callback
+from .tuning import MAX_TRANSITIONS, STOP_EVERY
 
 
 class Stopped(Exception):

@@ -1,13 +1,16 @@
-"""The options of a solve: one frozen record, validated once at the boundary.
+"""The options of a solve: one frozen record, declared once and validated once at the boundary.
 
-Everything inside the search trusts a :class:`SolveOptions`; :func:`solve_options` is
-the only place that checks what a caller (the library or the CLI) passed.
+The fields of :class:`SolveOptions` marked as options (:data:`OPTIONS`, with their defaults)
+are what a caller may pass: :func:`solve_options` takes exactly those and checks them, and
+:func:`amp_opt.solve` takes them as keyword-only arguments (its signature is made from them).
+Everything inside the search trusts a :class:`SolveOptions`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import inspect
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Callable
 
 from ..errors import InputError
@@ -19,6 +22,13 @@ from .registry import lookup
 OBJECTIVES = ("time", "cost")
 BACKENDS = ("auto", "enumerate", "cpsat", "cbc", "highs", "plugin")
 LAYER_FORMULATIONS = ("prefix", "assignment")
+
+
+def option(default, *, given=MISSING, **kwargs):
+    """A field that callers pass (``given``: the caller's default when it differs from the
+    record's, such as a placement chosen by the cost model)."""
+    return field(default=default, metadata={"option": True, "given": default if given is MISSING else given},
+                 **kwargs)
 
 
 @dataclass(frozen=True)
@@ -76,17 +86,17 @@ class SolveOptions:
         on from where its last run stopped.  Not an option for callers.
     """
 
-    solver: str = "auto"
-    cost_model: str | CostModel = "hetero"
-    placement: str = "free"
-    top_k: int = 1
-    time_limit: float | None = None
-    seed: int = 0
-    workers: int = 1
-    objective: str = "time"
-    budget: float | None = None
+    solver: str = option("auto")
+    cost_model: str | CostModel = option("hetero")
+    placement: str = option("free", given=None)
+    top_k: int = option(1)
+    time_limit: float | None = option(None)
+    seed: int = option(0)
+    workers: int = option(1)
+    objective: str = option("time")
+    budget: float | None = option(None)
     cutoff: float = math.inf
-    progress: Callable[[int, int], None] | None = field(default=None, compare=False)
+    progress: Callable[[int, int], None] | None = option(None, compare=False)
     backend: str = "auto"
     kinds: bool = True
     incumbents: bool = True
@@ -96,8 +106,8 @@ class SolveOptions:
     layers: str = "prefix"
     diagnose: bool = True
     carry: object = field(default=None, compare=False, repr=False)
-    processes: int = 1
-    per_candidate: bool = False
+    processes: int = option(1)
+    per_candidate: bool = option(False)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -114,22 +124,37 @@ class SolveOptions:
         return get_cost_model(self.cost_model)
 
 
-def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero", placement: str | None = None,
-                  top_k: int = 1, time_limit: float | None = None, seed: int = 0, workers: int = 1,
-                  objective: str = "time", budget: float | None = None,
-                  progress=None, processes: int = 1, per_candidate: bool = False) -> SolveOptions:
+OPTIONS = {f.name: f.metadata["given"] for f in fields(SolveOptions) if f.metadata.get("option")}
+"""What a caller may pass, with the caller's defaults: the keyword-only arguments of
+:func:`solve_options` and :func:`amp_opt.solve`."""
+
+
+def signature(*, before=(), after=()) -> inspect.Signature:
+    """A keyword-only signature over :data:`OPTIONS` (for :func:`amp_opt.solve`), with ``before``
+    and ``after`` its other parameters."""
+    kw = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Signature([*before, *(inspect.Parameter(name, kw, default=default) for name, default in OPTIONS.items()),
+                              *after])
+
+
+def solve_options(**given) -> SolveOptions:
     """Check every option once and return the record; InputError names the first bad one.
+    Takes the keyword arguments of :data:`OPTIONS` (the others keep the caller's defaults).
 
     Examples
     --------
     >>> solve_options(cost_model="amp").placement
     'rank-order'
     """
-    model = get_cost_model(cost_model)
-    entry = lookup(solver)  # InputError listing the known names
-    whole_number(top_k, "--top-k")
-    whole_number(workers, "--workers")
-    whole_number(processes, "--processes")
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r} (options: {', '.join(OPTIONS)})")
+    o = {**OPTIONS, **given}
+    model = get_cost_model(o["cost_model"])
+    entry = lookup(o["solver"])  # InputError listing the known names
+    for name in ("top_k", "workers", "processes"):
+        whole_number(o[name], "--" + name.replace("_", "-"))
+    seed, time_limit, objective, budget = o["seed"], o["time_limit"], o["objective"], o["budget"]
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InputError("--seed", f"must be an integer, got {seed!r}")
     if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
@@ -143,7 +168,8 @@ def solve_options(*, solver: str = "auto", cost_model: str | CostModel = "hetero
     if budget is not None and objective == "cost":
         raise InputError("--budget", "applies with --objective time (the cost objective already minimises cost)")
     settings = dict(entry.settings) if entry.builtin else {"backend": "plugin"}
-    return SolveOptions(solver, cost_model if isinstance(cost_model, CostModel) else model.name, check_placement(placement, model), top_k,
-                        None if time_limit is None else float(time_limit), seed, workers, objective,
-                        None if budget is None else float(budget), math.inf, progress, **settings,
-                        processes=processes, per_candidate=per_candidate)
+    checked = dict(o, cost_model=o["cost_model"] if isinstance(o["cost_model"], CostModel) else model.name,
+                   placement=check_placement(o["placement"], model),
+                   time_limit=None if time_limit is None else float(time_limit),
+                   budget=None if budget is None else float(budget))
+    return SolveOptions(**checked, **settings)

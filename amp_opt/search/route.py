@@ -30,11 +30,7 @@ import numpy as np
 
 from ..model.candidates import candidates
 from ..model.classes import node_classes
-from .grouping import MAX_TRANSITIONS
-
-FLAG_FACTOR = 4.0  # states per counted multiset (the previous stage's node and link)
-AUTO_CELLS = 5e8  # DP cells (transitions x ranges of a stage) the enumerator may take under auto
-MAX_GROUPS = 4096  # tensor-parallel groups above which the count is not even computed
+from .tuning import AUTO_CELLS, FLAG_FACTOR, MAX_GROUPS, MAX_TRANSITIONS
 
 
 def _box(k: int, g: int) -> np.ndarray:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import time
+import inspect
 
 from ..errors import SearchTooLarge
 from ..model.coarsen import coarsen
 from .blocks import solve_blocks
+from .clock import Clock
 from .context import Search
 from .enumerate import solve_enumerate
 from .mip.driver import solve_mip
-from .options import SolveOptions, solve_options
+from .options import SolveOptions, signature, solve_options
 from .registry import lookup, run_plugin
 from .result import SolveResult
 from .route import enumerator_fits
@@ -19,11 +20,11 @@ from .subsets import solve_subsets
 from . import uneven
 
 
-def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str | None = None, top_k: int = 1,
-          time_limit: float | None = None, seed: int = 0, workers: int = 1, objective: str = "time",
-          budget: float | None = None, progress=None, started: float | None = None, processes: int = 1,
-          per_candidate: bool = False) -> SolveResult:
+def solve(instance, *, started: float | None = None, **options) -> SolveResult:
     """Find the fastest plan of an instance under a cost model.
+
+    The options are keyword-only; their names and defaults are the option fields of
+    :class:`~amp_opt.search.options.SolveOptions` (``inspect.signature(solve)`` lists them).
 
     Parameters
     ----------
@@ -90,29 +91,32 @@ def solve(instance, *, solver: str = "auto", cost_model="hetero", placement: str
     >>> round(result.best.predicted_time, 4), result.solver.status
     (1.0617, 'OPTIMAL')
     """
-    options = solve_options(solver=solver, cost_model=cost_model, placement=placement, top_k=top_k,
-                            time_limit=time_limit, seed=seed, workers=workers, objective=objective, budget=budget,
-                            progress=progress, processes=processes, per_candidate=per_candidate)
+    options = solve_options(**options)
     entry = lookup(options.solver)
     if not entry.builtin:  # a plug-in gets the whole instance; its plans are re-scored by the evaluator
         return run_plugin(entry, instance, options)
-    started = time.perf_counter() if started is None else started
+    clock = Clock.of(options.time_limit, started)
     if uneven.applies(instance, options):  # engine amp_opt: the plans whose stages and replicas differ too
-        return uneven.solve_with_uneven(instance, options, lambda: solve_subsets(instance, options, run_builtin,
-                                                                                 started), started)
-    return solve_subsets(instance, options, run_builtin, started)
+        return uneven.solve_with_uneven(instance, options, lambda: solve_subsets(instance, options, run_builtin, clock),
+                                        clock)
+    return solve_subsets(instance, options, run_builtin, clock)
 
 
-def run_builtin(instance, options: SolveOptions, started: float | None = None) -> SolveResult:
+
+solve.__signature__ = signature(before=[inspect.Parameter("instance", inspect.Parameter.POSITIONAL_OR_KEYWORD)],
+                                after=[inspect.Parameter("started", inspect.Parameter.KEYWORD_ONLY, default=None)])
+
+
+def run_builtin(instance, options: SolveOptions, clock: Clock | None = None) -> SolveResult:
     """The built-in search an options record describes (``options.backend`` and its switches) on
-    one instance (all its devices), with the options' cutoff; a long model is searched over
-    blocks of identical layers."""
+    one instance (all its devices), with the options' cutoff, by ``clock`` (default: the options'
+    time limit from now); a long model is searched over blocks of identical layers."""
+    clock = Clock.of(options.time_limit) if clock is None else clock
     coarse = coarsen(instance)
     if coarse is not None:
-        return solve_blocks(instance, *coarse, lambda inst, limit: run_builtin(
-            inst, dataclasses.replace(options, time_limit=limit, carry=None), started), options.time_limit,
-                            model=options.model)
-    search = Search(instance, options, started)
+        return solve_blocks(instance, *coarse, lambda inst, inner: run_builtin(
+            inst, dataclasses.replace(options, carry=None), inner), clock, model=options.model)
+    search = Search(instance, options, clock)
     if options.backend not in ("auto", "enumerate"):
         return solve_mip(search)
     if options.backend == "auto":

@@ -1,14 +1,14 @@
 """Stopping a search early, in one place: the deadline, and SIGINT/SIGTERM.
 
-A search stops at its deadline (:class:`amp_opt.search.context.Search` owns it) or as
+A search stops at its clock's deadline (:class:`amp_opt.search.clock.Clock`) or as
 soon as a stop was requested (:func:`request`; the CLI's signal handlers call it, see
-:func:`signals`).  Every phase polls :func:`past` (through ``Search.out_of_time``), so a
+:func:`signals`).  Every phase polls :func:`past` (through ``Clock.out_of_time``), so a
 stop is a normal early end: the best plan found so far is returned with status
 FEASIBLE and the bound proven so far.  Solvers that do not run Python code while they
 work are stopped from outside: CP-SAT runs in a helper thread whose waiting caller
-calls its ``stop_search``, CBC is a child process in its own process group, killed
-with the group (:mod:`amp_opt.search.mip.backends`), HiGHS is interrupted from its
-callbacks and waited for in a helper thread (:mod:`amp_opt.search.mip.highs`).
+calls its ``stop_search`` (:mod:`amp_opt.search.mip.cpsat`), CBC is a child process in its
+own process group, killed with the group (:mod:`amp_opt.search.mip.cbc`), HiGHS is
+interrupted from its callbacks and waited for in a helper thread (:mod:`amp_opt.search.mip.highs`).
 
 The handlers do nothing but record the signal, so they are safe whatever runs; a second
 signal raises KeyboardInterrupt at once (for a user who does not want to wait), and the

@@ -27,15 +27,12 @@ from collections import Counter
 from ..errors import InfeasibleError, InputError, NoPlanFound
 from ..model.plan import Plan, describe
 from . import sidecar, stop
-from .context import Carry, Search, reserve
+from .clock import Clock
+from .context import Carry, Search
 from .device_sets import DeviceSet, device_sets, set_bound, throughput_bound
 from .result import SAME, NoPlanBelow, SolverStats, SolveResult, status_of
 from .trace import Trace
-
-FIRST_SHARE = 0.6  # of the time limit: the whole cluster's search, when other sets remain
-REVISIT_SECONDS = 1.0  # time left worth a second run on a set not proven yet
-REVISIT_PASSES = 2  # rounds over the sets not proven yet, sharing the time left
-DEEPEN = 4.0  # a set run again gets at least this times its last run's seconds (if left)
+from .tuning import DEEPEN, FIRST_SHARE, REVISIT_PASSES, REVISIT_SECONDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +49,13 @@ class _Run:
     diagnosed: bool
 
 
-def solve_subsets(instance, options, run, started: float | None = None) -> SolveResult:
-    """Run ``run(sub_instance, options, started)`` (one solver, one instance) on every set of
-    devices that may beat the best plan so far, cut off at it and given a share of the time
-    left, and return the best plans on the whole cluster, re-scored there by the evaluator.
+def solve_subsets(instance, options, run, clock: Clock | None = None) -> SolveResult:
+    """Run ``run(sub_instance, options, clock)`` (one solver, one instance) on every set of
+    devices that may beat the best plan so far, cut off at it and given a share of ``clock``
+    (default: the options' time limit from now), and return the best plans on the whole cluster, re-scored there by the evaluator.
     With a time limit and ``options.processes`` > 1 the sets other than the whole cluster are
     searched in forked processes (:mod:`.sidecar`) while this one searches the whole cluster."""
+    clock = Clock.of(options.time_limit) if clock is None else clock
     parts, within = device_sets(instance, options.model)
     if (options.objective == "cost" or options.budget is not None) and any(p.rate is None for p in parts):
         missing = sorted({node.device_type for node in instance.nodes
@@ -66,8 +64,8 @@ def solve_subsets(instance, options, run, started: float | None = None) -> Solve
                                                   "has no price_per_hour")
     allowed = [p for p in parts if options.budget is None or p.rate * 3600 <= options.budget * (1 + 1e-12)]
     if not allowed:
-        _over_budget(instance, options, parts, run, started)
-    search = SubsetSearch(instance, options, run, started, allowed)
+        _over_budget(instance, options, parts, run, clock)
+    search = SubsetSearch(instance, options, run, clock, allowed)
     search.run_all()
     return search.result(within)
 
@@ -76,10 +74,10 @@ class SubsetSearch:
     """One solve's search over its allowed sets of devices (the whole cluster first): what each
     set has proven (``bound``), the plans found, the runs made and what they leave for the next."""
 
-    def __init__(self, instance, options, run, started, allowed: list[DeviceSet]):
-        self.instance, self.options, self.run, self.started = instance, options, run, started
+    def __init__(self, instance, options, run, clock: Clock, allowed: list[DeviceSet]):
+        self.instance, self.options, self.run, self.clock = instance, options, run, clock
         self.cost = options.objective == "cost"
-        self.whole = Search(instance, options, started)
+        self.whole = Search(instance, options, clock)
         shares = throughput_bound(instance, self.whole.tables) if len(allowed) > 1 else {}
         floor = {part.key: set_bound(part, shares) * self.scale_of(part) for part in allowed}
         self.allowed = allowed[:1] + sorted(allowed[1:], key=lambda p: (floor[p.key], p.key))
@@ -109,14 +107,14 @@ class SubsetSearch:
         own = values[self.options.top_k - 1] if len(values) >= self.options.top_k else math.inf
         return own if self.shared is None else min(own, self.shared.value)
 
-    def attempt(self, part: DeviceSet, limit: float | None, since: float | None) -> None:
-        """Solve one set below the best so far and record how it ended."""
-        outcome = self._search(part, limit, since)
+    def attempt(self, part: DeviceSet, clock: Clock) -> None:
+        """Solve one set below the best so far, by ``clock``, and record how it ended."""
+        outcome = self._search(part, clock)
         if self.sink is not None:  # sent before its plans lower the shared best: a cutoff this process
             self.sink(outcome)  # proves others below always has its plan on the way to the result
         self.record(outcome)
 
-    def _search(self, part: DeviceSet, limit: float | None, since: float | None) -> _Run:
+    def _search(self, part: DeviceSet, clock: Clock) -> _Run:
         """One run of ``part``'s search below the best plan so far, going on from its last run."""
         best, scale = self.best(), self.scale_of(part)
         # Only the first set's verdict is shown (``reasons[0]``): the others skip the search for
@@ -128,11 +126,11 @@ class SubsetSearch:
         # A program's build is not cut short: each run starts from the slowest build timed so far.
         carry.build_rate = max(carry.build_rate, self.build_rate)
         asked = dataclasses.replace(self.options, cutoff=best / scale if math.isfinite(best) else math.inf,
-                                    time_limit=limit, diagnose=diagnose, carry=carry,
+                                    diagnose=diagnose, carry=carry,
                                     progress=self.options.progress if self.sink is None else None)
         began = time.perf_counter()
         try:
-            kind, payload = "plans", self.run(part.instance, asked, since)
+            kind, payload = "plans", self.run(part.instance, asked, clock)
         except NoPlanBelow as exc:
             kind, payload = "below", exc.bound
         except NoPlanFound as exc:  # no plan, and (perhaps) a bound on what it could have
@@ -143,7 +141,7 @@ class SubsetSearch:
             kind, payload = "infeasible", str(exc)
         finally:
             self.build_rate = max(self.build_rate, carry.build_rate)
-        return _Run(part.key, kind, payload, began if since is None else since, time.perf_counter() - began, diagnose)
+        return _Run(part.key, kind, payload, clock.start, time.perf_counter() - began, diagnose)
 
     def record(self, outcome: _Run) -> None:
         """What a run found and proved, into the sets' bounds, plans and reasons."""
@@ -190,17 +188,14 @@ class SubsetSearch:
 
     def first_pass(self, group: list[DeviceSet]) -> None:
         """Each set of ``group`` in turn, given its share of the time left (the whole cluster,
-        first, FIRST_SHARE of the limit when other sets remain)."""
-        limit = self.options.time_limit
+        first, FIRST_SHARE of the clock when other sets remain)."""
         for i, part in enumerate(group):
             if self.bound[part.key] >= self.best():  # no plan on these devices can beat the best so far
                 self.cut += 1
-            elif part is self.allowed[0]:  # counts its time limit from the start; leaves some for the others
-                share = limit if limit is None or len(self.allowed) == 1 else max(1e-3, FIRST_SHARE * limit)
-                self.attempt(part, share, self.started)
-            elif not self.whole.out_of_time():
-                left = self.whole.remaining()
-                self.attempt(part, None if left is None else max(left / (len(group) - i), 1e-3), None)
+            elif part is self.allowed[0]:  # counts its time from the start; leaves some for the others
+                self.attempt(part, self.clock if len(self.allowed) == 1 else self.clock.part(FIRST_SHARE))
+            elif not self.clock.out_of_time():
+                self.attempt(part, self.clock.share(among=len(group) - i, floor=1e-3))
 
     def revisit(self, group: list[DeviceSet]) -> None:
         """Time left: the sets of ``group`` not proven yet get it, the most promising first (a
@@ -209,16 +204,15 @@ class SubsetSearch:
         run's time if that is more (what a run builds before it proves anything, such as its
         programs, is built again); what one leaves over goes to the next, and a later pass gives
         what is still left to those still open."""
-        whole = self.whole
+        clock = self.clock
         for _ in range(REVISIT_PASSES):
             unproven = [p for p in sorted(group, key=lambda p: (self.bound[p.key], p.key)) if self._open(p)]
             for i, part in enumerate(unproven):
-                if self.options.time_limit is None or whole.out_of_time() or whole.remaining() < REVISIT_SECONDS:
+                if clock.deadline is None or clock.out_of_time() or clock.remaining() < REVISIT_SECONDS:
                     break
                 if self._open(part):
-                    left = whole.remaining()
-                    self.attempt(part, max(left / (len(unproven) - i),
-                                           min(left, DEEPEN * self.spent.get(part.key, 0.0))), None)
+                    deeper = min(clock.remaining(), DEEPEN * self.spent.get(part.key, 0.0))
+                    self.attempt(part, clock.share(among=len(unproven) - i, floor=deeper))
 
     def _open(self, part: DeviceSet) -> bool:
         """Whether ``part`` may still hold a plan better than the best so far."""
@@ -249,8 +243,7 @@ class SubsetSearch:
                     side.stop()
             # The helpers' runs end by the deadline; one that overruns it is stopped halfway into
             # the time kept back for writing the plans (its later runs are lost, not waited for).
-            limit = self.options.time_limit
-            end = self.whole.start + limit - reserve(limit) / 2
+            end = self.clock.overrun()
             for side in sides:
                 records += side.finish(end - time.perf_counter())
         finally:
@@ -271,7 +264,7 @@ class SubsetSearch:
         objective = found[0][0]
         lower = min([objective] + list(self.bound.values()))
         last = self.results[-1]
-        trace = Trace(self.whole.start)  # the best plan over time; the bound only where one search covers it all
+        trace = Trace(self.clock.start)  # the best plan over time; the bound only where one search covers it all
         for at, primal, dual in sorted(self.marks, key=lambda m: m[0]):
             trace.update(primal, dual, at=at)
         trace.update(objective, lower)
@@ -290,9 +283,9 @@ class SubsetSearch:
     def _raise_none_found(self):
         if self.stopped:  # a set's search stopped unproven: a share of the time is said as the caller's limit
             other = [exc for exc in self.stopped.values() if not exc.reason.startswith("time limit")]
-            raise other[0] if other else NoPlanFound(self.whole.stopped_why())
-        if any(p.key not in self.ran for p in self.allowed) and self.whole.out_of_time():
-            raise NoPlanFound(self.whole.stopped_why())
+            raise other[0] if other else NoPlanFound(self.clock.stopped_why())
+        if any(p.key not in self.ran for p in self.allowed) and self.clock.out_of_time():
+            raise NoPlanFound(self.clock.stopped_why())
         whole_cluster = self.reasons[0] if self.reasons else "no plan fits"
         raise InfeasibleError(f"{whole_cluster}; leaving devices idle does not help either")
 
@@ -330,12 +323,12 @@ def _nodes_of(instance, plan: Plan) -> str:
     return ", ".join(f"{n} node{'s' if n > 1 else ''} of {kind}" for kind, n in sorted(count.items()))
 
 
-def _over_budget(instance, options, parts, run, started):
+def _over_budget(instance, options, parts, run, clock):
     """No set of devices fits the budget: exit 3 with the fastest plan of the cheapest devices that can
     train, and by how much they miss it."""
     for part in sorted(parts, key=lambda p: (p.rate, p.key)):
         try:
-            result = run(part.instance, options, started)
+            result = run(part.instance, options, clock)
         except InfeasibleError:
             continue
         plan = part.to_global(result.best.plan)

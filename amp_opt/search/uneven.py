@@ -116,16 +116,17 @@ def search_uneven(instance, options, tables, confs, *, cutoff: float, deadline: 
     return found, True
 
 
-def solve_with_uneven(instance, options, run, started: float) -> SolveResult:
+def solve_with_uneven(instance, options, run, clock) -> SolveResult:
     """The uniform search (``run()``) and the uneven one, merged: the best plans of both, OPTIMAL
-    when both were searched whole."""
+    when both were searched whole (``clock``: the solve's :class:`~amp_opt.search.clock.Clock`)."""
     from ..model.tables import Tables
+
+    started = clock.start
 
     try:
         uniform, why_none = run(), None
     except InfeasibleError as exc:  # no uniform plan fits: the uneven ones may
         uniform, why_none = None, exc
-    limit = options.time_limit if options.time_limit is not None else INF
     confs, complete = configurations(instance, limit=MAX_CONFIGURATIONS)
     within = uniform.solver.within if uniform is not None else None
     if options.placement != "free" or not complete:
@@ -139,7 +140,7 @@ def solve_with_uneven(instance, options, run, started: float) -> SolveResult:
     obj = options.objective
     cutoff = _value(top[options.top_k - 1], obj) * (1 + REL) if len(top) >= options.top_k else options.cutoff
     found, done = search_uneven(instance, options, Tables(instance), confs, cutoff=cutoff,
-                                deadline=started + limit)
+                                deadline=clock.deadline if clock.deadline is not None else INF)
     merged = sorted(top + found, key=lambda e: _value(e, obj))[:options.top_k]
     if not merged:
         raise InfeasibleError(f"{why_none} (nor does any plan whose stages or replicas differ)")

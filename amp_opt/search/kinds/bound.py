@@ -20,13 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...model.ranges import INF
-from ..stop import past
+from ..clock import NO_LIMIT, Clock
+from ..tuning import FINEST, LP_MS, REACH, WAVE
 from .model import KindModel, KindPath, min_max
-
-LP_MS = 2000  # milliseconds one dual step's LP may take (a guard; it takes about one)
-FINEST = 1e-7  # relative width below which a cell is not split (its bound is final); under SAME of the driver
-REACH = 10.0  # largest trust-region radius, in multiples of the target (seconds per group)
-WAVE = 8  # threshold cells whose duals are raised together, in one batched DP sweep
 
 
 @dataclass
@@ -158,9 +154,9 @@ class Ascent:
         self.done = cell.settled = True  # no price in reach gains more
 
 
-def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int, deadline: float | None = None) -> int:
+def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int, clock: Clock = NO_LIMIT) -> int:
     """Raise the bounds of ``cells`` together (one batched DP sweep per round) for at most
-    ``iterations`` rounds, or until the deadline (or a stop request: every round leaves valid
+    ``iterations`` rounds, or until ``clock`` runs out (or a stop request: every round leaves valid
     bounds); marks each cell settled when its dual has converged.  Returns the number of DP
     paths computed."""
     w = model.w
@@ -175,7 +171,7 @@ def ascend(model: KindModel, cells: list[Cell], target: float, iterations: int, 
         live = [a for a in ascents if not a.done]
         if not live:
             break
-        if past(deadline):
+        if clock.out_of_time():
             cut_short = True
             break
         T = np.array([a.cell.T_hi for a in live])
@@ -206,7 +202,7 @@ class KindSearch:
     (``promising``).
     """
 
-    def __init__(self, model: KindModel, target: float, deadline: float | None = None):
+    def __init__(self, model: KindModel, target: float, clock: Clock = NO_LIMIT):
         w = model.w
         self.model, self.sweeps, self.pushed = model, 0, 0
         self.heap: list = []
@@ -218,26 +214,27 @@ class KindSearch:
         # Plans with w*max E + max AR above the first target cannot be of interest.
         T_hi = max(T0, (target - U0) / w) if w > 0 else INF
         U_hi = max(U0, target - w * T0)
-        self._work([Cell(T0, T_hi, U0, U_hi, np.zeros(model.dims))], target, 40, deadline)
+        self._work([Cell(T0, T_hi, U0, U_hi, np.zeros(model.dims))], target, 40, clock)
 
     @property
     def bound(self) -> float:
         return float(min([self.floor] + [b for b, _, _ in self.heap]))
 
-    def _work(self, cells: list[Cell], target: float, iterations: int, deadline: float | None = None) -> None:
-        self.sweeps += ascend(self.model, cells, target, iterations, deadline)
+    def _work(self, cells: list[Cell], target: float, iterations: int, clock: Clock = NO_LIMIT) -> None:
+        self.sweeps += ascend(self.model, cells, target, iterations, clock)
         for cell in cells:
             self.pushed += 1
             heapq.heappush(self.heap, (cell.bound, self.pushed, cell))
 
-    def raise_to(self, target: float, sweeps: int, deadline: float | None = None) -> float:
-        """Refine until the bound reaches ``target`` or ``sweeps`` more DP paths are spent.
+    def raise_to(self, target: float, sweeps: int, clock: Clock = NO_LIMIT) -> float:
+        """Refine until the bound reaches ``target`` or ``sweeps`` more DP paths are spent (or
+        ``clock`` runs out).
 
         Returns v with every plan of the candidate costing at least v; v <= target (the cells
         only cover plans below the first target, and targets only decrease).
         """
         w, stop = self.model.w, self.sweeps + sweeps
-        while self.heap and self.sweeps < stop and not past(deadline):
+        while self.heap and self.sweeps < stop and not clock.out_of_time():
             wave = []
             while self.heap and self.heap[0][0] < target and len(wave) < WAVE:
                 cell = heapq.heappop(self.heap)[2]
@@ -278,7 +275,7 @@ class KindSearch:
                     wave.append(child)
             if not wave:
                 break
-            self._work(wave, target, 15, deadline)
+            self._work(wave, target, 15, clock)
         return min(self.bound, target)
 
     def promising(self, count: int) -> list[Cell]:
@@ -291,7 +288,7 @@ def _halved(lo: float, hi: float, new_hi: float) -> bool:
     return new_hi < hi and (not np.isfinite(hi) or new_hi - lo <= 0.5 * (hi - lo))
 
 
-def kind_bound(model: KindModel, target: float, sweeps: int = 1500, deadline: float | None = None) -> float:
+def kind_bound(model: KindModel, target: float, sweeps: int = 1500, clock: Clock = NO_LIMIT) -> float:
     """Eq. B4: a lower bound on every plan of the candidate, raised until it reaches ``target``
-    or ``sweeps`` DP sweeps (or the deadline) are spent."""
-    return KindSearch(model, target).raise_to(target, sweeps, deadline)
+    or ``sweeps`` DP sweeps are spent (or ``clock`` runs out)."""
+    return KindSearch(model, target).raise_to(target, sweeps, clock)

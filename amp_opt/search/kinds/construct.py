@@ -22,10 +22,8 @@ from ..grouping import assign_groups
 from ..result import Incumbent
 from .bound import Cell
 from ...model.ranges import weighted as _weighted
+from ..tuning import POLISH_RATE, POLISH_WORK
 from .model import KindModel, KindPath, band_layout
-
-POLISH_WORK = 2e9  # array operations one polish may spend by default (a few seconds)
-POLISH_RATE = 5e8  # array operations per second the multiset DP is assumed to run at before it has run
 
 
 @dataclass
@@ -225,7 +223,8 @@ def multiset_paths(model: KindModel, multiset: dict[int, int], T: np.ndarray, U:
 
     A DP over (stages of each kind used so far, link level of the previous stage, layer
     position); p2p is charged at the slower link of the two stages, as in the relaxation.
-    Returns a list of (sum of E + P, KindPath) or None per pair.
+    Returns a list of (sum of E + P, KindPath) or None per pair.  (About 65 lines: one vectorised
+    DP over the multiset's states, level by level.)
     """
     p, L = model.cand.pp, model.L
     kinds = sorted(multiset)

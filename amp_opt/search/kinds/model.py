@@ -11,6 +11,10 @@ multipliers mu_B, leaves a shortest-path DP over layer positions:
 :meth:`KindModel.sweep`.  The bound built on it is in :mod:`.bound`, the plans built
 from it in :mod:`.construct`, and the phase of the MIP driver that runs both in
 :mod:`.refine`.
+
+The module is over 400 lines because :class:`KindModel` is one DP: its tables (compute,
+allreduce, memory fit per kind and range) and the sweep that reads them share their layout, and
+split apart each half would have to restate it.
 """
 
 from __future__ import annotations
@@ -26,8 +30,7 @@ from ...model.costs.terms import stage_order
 from ...model.plan import PER_STAGE_MODES
 from ...model.ranges import INF, backtrack, band_min_sum_step, chain_window, grid, min_max_chain
 from ...model.ranges import weighted as _weighted
-
-MAX_KINDS = 63  # 6 node classes; more and the bound falls back to eq. B2/B3
+from ..tuning import MAX_KINDS
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,8 @@ class KindModel:
 
     def _memory(self, terms: CandidateTerms) -> None:
         """Which ranges fit each kind (eq. H5), by micro-batches in flight, the only way the
-        stage index enters memory; only ranges some stage of a p-stage partition can take."""
+        stage index enters memory; only ranges some stage of a p-stage partition can take.
+        (About 60 lines: one vectorised pass over the ranges, each step feeding the next.)"""
         g = grid(self.L)
         # A stage of a p-stage partition holds at most L - p + 1 layers (the others one each).
         allowed = g.nonempty & (g.l - g.k <= self.L - self.cand.pp + 1)
@@ -279,7 +283,8 @@ class KindModel:
         the memory of some stage, so the cheapest kind over that superset (the first one, as a
         loop over kinds would pick) is its cheapest wherever that kind is usable at f; only the
         other cells are searched again at f, for every f at once.  Micro-batches in flight of the
-        same weight and the same fitting ranges share their arcs."""
+        same weight and the same fitting ranges share their arcs.  (About 65 lines: one
+        vectorised pass, each step feeding the next.)"""
         batch, B, L = len(T), len(self.links), self.L
         y = np.broadcast_to(y, (batch, self.dims))
         prices = np.array([self.prices(row) for row in y])  # (batch, K)

@@ -13,27 +13,16 @@ afterwards, warm-started from what this phase found.
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .. import stop
+from ..clock import Clock
+from ..tuning import (BOUND_SHARE, KIND_MIN_NODES, KIND_PROGRESS, KIND_ROUNDS, KIND_SHARE, KIND_SWEEPS, PLANS_FIRST,
+                      POLISH_CELLS, POLISH_WORK, POLISHED, QUICK_SHARE, QUICK_SWEEPS)
 from .bound import KindSearch
-from .construct import POLISH_WORK, Pace, construct, polish
+from .construct import Pace, construct, polish
 from .model import kind_model
-
-KIND_MIN_NODES = 8  # nodes from which the stage-kind search (phase 1b) runs
-KIND_ROUNDS = 4  # rounds of bound refinement and plan building (eq. B4, K6); more while they pay
-KIND_PROGRESS = 1e-4  # relative move of the best plan or the weakest bound that pays for a round
-KIND_SHARE = 0.9  # share of the time left that phase 1b may spend (the programs get the rest)
-BOUND_SHARE = 0.5  # share of a round's time left that raising bounds may take before plans are built
-KIND_SWEEPS = 400  # DP paths per candidate and round for the Lagrangian kind bound
-POLISHED = 3  # candidates (lowest bounds first) that get plans built per round
-QUICK_SWEEPS = 60  # DP paths of the kind bound before a candidate's first incumbent
-QUICK_SHARE = 0.01  # share of the time limit one such quick bound may take
-POLISH_CELLS = 3  # threshold cells (the weakest) at which an incumbent is re-partitioned
-PLANS_FIRST = 0.5  # share of phase 1b's time in which, while plans improve, only the leading candidates are worked on
 
 
 @dataclass(frozen=True)
@@ -59,13 +48,13 @@ class KindPhase:
         self.tried: set = set()  # (candidate, what) pairs already used to build plans
         self.pace = Pace()  # how fast the multiset DP runs here (its budgets are in seconds)
 
-    def of(self, cand, best: float, deadline=None) -> KindSearch | None:
+    def of(self, cand, best: float, clock: Clock | None = None) -> KindSearch | None:
         """The candidate's kind search (eq. B4), started at target ``best`` on first use (its first
-        dual steps stop at ``deadline``, by default the search's)."""
+        dual steps stop when ``clock`` runs out, by default the search's)."""
         if cand not in self.searches:
             model = kind_model(self.search.tables, cand, self.search.chunks(cand), self.search.model)
-            deadline = self.search.deadline if deadline is None else deadline
-            self.searches[cand] = None if model is None else KindSearch(model, min(best, model.ceiling), deadline)
+            clock = self.search.clock if clock is None else clock
+            self.searches[cand] = None if model is None else KindSearch(model, min(best, model.ceiling), clock)
         return self.searches[cand]
 
     def kept(self, cand) -> bool:
@@ -81,38 +70,36 @@ class KindPhase:
             return lower
         return max(lower, self.search.lower_bound(cand, labelled=True))
 
-    def raise_bound(self, cand, best: float, sweeps: int, deadline) -> float:
+    def raise_bound(self, cand, best: float, sweeps: int, clock: Clock) -> float:
         """The candidate's kind bound raised towards ``best``, or infinity once it reaches the cost
         no plan of the candidate exceeds (``KindModel.ceiling``): then it has no plan at all."""
         search = self.searches[cand]
         if isinstance(search, RuledOut):
             return search.bound
         ceiling = search.model.ceiling
-        value = search.raise_to(min(best, ceiling), sweeps, deadline)
+        value = search.raise_to(min(best, ceiling), sweeps, clock)
         return np.inf if value >= ceiling else value
 
-    def quick_bound(self, cand, lower: float, best: float, deadline=None) -> float:
-        """A candidate's first try at being ruled out: its kind bound with a few DP paths (until
-        ``deadline``, by default the search's; under a time limit at most QUICK_SHARE of it), then,
+    def quick_bound(self, cand, lower: float, best: float, clock: Clock | None = None) -> float:
+        """A candidate's first try at being ruled out: its kind bound with a few DP paths (by
+        ``clock``, by default the search's; under a time limit at most QUICK_SHARE of it), then,
         if that leaves it open, the labelled bound B2.  The kind bound first: building its tables
         alone often rules a candidate out, where B2 may take half a second."""
-        if self.of(cand, best, deadline) is None:
+        if self.of(cand, best, clock) is None:
             return self.labelled_bound(cand, lower)
-        deadline = self.search.deadline if deadline is None else deadline
-        limit = self.search.options.time_limit
-        if limit is not None:
-            cap = time.perf_counter() + QUICK_SHARE * limit
-            deadline = cap if deadline is None else min(deadline, cap)
-        lower = max(lower, self.raise_bound(cand, best, QUICK_SWEEPS, deadline))
+        clock = self.search.clock if clock is None else clock
+        whole = self.search.clock
+        if whole.deadline is not None:
+            clock = clock.within(QUICK_SHARE * whole.budget)
+        lower = max(lower, self.raise_bound(cand, best, QUICK_SWEEPS, clock))
         return lower if lower >= best else self.labelled_bound(cand, lower)
 
     def refine(self, incumbents: dict, lower: dict, best: float, gap: float) -> float:
         """Rounds of bound raising and plan building; updates ``incumbents`` and ``lower`` and
         returns the best value.  Spends at most KIND_SHARE of the time left; KIND_ROUNDS rounds,
         and under a time limit more while they pay, plans first in PLANS_FIRST of its time."""
-        deadline = self.search.deadline
-        stop = None if deadline is None else time.perf_counter() + KIND_SHARE * (deadline - time.perf_counter())
-        focus = None if stop is None else time.perf_counter() + PLANS_FIRST * (stop - time.perf_counter())
+        phase = self.search.clock.share(KIND_SHARE)
+        focus = None if phase.deadline is None else phase.share(PLANS_FIRST)
         for round_ in itertools.count():
             # Open: candidates whose bound leaves more than the requested gap below the best plan.
             open_ = [c for c in sorted(lower, key=lambda c: (lower[c], c)) if lower[c] < best * (1 - gap)]
@@ -124,11 +111,11 @@ class KindPhase:
             # The first bounds go on until POLISHED candidates stay open under them: the lowest
             # cheap bounds are often of candidates that a few DP paths rule out, and the plans are
             # worth building from those that stay open.
-            bounds_stop = None if stop is None else time.perf_counter() + BOUND_SHARE * (stop - time.perf_counter())
+            bounds_stop = phase.share(BOUND_SHARE)
             raised = 0
             for c in open_:
                 staying = [x for x in open_[:raised] if lower[x] < best and self.searches.get(x) is not None]
-                if len(staying) >= POLISHED or _past(bounds_stop):
+                if len(staying) >= POLISHED or bounds_stop.out_of_time():
                     break
                 new = c not in self.searches
                 self.raise_bounds([c], lower, best, bounds_stop)
@@ -142,47 +129,47 @@ class KindPhase:
             reached = set(open_[:raised])
             ranked = [c for c in ranked if c in reached] + [c for c in ranked if c not in reached]
             for c in ranked[:POLISHED]:
-                if lower[c] >= best or _past(stop) or isinstance(self.searches[c], RuledOut):
+                if lower[c] >= best or phase.out_of_time() or isinstance(self.searches[c], RuledOut):
                     continue
-                for found in self._plans(c, incumbents.get(c), stop):
+                for found in self._plans(c, incumbents.get(c), phase):
                     if found is not None and (c not in incumbents or found.value < incumbents[c].value):
                         incumbents[c] = found
                         best = min(best, found.value)
-            if focus is not None and not _past(focus) and (round_ == 0 or best < before[0] * (1 - KIND_PROGRESS)):
+            if focus is not None and not focus.out_of_time() and (round_ == 0 or best < before[0] * (1 - KIND_PROGRESS)):
                 # Plans first: while the leading candidates' plans improve, the others' bounds wait.
                 # Raised towards a plan about to be beaten, they seldom rule a candidate out
                 # (formulations/mip.md, "Time").
                 continue
             self.raise_bounds(open_[raised:], lower, best, bounds_stop)
-            if not open_ or _past(stop):
+            if not open_ or phase.out_of_time():
                 break
             # After KIND_ROUNDS, more rounds only under a time limit and only while they pay: the
             # best plan or the weakest open bound moved by more than KIND_PROGRESS of the best.
             weakest = min([lower[c] for c in open_ if lower[c] < best], default=np.inf)
             moved = before[0] - best > KIND_PROGRESS * best or weakest - before[1] > KIND_PROGRESS * best
-            if round_ + 1 >= KIND_ROUNDS and (stop is None or not moved):
+            if round_ + 1 >= KIND_ROUNDS and (phase.deadline is None or not moved):
                 break
         return best
 
-    def raise_bounds(self, cands, lower: dict, best: float, deadline) -> None:
-        """The bounds of ``cands`` in ``lower`` raised in turn until ``deadline``: a candidate's first
+    def raise_bounds(self, cands, lower: dict, best: float, clock: Clock) -> None:
+        """The bounds of ``cands`` in ``lower`` raised in turn until ``clock`` runs out: a candidate's first
         time its quick try (:meth:`quick_bound`), then a round (KIND_SWEEPS DP paths) of the kind bound."""
         for c in cands:
-            if _past(deadline) or lower[c] >= best:
+            if clock.out_of_time() or lower[c] >= best:
                 continue
             if c not in self.searches:
-                lower[c] = self.quick_bound(c, lower[c], best, deadline)
+                lower[c] = self.quick_bound(c, lower[c], best, clock)
             elif self.searches[c] is not None:
-                lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, deadline))
+                lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, clock))
             if lower[c] >= best and isinstance(self.searches[c], KindSearch):
                 # Ruled out: its tables (megabytes on 1024 GPUs, hundreds of candidates) are let go.
                 self.searches[c] = RuledOut(lower[c])
 
-    def _plans(self, c, inc, stop) -> list:
+    def _plans(self, c, inc, clock: Clock) -> list:
         """Plans built from the weakest cells' relaxed paths (eq. K6), and the incumbent's kinds
         re-laid out at their thresholds and its own."""
         model, cells = self.searches[c].model, self.searches[c].promising(POLISH_CELLS)
-        left = None if stop is None else max(0.0, stop - time.perf_counter())
+        left = clock.remaining()
         work = POLISH_WORK if left is None else self.pace.rate() * 0.25 * left
         seconds = 5.0 if left is None else 0.1 * left
         found = [construct(model, [x for x in cells if (c, x.path) not in self.tried], work / 2, seconds, self.pace)]
@@ -195,7 +182,3 @@ class KindPhase:
             self.tried.update((c, inc.bounds, x) for x in pairs)
             found.append(polish(model, inc.stages, pairs, work / 2, self.pace))
         return found
-
-
-def _past(deadline) -> bool:
-    return stop.past(deadline)

@@ -6,7 +6,7 @@ smaller and tighter (w = n-1 and the memory in flight are constants), and candid
 are pruned with the best objective found so far.  In order:
 
 1. every candidate gets a fast incumbent from the exact stage DP on a few fixed node
-   orders (AMP's rank order, fastest nodes first, slowest first); under a time limit this
+   orders (AMP's rank order, fastest nodes first, slowest first; :mod:`.fixed_orders`); under a time limit this
    phase ends at P1_SHARE of the time left once it has a plan (P1_KINDS_SHARE when phase
    1b follows, whose plans are better; without a plan it goes on until it has one), and the
    quick kind bounds before the DP stop at P1_QUICK_SHARE;
@@ -18,8 +18,8 @@ are pruned with the best objective found so far.  In order:
 Each ingredient can be switched off through the options record (``kinds``,
 ``incumbents``, ``warm_start``, ``cutoffs``, ``symmetry``; the ablation variants of
 ``formulations/variants.md``), and the layer assignment can be the prefix or the
-assignment formulation (``layers``).  The engine is ``options.backend``: CP-SAT, CBC or
-HiGHS.  The search's trace records the best plan and the proven bound over time, and
+assignment formulation (``layers``).  The backend is ``options.backend`` (CP-SAT, CBC or
+HiGHS, :mod:`.backends`), each program handed its share of the search's clock.  The search's trace records the best plan and the proven bound over time, and
 every program's statistics are returned in ``SolverStats.programs``.
 
 The returned plans are re-scored by the evaluator.
@@ -34,63 +34,20 @@ import numpy as np
 
 from ...errors import InfeasibleError, NoPlanFound
 from ...model.candidates import candidates, why_empty
-from ...model.costs.terms import stage_order
 from ...model.plan import Candidate, describe_candidate, rank_order_stages
-from .. import stop
+from ..clock import Clock
 from ..diagnose import verdict
 from ..kinds.refine import KindPhase, runs_kinds
-from ..partition import fixed_placement_graph, good_path
 from ..result import SAME, Incumbent, NoPlanBelow, SolverStats, SolveResult, status_of
-from .backends import resolution_for, run_backend
+from ..tuning import (BOUNDS_SHARE, KIND_FIRST, P1_KINDS_SHARE, P1_QUICK_SHARE, P1_SHARE, PROGRAM_FLOOR,
+                      PROGRAM_SHARE, SOLVER_FLOOR)
+from .backends import Program, Settings, resolution_for, run_backend
+from .fixed_orders import heuristic
 from .formulation import build
 
-P1_SHARE = 0.4  # of the time left: phase 1 (DP incumbents) stops there once it has a plan
-P1_KINDS_SHARE = 0.15  # the same when phase 1b runs: its plans beat the DP's fixed node orders
-P1_QUICK_SHARE = 0.25  # of the time left: phase 1's quick kind bounds stop there
-BOUNDS_SHARE = 0.5  # of the time left: the candidates' first bounds stop there (thousands take seconds)
 # What --top-k K lists from the programs: each candidate's best plan, so the K best of those (the
 # enumerator lists the K best plans, :mod:`amp_opt.search.kbest`).
 ONE_PER_CANDIDATE = "each candidate's best plan (--top-k with a MIP solver; --solver enumerate lists the K best plans)"
-KIND_FIRST = 0.5  # of a candidate's share in phase 2 that a round of its kind bound may take before its program
-
-
-def node_orders(search, cand: Candidate) -> list[list[int]]:
-    """Node orders whose rank-order placement seeds the search: AMP's rank order and,
-    under free placement, the nodes fastest first and slowest first."""
-    instance = search.instance
-    orders = [list(range(len(instance.nodes)))]
-    if search.options.placement == "free":
-        speed = [float(search.tables.layer_times(n.device_type, n.intra_bandwidth, cand.tp, cand.micro_batch)
-                       .seconds.sum()) for n in instance.nodes]
-        fast_first = sorted(range(len(speed)), key=lambda j: (speed[j], j))
-        orders += [fast_first, fast_first[::-1]]
-    return [o for i, o in enumerate(orders) if o not in orders[:i]]
-
-
-def stages_in_order(instance, cand: Candidate, order: list[int]):
-    """Rank-order placement over the devices of the nodes taken in ``order``."""
-    devices = [dev for j in order for dev in range(instance.node_first_device[j],
-                                                   instance.node_first_device[j] + instance.nodes[j].devices)]
-    return tuple(tuple(tuple(devices[r] for r in group) for group in stage)
-                 for stage in rank_order_stages(cand.tp, cand.dp, cand.pp, cand.cp))
-
-
-def heuristic(search, cand: Candidate) -> Incumbent | None:
-    """The best partition (stage DP) over a few fixed placements (``node_orders``); once out of
-    time, what the orders tried so far gave."""
-    best = None
-    chunks = search.chunks(cand)
-    fixed = None if chunks is None else stage_order(chunks, cand.pp)[1]
-    for i, order in enumerate(node_orders(search, cand)):
-        if i > 0 and search.out_of_time():
-            break
-        stages = stages_in_order(search.instance, cand, order)
-        costs = search.stage_costs(cand, stages)
-        found = good_path(fixed_placement_graph(costs, search.instance.num_layers, fixed))
-        if found and (best is None or found[0] < best.value):
-            plan = cand.plan(search.partition(cand, found[1].bounds), stages, modes=costs.modes_of(found[1].bounds))
-            best = Incumbent.of_plan(found[0], cand, plan)
-    return best
 
 
 @dataclass
@@ -132,7 +89,7 @@ def solve_mip(search) -> SolveResult:
     # proved nothing, and the solve's bound fell to a floor).
     # A search run again (``opts.carry``) starts from what the last one proved and found: its
     # bounds are remembered, and phase 1 skips the candidates whose DP ran.
-    until = search.share(BOUNDS_SHARE)
+    until = search.clock.share(BOUNDS_SHARE)
     lower = dict.fromkeys(cands, 0.0)
     unbounded = _first_bounds(search, cands, lower, phase is None, until)
     reached = set() if carry is None else carry.reached
@@ -145,7 +102,7 @@ def solve_mip(search) -> SolveResult:
     try:
         best = _incumbents(search, cands, lower, phase, unbounded, incumbents, reached)
         unbounded &= _first_bounds(search, [c for c in cands if c in unbounded], lower, phase is None,
-                                   search.deadline)
+                                   search.clock)
         search.trace.update(best if np.isfinite(best) else None, _dual(cands, lower))
         if phase is not None:
             best = phase.refine(incumbents, lower, best, SAME)
@@ -169,12 +126,12 @@ def solve_mip(search) -> SolveResult:
     return _result(search, cands, proofs)
 
 
-def _first_bounds(search, cands, lower: dict, labelled: bool, until) -> set:
+def _first_bounds(search, cands, lower: dict, labelled: bool, until: Clock) -> set:
     """Each candidate's first bound into ``lower`` (B2 if ``labelled``, else B3), in turn until
-    ``until``; returns the candidates left without one (their entry unchanged)."""
+    ``until`` runs out; returns the candidates left without one (their entry unchanged)."""
     left = set()
     for c in cands:
-        if stop.past(until):
+        if until.out_of_time():
             left.add(c)
         else:
             lower[c] = search.lower_bound(c, labelled=labelled)
@@ -188,8 +145,8 @@ def _incumbents(search, cands, lower: dict, phase: KindPhase | None, unbounded: 
     ``reached``, whose DP ran in an earlier run, skipped); returns the best value.  Under free
     grouping the kind bound (eq. B4) first gets a quick try at ruling the candidate out."""
     best = min([search.options.cutoff] + [inc.value for inc in incumbents.values()])
-    until = search.share(P1_SHARE if phase is None else P1_KINDS_SHARE)
-    quick_until = search.share(P1_QUICK_SHARE)
+    until = search.clock.share(P1_SHARE if phase is None else P1_KINDS_SHARE)
+    quick_until = search.clock.share(P1_QUICK_SHARE)
     leanest = leanest_siblings(cands)
 
     def incumbent(c):
@@ -204,7 +161,7 @@ def _incumbents(search, cands, lower: dict, phase: KindPhase | None, unbounded: 
     for c in sorted(cands, key=lambda c: (c in unbounded, lower[c], c)):
         if lower[c] >= best or c in reached:
             continue  # an unbounded candidate may follow
-        if search.out_of_time() or (np.isfinite(best) and stop.past(until)):
+        if search.out_of_time() or (np.isfinite(best) and until.out_of_time()):
             break
         if c in unbounded:  # its first bound before its DP: a few milliseconds, and it may rule it out
             unbounded.discard(c)
@@ -212,7 +169,7 @@ def _incumbents(search, cands, lower: dict, phase: KindPhase | None, unbounded: 
             if lower[c] >= best:
                 continue
         # Before the first plan the DP goes first: a plan is what every later phase needs.
-        if phase is not None and np.isfinite(best) and not stop.past(quick_until):
+        if phase is not None and np.isfinite(best) and not quick_until.out_of_time():
             lower[c] = phase.quick_bound(c, lower[c], best, quick_until)
             if lower[c] >= best:
                 continue
@@ -226,7 +183,7 @@ def _incumbents(search, cands, lower: dict, phase: KindPhase | None, unbounded: 
                 inc = incumbent(lean)
         if inc is not None:
             best = min(best, inc.value)
-        elif phase is not None and not np.isfinite(best) and not stop.past(quick_until):
+        elif phase is not None and not np.isfinite(best) and not quick_until.out_of_time():
             lower[c] = phase.quick_bound(c, lower[c], best, quick_until)  # may prove it has no plan
     return best
 
@@ -269,23 +226,20 @@ def _programs(search, cands, lower: dict, incumbents: dict, phase: KindPhase | N
                         + [incumbents[x].value for x in incumbents if x not in proofs.bound])
         return min(values[opts.top_k - 1] if len(values) >= opts.top_k else np.inf, opts.cutoff)
 
-    def share(i, kth):
-        """Seconds for the i-th candidate: what is left, shared among the candidates still open
-        (the first ones get a bit more); None without a time limit."""
-        left = search.remaining()
-        if left is None:
-            return None
-        left = max(0.05, left)
+    def share(i, kth) -> Clock:
+        """The i-th candidate's clock: what is left, shared among the candidates still open (the
+        first ones get a bit more)."""
+        if search.clock.deadline is None:
+            return search.clock
         still_open = sum(1 for x in order[i:] if lower[x] < kth)
-        return min(left, max(0.05, 1.5 * left / max(1, still_open)))
+        return search.clock.share(PROGRAM_SHARE, among=still_open, floor=PROGRAM_FLOOR)
 
     for i, c in enumerate(order):
         kth = kth_best()
         kind_first = (lower[c] < kth * (1 - SAME) and phase is not None and phase.kept(c)
-                      and not search.out_of_time() and search.remaining() is not None)
+                      and not search.out_of_time() and search.clock.deadline is not None)
         if kind_first:
-            until = time.perf_counter() + KIND_FIRST * share(i, kth)
-            phase.raise_bounds([c], lower, kth, until)
+            phase.raise_bounds([c], lower, kth, share(i, kth).share(KIND_FIRST))
         if lower[c] >= kth * (1 - SAME):
             # Nothing of this candidate beats the k-th best; its own warm start may be that plan.
             if c in incumbents:
@@ -316,21 +270,20 @@ def _time_to_build(search, c: Candidate, proofs: Proofs) -> bool:
     stage x layer: a program's size grows with p x L.  Before this run's first build, the
     slowest of the solve's earlier runs counts (the idle-GPU search's carries share it); only
     the solve's very first build starts without an estimate."""
-    left = search.remaining()
+    left = search.clock.remaining()
     return left is None or left > 3.0 * proofs.build_rate * c.pp * search.instance.num_layers + 0.05
 
 
-def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: float, seconds, proofs: Proofs,
+def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: float, clock: Clock, proofs: Proofs,
              others: float = -np.inf) -> None:
-    """Build, solve and decode one candidate's program; record its plan and what it proved.
-    ``others`` is the proven bound over the other candidates (for the trace)."""
+    """Build, solve (by ``clock``) and decode one candidate's program; record its plan and what
+    it proved.  ``others`` is the proven bound over the other candidates (for the trace)."""
     opts = search.options
     started = time.perf_counter()
     form = build(search, c, None if opts.placement == "free" else rank_order_stages(c.tp, c.dp, c.pp, c.cp))
     built = time.perf_counter() - started
     proofs.build_rate = max(proofs.build_rate, built / (c.pp * search.instance.num_layers))
-    if seconds is not None:  # the solver gets what is left of the share once the program is built
-        seconds = max(0.01, seconds - built)
+    clock = clock.at_least(SOLVER_FLOOR)  # the solver gets what is left of the share once the program is built
     if inc is not None and opts.warm_start:
         form.hint_from(search.stage_bounds(c, inc.bounds), inc.stages)
     scale = inc.value if inc is not None else lower
@@ -339,19 +292,15 @@ def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: flo
     delta = resolution_for(scale, form.model)
     tol = form.terms * delta + 1e-9 * scale
     cutoff = kth * (1 + 1e-9) + tol if np.isfinite(kth) and opts.cutoffs else None
-    out = run_backend(opts, form.model, delta, seconds, cutoff, scale)
+    out = run_backend(opts.backend, Program(form.model, scale, delta, cutoff), clock,
+                      Settings(opts.seed, opts.workers))
     # The program's incumbents and bounds, on the search's clock (plans at the program's value).  Under a
     # cutoff the program bounds only the plans at most that good, so the candidate's bound is capped by it.
     cap = cutoff if cutoff is not None else np.inf
     for t, objective, bound in out.progress:
         dual = min(others, max(lower, min(bound, cap))) if bound is not None else None
         search.trace.update(objective, dual if dual is not None and np.isfinite(dual) else None, at=t)
-    sizes = proofs.sizes
-    sizes["programs"] += 1
-    if out.rejected:  # the program exists but the solver could not take it: no proof, no plan
-        sizes["programs_rejected"] = sizes.get("programs_rejected", 0) + 1
-    sizes["variables"] = max(sizes["variables"], form.model.size["variables"])
-    sizes["constraints"] = max(sizes["constraints"], form.model.size["constraints"])
+    _count(proofs.sizes, out, form.model.size)
     found = np.inf
     if out.values is not None:
         bounds, stages = form.decode(out.values)
@@ -371,6 +320,22 @@ def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: flo
         "seconds": time.perf_counter() - started, "solver_seconds": out.wall_time, "nodes": out.nodes,
         "variables": form.model.size["variables"], "constraints": form.model.size["constraints"],
         "warm_start": inc is not None and opts.warm_start, "cutoff": cutoff, "lower_bound": lower})
+    _record_proof(proofs, c, out, inc, lower, tol, cutoff)
+
+
+def _count(sizes: dict, out, size: dict) -> None:
+    """One more program in the search's statistics: the count, the rejected ones, the largest sizes."""
+    sizes["programs"] += 1
+    if out.rejected:  # the program exists but the solver could not take it: no proof, no plan
+        sizes["programs_rejected"] = sizes.get("programs_rejected", 0) + 1
+    sizes["variables"] = max(sizes["variables"], size["variables"])
+    sizes["constraints"] = max(sizes["constraints"], size["constraints"])
+
+
+def _record_proof(proofs: Proofs, c: Candidate, out, inc: Incumbent | None, lower: float, tol: float,
+                  cutoff: float | None) -> None:
+    """What one candidate's program proved about it, into ``proofs`` (``tol``: the program's
+    integer resolution on the objective's path)."""
     # What an optimal program proves is its bound (CP-SAT and CBC: the objective; HiGHS: its dual
     # bound, which may sit below a solution it accepted within its tolerances).
     proven = out.bound if out.status == "OPTIMAL" and out.bound is not None else out.objective

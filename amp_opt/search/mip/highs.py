@@ -1,10 +1,10 @@
-"""Hand a LinearModel to HiGHS (through highspy), the third MIP backend, and solve LP relaxations.
+"""The HiGHS backend (through highspy), and LP relaxations solved with HiGHS.
 
-HiGHS takes the model as CBC does (``backends.py``): continuous seconds divided by the
+HiGHS takes the model as CBC does (:func:`.protocol.scaled_rows`): continuous seconds divided by the
 program's scale (so that the objective is about 1) and every row divided by its largest
 coefficient, which keeps HiGHS's absolute tolerances meaningful on a 10 ms plan as on a
-100 s one.  It runs in-process with one thread, a fixed seed, ``mip_rel_gap`` = the
-requested gap (HiGHS's default of 1e-4 would stop short of proving optimality) and
+100 s one.  It runs in-process with one thread, a fixed seed, ``mip_rel_gap`` = 0
+(HiGHS's default of 1e-4 would stop short of proving optimality) and
 ``mip_abs_gap`` = 1e-8 of the scale and feasibility tolerances of 1e-9; the cutoff is HiGHS's ``objective_bound`` (nodes
 and solutions worse than it are pruned; no solution under it ends as infeasible).  The
 warm start is ``setSolution`` (checked by HiGHS and used as the first incumbent when
@@ -28,8 +28,10 @@ import numpy as np
 
 from ...errors import InputError
 from .. import stop
-from .backends import Outcome, scaled_rows
+from ..clock import NO_LIMIT, Clock
+from ..tuning import GRACE, SOLVER_FLOOR
 from .model import BIN, INT, LinearModel
+from .protocol import Outcome, Program, Settings, scaled_rows
 
 ABS_GAP = 1e-8  # HiGHS's absolute MIP gap, in units of the scale (the objective is about 1)
 # Row violations HiGHS accepts (rows are divided by their largest coefficient).  Its defaults
@@ -108,13 +110,13 @@ def _highs(lm: LinearModel, scale: float, relax: bool, seed: int, workers: int, 
     return highspy, h, unit
 
 
-def solve_highs(lm: LinearModel, time_limit: float | None, seed: int, workers: int,
-                cutoff: float | None = None, gap: float = 0.0, scale: float | None = None) -> Outcome:
-    """Solve with HiGHS; ``cutoff`` (seconds) keeps only solutions at most that good."""
+def solve(program: Program, clock: Clock, settings: Settings) -> Outcome:
+    """Solve with HiGHS by ``clock`` (the backend protocol, :mod:`.protocol`); the program's cutoff
+    keeps only solutions at most that good."""
     start = time.perf_counter()
-    scale = scale or 1.0
-    highspy, h, unit = _highs(lm, scale, False, seed, workers, None)
-    h.setOptionValue("mip_rel_gap", float(gap))
+    lm, cutoff, scale = program.model, program.cutoff, program.scale or 1.0
+    highspy, h, unit = _highs(lm, scale, False, settings.seed, settings.workers, None)
+    h.setOptionValue("mip_rel_gap", 0.0)
     h.setOptionValue("mip_abs_gap", ABS_GAP)
     if cutoff is not None:
         h.setOptionValue("objective_bound", float(cutoff) / scale * (1 + 1e-9))
@@ -133,19 +135,12 @@ def solve_highs(lm: LinearModel, time_limit: float | None, seed: int, workers: i
         latest[:] = [np.array(out.mip_solution, dtype=float)]
 
     h.cbMipImprovingSolution.subscribe(improving)
-    deadline = None if time_limit is None else start + time_limit
-    if time_limit is not None:  # what is left once the model is built
-        h.setOptionValue("time_limit", max(0.01, time_limit - (time.perf_counter() - start)))
-    _stop_when_asked(h, deadline)
-    if not _run(h, deadline):  # HiGHS did not return in time: keep the promise with what it found
-        wall = time.perf_counter() - start
-        if not latest:
-            return Outcome("UNKNOWN", None, None, None, wall, None, points)
-        x = latest[0] * unit
-        values = {i: float(x[i]) for i in range(len(lm.vars))}
-        objective = sum(c * values[i] for i, c in lm.objective.items())
-        bounds = [b for _, _, b in points if b is not None]
-        return Outcome("FEASIBLE", values, objective, bounds[-1] if bounds else None, wall, None, points)
+    left = clock.remaining()
+    if left is not None:  # what is left once the model is built
+        h.setOptionValue("time_limit", max(SOLVER_FLOOR, left))
+    _stop_when_asked(h, clock)
+    if not _run(h, clock):  # HiGHS did not return in time: keep the promise with what it found
+        return _left_running(lm, latest, unit, points, time.perf_counter() - start)
     wall = time.perf_counter() - start
     model_status = h.getModelStatus()
     info = h.getInfo()
@@ -171,11 +166,20 @@ def solve_highs(lm: LinearModel, time_limit: float | None, seed: int, workers: i
     return Outcome("FEASIBLE", values, objective, bound, wall, nodes, points)
 
 
-GRACE = 0.1  # seconds HiGHS may take past its deadline before the caller stops waiting for it
+def _left_running(lm: LinearModel, latest: list, unit, points: list, wall: float) -> Outcome:
+    """The outcome of a HiGHS run left running past its deadline: its latest improving solution
+    (FEASIBLE, with the last dual bound it reported) or nothing (UNKNOWN)."""
+    if not latest:
+        return Outcome("UNKNOWN", None, None, None, wall, None, points)
+    x = latest[0] * unit
+    values = {i: float(x[i]) for i in range(len(lm.vars))}
+    objective = sum(c * values[i] for i, c in lm.objective.items())
+    bounds = [b for _, _, b in points if b is not None]
+    return Outcome("FEASIBLE", values, objective, bounds[-1] if bounds else None, wall, None, points)
 
 
-def _run(h, deadline: float | None) -> bool:
-    """``h.run()`` in a helper thread; False if it had not returned by the deadline (or a stop).
+def _run(h, clock: Clock) -> bool:
+    """``h.run()`` in a helper thread; False if it had not returned by the clock's deadline (or a stop).
 
     The interrupt callbacks stop HiGHS at its next callback; parts of it have none (the presolve
     of a heuristic's sub-MIP has run 45 s past the limit), so the caller stops waiting at the
@@ -185,20 +189,20 @@ def _run(h, deadline: float | None) -> bool:
     thread.start()
     while thread.is_alive():
         thread.join(stop.POLL)
-        if stop.requested() or (deadline is not None and time.perf_counter() > deadline + GRACE):
+        if stop.requested() or (clock.deadline is not None and time.perf_counter() > clock.deadline + GRACE):
             thread.join(GRACE)
             return not thread.is_alive()
     return True
 
 
-def _stop_when_asked(h, deadline: float | None) -> None:
+def _stop_when_asked(h, clock: Clock) -> None:
     """Interrupt HiGHS from its own callbacks at the deadline or on a stop request (SIGINT/SIGTERM).
 
     HiGHS's ``time_limit`` alone is not enough: it is checked between phases, and a long
     simplex solve inside a node has run past it by tens of seconds (bench rows TIMEOUT).
     """
     def check(event):
-        if stop.requested() or stop.past(deadline):
+        if clock.out_of_time():
             event.interrupt()
 
     for callback in (h.cbSimplexInterrupt, h.cbIpmInterrupt, h.cbMipInterrupt):
@@ -208,7 +212,7 @@ def _stop_when_asked(h, deadline: float | None) -> None:
 def solve_lp(lm: LinearModel, scale: float = 1.0, time_limit: float | None = None) -> float | None:
     """The optimum of the program's linear relaxation in seconds (None if HiGHS did not reach it)."""
     highspy, h, _ = _highs(lm, scale, True, 0, 1, time_limit)
-    _stop_when_asked(h, None if time_limit is None else time.perf_counter() + time_limit)
+    _stop_when_asked(h, NO_LIMIT if time_limit is None else NO_LIMIT.within(time_limit))
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return None

@@ -1,0 +1,111 @@
+"""An instance document from measured profiles, made solvable as it stands (``profile`` writes it).
+
+The measuring is the engine's (:mod:`amp_opt.engine.profile`, :mod:`amp_opt.engine.links`, which
+need PyTorch); what the measurements change in the instance is here, where a library user can
+reach it without them: the profiles merged into the document (``merged``), then
+
+* when the instance does not say how its training stores model state, the engine's own
+  (weights, gradients and two Adam moments in the run's dtype, :func:`engine_training`); on CPU
+  a memory reserve of 0;
+* tensor-parallel degrees with neither a profile nor FLOPs to estimate from removed from the search;
+* with ``runnable`` (the search settings ``python -m amp_opt run`` executes,
+  :data:`amp_opt.engine.layout.RUNNABLE`), the search restricted to them;
+* the sizes that ran out of memory listed under ``measurements.out_of_memory``;
+* with measured ``links``, their allreduce bandwidth as the intra-node bandwidth of the device type's nodes.
+
+Each change is listed under ``measurements.notes`` and returned.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Sequence
+
+
+
+def engine_training(dtype_bytes: int) -> dict:
+    """What the engine stores per parameter: weights, gradients and Adam's two moments in the run's dtype."""
+    return {"model_state_bytes_per_param": {"weights": dtype_bytes, "gradients": dtype_bytes,
+                                            "optimizer": 2 * dtype_bytes},
+            "gradient_allreduce_bytes_per_param": dtype_bytes}
+
+
+def profiled_instance(merged: dict, instance, results: Sequence, *, device_type: str, device: str, dtype_bytes: int,
+                      runnable: dict | None = None, links: dict | None = None, link_processes: int = 0,
+                      notes: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
+    """The instance document ``merged`` (the profiles of ``results`` merged into the instance's
+    document; ``instance`` is that document as loaded before) made solvable, and the notes on
+    what changed (module doc).  ``results`` are the engine's profile results (``tp``,
+    ``micro_batch``, ``device_type``, ``oom``, ``error``); ``notes`` are the caller's, kept
+    after the notes on the training and the search.
+
+    Examples
+    --------
+    >>> engine_training(2)["model_state_bytes_per_param"]
+    {'weights': 2, 'gradients': 2, 'optimizer': 4}
+    """
+    out = copy.deepcopy(merged)
+    changed = _make_solvable(out, instance, device_type, device, dtype_bytes, {r.tp for r in results if not r.oom})
+    if runnable:
+        out.setdefault("search", {}).update(runnable)
+        changed.append("search restricted to what python -m amp_opt run executes: " + json.dumps(runnable))
+    measurements = copy.deepcopy(out.get("measurements", {}))
+    _out_of_memory(measurements, results)
+    changed += list(notes)
+    if links is not None:
+        changed.append(_with_links(out, measurements, device_type, links, link_processes))
+    if changed:
+        measurements["notes"] = list(dict.fromkeys(measurements.get("notes", []) + changed))
+    if measurements:
+        out["measurements"] = measurements
+    return out, changed
+
+
+def _out_of_memory(measurements: dict, results: Sequence) -> None:
+    """The sizes that ran out of memory, replacing what the document said of the sizes measured now."""
+    ooms = [{"device_type": r.device_type, "tp": r.tp, "micro_batch": r.micro_batch, "error": r.error}
+            for r in results if r.oom]
+    keys = {(o["device_type"], o["tp"], o["micro_batch"]) for o in ooms}
+    measured = {(r.device_type, r.tp, r.micro_batch) for r in results if not r.oom}
+    kept = [o for o in measurements.get("out_of_memory", [])
+            if (o["device_type"], o["tp"], o["micro_batch"]) not in keys | measured]
+    if kept or ooms:
+        measurements["out_of_memory"] = kept + ooms
+
+
+def _make_solvable(out: dict, instance, name: str, device: str, dtype_bytes: int, profiled_tp: set[int]) -> list[str]:
+    """Fill in what the engine does where the instance is silent (module doc)."""
+    notes = []
+    training = out.setdefault("training", {})
+    if "model_state_bytes_per_param" not in training and "gradient_allreduce_bytes_per_param" not in training:
+        training.update(engine_training(dtype_bytes))
+        notes.append(f"training.model_state_bytes_per_param and gradient_allreduce_bytes_per_param set to the "
+                     f"engine's: weights, gradients and two Adam moments of {dtype_bytes} bytes each")
+    if device == "cpu" and "memory_reserve" not in training:
+        training["memory_reserve"] = 0
+        notes.append("training.memory_reserve set to 0: a CPU process has no CUDA context to reserve for")
+    dev = instance.device_types[name]
+    if dev.peak_flops is None or any(layer.flops is None for layer in instance.layers):
+        allowed = sorted(instance.search.tp)
+        keep = [t for t in allowed if t in profiled_tp or _has_profile(instance, name, t)]
+        if keep and keep != allowed:
+            out.setdefault("search", {})["tp"] = keep
+            notes.append(f"search.tp restricted to {keep}: {name} has no peak_flops to estimate other degrees from")
+    return notes
+
+
+def _has_profile(instance, name: str, tp: int) -> bool:
+    return any(p.device_type == name and p.tp == tp for p in instance.profiles)
+
+
+def _with_links(out: dict, measurements: dict, name: str, links: dict, processes: int) -> str:
+    """The measured links into ``measurements`` and their allreduce bandwidth into the nodes of ``name``."""
+    measurements["links"] = {name: links}
+    bandwidth = links["allreduce"][-1]["bandwidth"]
+    for node in out["nodes"]:
+        if node["device_type"] == name:
+            node["intra_bandwidth"] = bandwidth
+    return (f"intra_bandwidth of the {name} nodes set to the measured allreduce bus bandwidth "
+            f"({bandwidth / 1e9:.3g} GB/s at {links['allreduce'][-1]['bytes']} bytes over {processes} processes); "
+            "inter-node links cannot be measured on one machine and were left as given")
