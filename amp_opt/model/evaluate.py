@@ -18,6 +18,7 @@ from typing import Any
 from .costs import CandidateTerms, CostModel, StageCosts, cost_model as get_cost_model
 from .costs.terms import stage_order
 from .plan import Plan, check_plan, parse_plan
+from .profiles import worst_source
 from .tables import LayerSums, Tables
 
 GIB = 2**30
@@ -38,6 +39,7 @@ class StageReport:
     fits: bool
     chunks: tuple[tuple[int, int], ...] = ()  # with interleaving: the stage's layer ranges
     recompute: str = "none"
+    compute_source: str = "measured"  # where its layer times come from: measured, derived or datasheet
 
     def to_json(self, instance) -> dict[str, Any]:
         a, b = self.layers
@@ -55,6 +57,7 @@ class StageReport:
             "capacity": self.capacity,
             "fits": self.fits,
             "recompute": self.recompute,
+            "compute_source": self.compute_source,
         }
         if len(self.chunks) > 1:
             out["chunks"] = [list(c) for c in self.chunks]
@@ -160,8 +163,12 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
         for r in over
     )
     notes = []
-    if costs.estimated:
-        notes.append("some compute times were estimated from FLOPs (no measured profile for a device type at this tp degree)")
+    sources = {r.compute_source for r in reports}
+    if "datasheet" in sources:
+        notes.append("some compute times were estimated from FLOPs and the datasheet peak (nothing measured on a "
+                     "device type)")
+    if "derived" in sources:
+        notes.append("some compute times were derived from measurements at another tp degree or micro-batch size")
     if not model.enforces_memory and over:
         notes.append(f"the {model.name} cost model does not enforce memory; the plan would not fit: " + "; ".join(violations))
     devices = [d for stage in plan.stages for group in stage for d in group]
@@ -191,7 +198,15 @@ def _stage_report(instance, plan: Plan, costs: StageCosts, s: int, k: int, l: in
         nodes=tuple(dict.fromkeys(instance.nodes[j].name for j in place.nodes)),
         compute=float(costs.compute(s, k, l)), p2p=float(costs.p2p(s, l)), allreduce=float(costs.allreduce(s, k, l)),
         memory=memory, capacity=costs.capacity[s], fits=memory <= costs.capacity[s], chunks=chunks,
-        recompute=plan.recompute_of(s))
+        recompute=plan.recompute_of(s), compute_source=_compute_source(instance, costs, s))
+
+
+def _compute_source(instance, costs: StageCosts, s: int) -> str:
+    """Where stage s's layer times come from: the least measured over its devices' classes
+    (``measured``, ``derived`` from a measurement, or the ``datasheet``; :mod:`.profiles`)."""
+    nodes = {instance.nodes[j] for j in costs.placement[s].nodes}
+    return worst_source(costs.tables.layer_times(n.device_type, n.intra_bandwidth, costs.tp, costs.micro_batch).source
+                        for n in nodes)
 
 
 def _price(instance, devices, seconds: float) -> float | None:
