@@ -395,18 +395,23 @@ def test_calibrate_command_bad_runs(tmp_path, capsys, monkeypatch):
 
 
 def test_a_record_the_model_cannot_price_is_named(tmp_path, capsys, monkeypatch):
-    """A record at a tp degree without a profile (and no peak_flops to estimate from): the error names it."""
+    """A record on a device type nothing was measured on (and no peak_flops to estimate from): the
+    error names it.  (A tp degree the profiled device type was not measured at is derived.)"""
     doc = document()
-    del doc["device_types"][0]["peak_flops"]
+    doc["device_types"].append({"name": "new", "memory": "8 GiB"})
+    doc["nodes"].append({"name": "other", "device_type": "new", "devices": 2, "intra_bandwidth": "200 MB/s",
+                         "inter_bandwidth": "100 MB/s"})
     (tmp_path / "inst.json").write_text(json.dumps(doc))
     tp2 = {"tp": 2, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 6]}
+    on_new = dict(tp2, stages=[[[4, 5]]])
     (tmp_path / "runs.json").write_text(json.dumps([{"plan": PLAN, "iteration_time": 1.0},
-                                                    {"plan": tp2, "iteration_time": 1.0}]))
+                                                    {"plan": tp2, "iteration_time": 1.0},
+                                                    {"plan": on_new, "iteration_time": 1.0}]))
     monkeypatch.chdir(tmp_path)
     assert main(["calibrate", "inst.json", "runs.json", "-o", "cal.json"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == ("amp-opt: error: runs.json[1]: instance.profiles: no measured profile for device type 'cpu' "
-                           "at tp 2, and device type 'cpu' has no peak_flops to estimate it from"), err
+    assert err.strip() == ("amp-opt: error: runs.json[2]: instance.profiles: no measured profile for device type 'new', "
+                           "and device type 'new' has no peak_flops to estimate it from"), err
     assert not (tmp_path / "cal.json").exists()
 
 

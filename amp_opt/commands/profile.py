@@ -12,9 +12,10 @@ bandwidth of that device type's nodes.  ``--runnable`` restricts the search to t
 
 The copy is made solvable as it stands: when the instance does not say how its
 training stores model state, the engine's own (weights, gradients and two Adam
-moments in the run's dtype) is written, and on CPU a memory reserve of 0; tensor-
-parallel degrees with neither a profile nor FLOPs to estimate from are removed
-from the search.  Each change is listed under ``measurements.notes``.
+moments in the run's dtype) is written, and on CPU a memory reserve of 0.  Tensor-parallel
+degrees and micro-batch sizes not profiled are derived from the profiled ones when the model
+prices a plan (``formulations/hetero.md``, "Estimates anchored on measurements").  Each change
+is listed under ``measurements.notes``.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def run(args) -> int:
                                  tp=tp, memory_limit=args.memory_limit, timeout=float(args.timeout),
                                  statistic=args.statistic)
     out = merge_profiles(document, results, extras=True)
-    notes = _make_solvable(out, instance, name, device, dtype.itemsize, {r.tp for r in results if not r.oom})
+    notes = _make_solvable(out, instance, name, device, dtype.itemsize)
     if args.runnable:
         out.setdefault("search", {}).update(RUNNABLE)
         notes.append("search restricted to what python -m amp_opt run executes: " + json.dumps(RUNNABLE))
@@ -176,7 +177,7 @@ def run(args) -> int:
     return 0
 
 
-def _make_solvable(out: dict, instance, name: str, device: str, dtype_bytes: int, profiled_tp: set[int]) -> list[str]:
+def _make_solvable(out: dict, instance, name: str, device: str, dtype_bytes: int) -> list[str]:
     """Fill in what the engine does where the instance is silent (see the module docstring)."""
     notes = []
     training = out.setdefault("training", {})
@@ -187,18 +188,7 @@ def _make_solvable(out: dict, instance, name: str, device: str, dtype_bytes: int
     if device == "cpu" and "memory_reserve" not in training:
         training["memory_reserve"] = 0
         notes.append("training.memory_reserve set to 0: a CPU process has no CUDA context to reserve for")
-    dev = instance.device_types[name]
-    if dev.peak_flops is None or any(layer.flops is None for layer in instance.layers):
-        allowed = sorted(instance.search.tp)
-        keep = [t for t in allowed if t in profiled_tp or _has_profile(instance, name, t)]
-        if keep and keep != allowed:
-            out.setdefault("search", {})["tp"] = keep
-            notes.append(f"search.tp restricted to {keep}: {name} has no peak_flops to estimate other degrees from")
-    return notes
-
-
-def _has_profile(instance, name: str, tp: int) -> bool:
-    return any(p.device_type == name and p.tp == tp for p in instance.profiles)
+    return notes  # tp degrees not profiled are derived from the profiled ones (amp_opt.model.profiles)
 
 
 def _links(out: dict, measurements: dict, instance, name: str, device: str, per_node: int, available: int,
