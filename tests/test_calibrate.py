@@ -70,7 +70,7 @@ def fitted(instance, records, **kw):
 def test_fit_recovers_known_corrections(base):
     all_plans = plans()
     train, held = all_plans[::2] + all_plans[1::4], all_plans[3::4]
-    cal = fitted(base, timed(base, TRUTH, train), loo=False)
+    cal = fitted(base, timed(base, TRUTH, train), cv=False)
     values = cal.time.values
     assert set(values) == {"compute_scale[cpu]", "step_overhead[cpu]", "links.intra", "links.inter",
                            "batch_exponent[cpu]"}
@@ -91,7 +91,7 @@ def test_fit_recovers_known_corrections(base):
 def test_fit_with_noise_ranks_held_out_plans(base):
     all_plans = plans()
     train, held = all_plans[::2], all_plans[1::2]
-    cal = fitted(base, timed(base, TRUTH, train, noise=0.05, seed=1), loo=False)
+    cal = fitted(base, timed(base, TRUTH, train, noise=0.05, seed=1), cv=False)
     truth = timed(base, TRUTH, held)
     model = apply_calibration(base, cal.section)
     predicted = [evaluate(model, parse_plan(r["plan"])).predicted_time for r in truth]
@@ -102,9 +102,9 @@ def test_fit_with_noise_ranks_held_out_plans(base):
 
 
 def test_few_runs_fit_few_parameters(base):
-    cal = fitted(base, timed(base, TRUTH, plans()[:3]), loo=False)
+    cal = fitted(base, timed(base, TRUTH, plans()[:3]), cv=False)
     assert len(cal.time.solution.parameters) <= 2
-    cal = fitted(base, timed(base, TRUTH, plans()[:1]), loo=False)
+    cal = fitted(base, timed(base, TRUTH, plans()[:1]), cv=False)
     assert len(cal.time.solution.parameters) == 1
 
 
@@ -114,7 +114,7 @@ def test_never_worse_in_sample(base):
     same = [{"tp": 1, "dp": 1, "pp": 2, "micro_batch": 2, "partition": p} for p in ([0, 3, 6], [0, 2, 6], [0, 4, 6])]
     records = timed(base, {}, same)
     records[2]["iteration_time"] *= 3
-    cal = fitted(base, records, loo=False)
+    cal = fitted(base, records, cv=False)
     e = cal.time.errors()
     assert e["calibrated"].median_abs_error <= e["uncalibrated"].median_abs_error
     assert e["calibrated"].rms_log_error <= e["uncalibrated"].rms_log_error
@@ -122,27 +122,27 @@ def test_never_worse_in_sample(base):
     # Random times: whatever the fit does, it is never worse on the runs it was given.
     rng = np.random.default_rng(3)
     records = [dict(r, iteration_time=r["iteration_time"] * math.exp(rng.normal(0, 0.5))) for r in timed(base, {}, plans())]
-    e = fitted(base, records, loo=False).time.errors()
+    e = fitted(base, records, cv=False).time.errors()
     assert e["calibrated"].median_abs_error <= e["uncalibrated"].median_abs_error
     assert e["calibrated"].rms_log_error <= e["uncalibrated"].rms_log_error
 
 
-def test_leave_one_out_holds_each_run_out(base):
+def test_cross_validation_holds_each_run_out(base):
     records = timed(base, TRUTH, plans()[:10])
     records[4]["iteration_time"] *= 1.5  # one run off the model
     part = fitted(base, records).time
-    assert part.loo is not None and len(part.loo) == 10
-    rel = [abs(p / m - 1) for p, m in zip(part.loo, part.measured)]
+    assert part.held_out is not None and len(part.held_out) == 10
+    rel = [abs(p / m - 1) for p, m in zip(part.held_out, part.measured)]
     inside = [abs(p / m - 1) for p, m in zip(part.after, part.measured)]
     assert rel[4] > inside[4]  # predicted without it, the odd run is further off than when fitted with it
     consistent = fitted(base, timed(base, TRUTH, plans()[:16])).time
-    assert errors(consistent.loo, consistent.measured).median_abs_error < 0.02
-    assert fitted(base, records[:2]).time.loo is None  # too few runs to leave one out
+    assert errors(consistent.held_out, consistent.measured).median_abs_error < 0.02
+    assert fitted(base, records[:2]).time.cv is None  # too few runs to hold any out
 
 
 def test_fit_is_deterministic(base):
     records = timed(base, TRUTH, plans()[:8], noise=0.05, seed=2)
-    a, b = fitted(base, records, loo=False), fitted(base, records, loo=False)
+    a, b = fitted(base, records, cv=False), fitted(base, records, cv=False)
     assert a.section == b.section
 
 
@@ -160,16 +160,16 @@ def test_joint_fit_across_instances_sharing_a_device_type(tmp_path, base):
     (tmp_path / "RUNS.json").write_text(json.dumps(records))
     runs = bind_runs(load_runs(tmp_path / "RUNS.json"), small)
     assert set(runs.instances) == {None, str(tmp_path / "two.json")}
-    cal = fit_calibration(runs, loo=False)
+    cal = fit_calibration(runs, cv=False)
     assert cal.time.values["links.inter"] == pytest.approx(0.2, rel=0.15)
-    alone = fitted(small, timed(small, TRUTH, local), loo=False)
+    alone = fitted(small, timed(small, TRUTH, local), cv=False)
     assert "links.inter" not in alone.time.values  # one node: nothing to learn about inter-node links
 
 
 # ---------------------------------------------------------------- the section applies to any instance with the hardware
 
 def test_section_copied_to_another_instance_calibrates_it_identically(base):
-    cal = fitted(base, timed(base, TRUTH, plans()), loo=False)
+    cal = fitted(base, timed(base, TRUTH, plans()), cv=False)
     section = dict(cal.section, device_types=dict(cal.section["device_types"], **{"H100": {"compute_scale": 9.0}}))
     bigger = document(nodes=4, devices=2, global_batch=32, name="bigger",
                       model=dict(MODEL, layers=4, hidden=128))
@@ -218,7 +218,7 @@ def _peaks(instance, section, plan_list):
 
 def test_memory_fit_recovers_activation_factor_and_buffers(base):
     truth = {"activation_factor": 1.25, "gradient_buffer_bytes_per_param": 4.0}
-    cal = fitted(base, _peaks(base, truth, plans()), loo=False)
+    cal = fitted(base, _peaks(base, truth, plans()), cv=False)
     values = cal.memory.values
     assert values["activation_factor"] == pytest.approx(1.25, rel=0.02)
     assert values["gradient_buffer_bytes_per_param"] == pytest.approx(4.0, rel=0.05)
@@ -252,7 +252,7 @@ def test_out_of_memory_under_its_limit_tightens_capacity_not_peaks(base):
     [whole] = _peaks(base, MEMORY_TRUTH, [WHOLE])
     limit = 1.02 * whole["peak_memory"]  # the calibrated model predicts it fits: it did not (2% it does not know)
     records = finished + [{"plan": WHOLE, "failed": "oom", "memory_limit": limit}]
-    cal = fitted(base, records, loo=False)
+    cal = fitted(base, records, cv=False)
     measured = [r["peak_memory"] for r in finished]
     after = _predicted_peaks(base, cal.section, finished)
     assert after == pytest.approx(_predicted_peaks(base, _without_headroom(cal.section), finished), rel=1e-12)
@@ -278,7 +278,7 @@ def test_out_of_memory_without_a_limit_is_compared_with_the_device_memory(base):
     to fit the instance's devices, the finished ones still fit, and no predicted peak moves."""
     finished = _peaks(base, MEMORY_TRUTH, plans()[:12])
     records = finished + [{"plan": WHOLE, "failed": "oom"}]
-    cal = fitted(base, records, loo=False)
+    cal = fitted(base, records, cv=False)
     after = _predicted_peaks(base, cal.section, finished)
     assert after == pytest.approx(_predicted_peaks(base, _without_headroom(cal.section), finished), rel=1e-12)
     assert errors(after, [r["peak_memory"] for r in finished]).max_abs_error < 0.02
@@ -295,7 +295,7 @@ def test_out_of_memory_contradicted_by_a_finished_run_is_reported_not_forced(bas
     small = {"tp": 1, "dp": 1, "pp": 2, "micro_batch": 4, "partition": [0, 3, 6]}
     finished = _peaks(base, MEMORY_TRUTH, plans()[:12] + [WHOLE])
     records = finished + [{"plan": small, "failed": "oom"}]
-    cal = fitted(base, records, loo=False)
+    cal = fitted(base, records, cv=False)
     calibrated = apply_calibration(base, cal.section)
     assert all(evaluate(calibrated, parse_plan(r["plan"])).feasible for r in finished)
     [a] = cal.headroom
@@ -307,7 +307,7 @@ def test_out_of_memory_contradicted_by_a_finished_run_is_reported_not_forced(bas
 
 def test_a_step_that_would_worsen_the_fit_is_shrunk_or_refused():
     """F7, on a scorer whose measures get worse beyond a quarter of the step."""
-    from amp_opt.calibrate.fit import Scores, _guarded
+    from amp_opt.calibrate.scoring import Scores, guarded as _guarded
 
     before = Scores((0.1, 0.1), (0.1, 0.1), ())
 
@@ -364,12 +364,12 @@ def test_calibrate_command(tmp_path, base):
     out = run_cli("calibrate", "inst.json", "RUNS.json", "-o", "cal.json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "calibrated from 13 runs (12 finished, 0 out of memory, 1 failed" in out.stdout
-    assert "on 1 instance(s)" in out.stdout and "leave-one-out" in out.stdout
+    assert "on 1 instance(s)" in out.stdout and "held-out" in out.stdout
     section = json.loads((tmp_path / "cal.json").read_text())["calibration"]
     assert section["device_types"]["T4"] == {"compute_scale": 2.0}  # no run used T4: carried over
     assert section["device_types"]["cpu"]["compute_scale"] == pytest.approx(1.4, rel=0.1)  # refitted, not 5.0
     fit = section["fit"]
-    assert fit["runs"]["finished"] == 12 and fit["time"]["leave_one_out"]["runs"] == 12
+    assert fit["runs"]["finished"] == 12 and fit["time"]["held_out"]["runs"] == 12
     assert fit["time"]["in_sample"]["calibrated"]["median_abs_error"] < 0.02
     for command in (["solve", "cal.json"], ["evaluate", "cal.json", "plan.json"]):
         (tmp_path / "plan.json").write_text(json.dumps(PLAN))
