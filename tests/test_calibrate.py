@@ -452,3 +452,72 @@ def test_calibrated_copy_elsewhere_keeps_its_hugging_face_config(tmp_path, capsy
     from amp_opt import load_instance
 
     assert load_instance(tmp_path / "out" / "cal.json").num_layers == 4
+
+
+# ---------------------------------------------------------------- cross-validation across groups (F8), speed
+
+def test_held_out_ranking_never_worse_than_uncalibrated():
+    """F8's rule: a parameter count whose held-out error is smaller is still refused when it ranks
+    the plans of some group worse than the uncalibrated model does."""
+    from amp_opt.calibrate.crossval import cross_validate
+
+    measured = np.array([1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0])
+    before = 2 * measured  # right order, twice too slow everywhere
+    groups = ["a"] * 4 + ["b"] * 4
+
+    def refit_predict(k, train, test):  # k = 1 halves the error but swaps two plans of each group
+        out = before[test] / 1.8 if k else before[test]
+        return out[[1, 0, 2, 3]] if k else out
+
+    cv = cross_validate(refit_predict, 1, measured, before, groups)
+    assert cv.rms[1] < cv.rms[0] and cv.ranking_ok == (True, False) and cv.chosen == 0
+    cv = cross_validate(lambda k, train, test: before[test] / (1.8 if k else 1.0), 1, measured, before, groups)
+    assert cv.ranking_ok == (True, True) and cv.chosen == 1
+
+
+def test_groups_are_held_out_whole_and_reported(tmp_path, base):
+    """Runs on two instances: each fold holds one instance's runs out; the report gives each group's
+    held-out error and rank correlation next to the uncalibrated model's."""
+    one = document(nodes=1, devices=2, global_batch=8, name="one")
+    (tmp_path / "two.json").write_text(json.dumps(document(nodes=2, devices=2, global_batch=16, name="two")))
+    small = parse_instance(one)
+    local = [{"tp": 1, "dp": dp, "pp": pp, "micro_batch": mb, "partition": part}
+             for mb in (1, 2, 4) for dp, pp, part in ((1, 2, [0, 3, 6]), (2, 1, [0, 6]), (1, 2, [0, 2, 6]))]
+    remote = [{"tp": 1, "dp": dp, "pp": pp, "micro_batch": mb, "partition": part}
+              for mb in (1, 2) for dp, pp, part in ((4, 1, [0, 6]), (2, 2, [0, 3, 6]), (1, 4, [0, 2, 3, 4, 6]))]
+    records = (timed(small, TRUTH, local, noise=0.02, seed=4)
+               + [dict(r, instance="two.json") for r in timed(base, TRUTH, remote, noise=0.02, seed=5)])
+    (tmp_path / "RUNS.json").write_text(json.dumps(records))
+    cal = fit_calibration(bind_runs(load_runs(tmp_path / "RUNS.json"), small))
+    part = cal.time
+    assert part.cv.scheme == "leave one group out"
+    assert [g.group for g in part.groups] == ["one", "two"] and [len(g.runs) for g in part.groups] == [9, 6]
+    for g in part.groups:  # calibrated on the other cluster only, and still better than uncalibrated
+        assert g.held_out.median_abs_error < g.uncalibrated.median_abs_error
+        assert g.held_out.spearman >= g.uncalibrated.spearman
+    report = cal.fit_report(date="2026-01-01")["time"]
+    assert [g["group"] for g in report["groups"]] == ["one", "two"]
+    assert report["cross_validation"]["parameters_kept"] == len(part.solution.parameters) >= 1
+
+
+def test_failed_runs_the_model_calls_feasible_are_misses(base):
+    finished = timed(base, TRUTH, plans()[:6])
+    records = finished + [{"plan": PLAN, "failed": "error"}, {"plan": PLAN, "failed": "oom", "memory_limit": 1e3}]
+    cal = fitted(base, records, cv=False)
+    assert cal.misses == {"uncalibrated": (6,), "calibrated": (6,)}  # 1 kB of memory: the oom run is no miss
+    report = cal.fit_report(date="2026-01-01")
+    assert report["failed_predicted_feasible"]["calibrated"] == [6]
+
+
+def test_calibration_evaluates_each_run_a_bounded_number_of_times(base, monkeypatch):
+    """Speed without a clock: 35 runs on two groups are fitted (time and memory, with
+    cross-validation) in a bounded number of evaluations per run, one per plan and section."""
+    import amp_opt.calibrate.predict as predict
+
+    calls = []
+    real = predict.evaluate
+    monkeypatch.setattr(predict, "evaluate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    records = _peaks(base, MEMORY_TRUTH, plans()[:20]) + timed(base, TRUTH, plans()[:15], noise=0.03, seed=6)
+    cal = fitted(base, records)
+    assert cal.time is not None and cal.memory is not None
+    assert len(calls) < 250 * len(records), len(calls)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..model.calibration import apply_calibration  # noqa: F401  (the doctest's truth)
 from .crossval import CrossValidation, GroupErrors, cross_validate, group_names
-from .lsq import Solution, fit_parameters, max_parameters, refit  # noqa: F401  (max_parameters: the command's)
+from .lsq import Solution, fit_parameters, jacobian, max_parameters, refit  # noqa: F401  (max_parameters: the command's)
 from .memory import Headroom, fit_headroom
 from .metrics import Errors, errors
 from .params import Parameter, memory_candidates, section_of, time_candidates
@@ -97,9 +97,13 @@ def _fit_part(what: str, records: Sequence[RunRecord], measured: np.ndarray, pre
         named = {p.name: p for p in candidates}
         order = [named[n] for n in full.order]
         start = {p.name: x for p, x in zip(full.parameters, full.x)}
+        at = np.array([start[p.name] for p in order])
+        # The Jacobian at the full fit, once: each fold starts there, on its own rows and columns.
+        J = jacobian(lambda v: residual_on(every)(order, v), at, residual_on(every)(order, at),
+                     [p.x_bounds() for p in order]) if order else np.zeros((len(records), 0))
 
         def refit_predict(k, train, test):
-            sol = refit(residual_on(train), order[:k], noise, start)
+            sol = refit(residual_on(train), order[:k], noise, start, J[np.ix_(train, range(k))])
             return predict([records[i] for i in test], section_of(sol.parameters, sol.x))
 
         cross = cross_validate(refit_predict, len(order), measured, before, groups)

@@ -22,6 +22,7 @@ SHRINK_STEPS = (1.0, 0.75, 0.5, 0.25, 0.0)  # F4
 FD_STEP = 1e-4  # finite-difference step in the unitless parameters
 MAX_ITERATIONS = 100
 TOLERANCE = 1e-4  # stop when a step lowers the objective by less than this many prior units (lam)
+RELATIVE_TOLERANCE = 1e-4  # or by less than this fraction of the objective
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def least_squares(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray,
         return x, F, 0
     lo, hi = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
     J, fresh = (jacobian(residuals, x, r, bounds), True) if J0 is None else (np.array(J0, dtype=float), False)
-    mu = 1e-3
+    mu, refreshed = 1e-3, False
     for it in range(1, MAX_ITERATIONS + 1):
         g = J.T @ r + lam * x
         H = J.T @ J + lam * np.eye(len(x))
@@ -76,14 +77,14 @@ def least_squares(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray,
         if dx @ dx > 0:  # Broyden: the model's prediction of rn corrected along the step taken
             J = J + np.outer(rn - r - J @ dx, dx) / (dx @ dx)
         if Fn < F:
-            done = F - Fn <= TOLERANCE * lam or float(np.abs(dx).max()) < 1e-6
+            done = F - Fn <= max(TOLERANCE * lam, RELATIVE_TOLERANCE * F) or float(np.abs(dx).max()) < 1e-6
             x, r, F, fresh = xn, rn, Fn, False
             mu = max(mu / 10, 1e-12)
             if done:
                 return x, F, it
             continue
-        if not fresh:  # the updated Jacobian misled: measure it again before giving up on the step
-            J, fresh = jacobian(residuals, x, r, bounds), True
+        if not fresh and not refreshed:  # the updated Jacobian misled: measure it again (once per fit)
+            J, fresh, refreshed = jacobian(residuals, x, r, bounds), True, True
             continue
         mu *= 10
         if mu >= 1e12:
@@ -204,10 +205,11 @@ def fit_parameters(residual_of: Callable[[Sequence[Parameter], np.ndarray], np.n
     return shrunk(residual_of, params, x, iterations, [candidates[c].name for c in entered])
 
 
-def refit(residual_of, params: Sequence[Parameter], noise: float, start: dict | None = None) -> Solution:
+def refit(residual_of, params: Sequence[Parameter], noise: float, start: dict | None = None,
+          J0: np.ndarray | None = None) -> Solution:
     """F1-F2 and F4 for a fixed set of parameters (no selection), warm-started at ``start``
-    (name -> x): what each cross-validation fold fits (F8)."""
+    (name -> x; ``J0`` the Jacobian there, if known): what each cross-validation fold fits (F8)."""
     bounds = [p.x_bounds() for p in params]
     init = np.array([min(max((start or {}).get(p.name, 0.0), b[0]), b[1]) for p, b in zip(params, bounds)])
-    x, _, its = least_squares(lambda v: residual_of(params, v), init, noise ** 2, bounds)
+    x, _, its = least_squares(lambda v: residual_of(params, v), init, noise ** 2, bounds, J0)
     return shrunk(residual_of, params, x, its, [p.name for p in params])

@@ -33,7 +33,7 @@ class Predictor:
     True
     """
 
-    CACHED_SECTIONS = 8  # sections whose calibrated instances and evaluations are kept
+    CACHED_SECTIONS = 64  # sections whose calibrated instances and evaluations are kept
 
     def __init__(self, runs: RunSet):
         self.runs = runs
