@@ -144,3 +144,16 @@ def test_fully_profiled_paper_instances_are_all_measured():
     for t in inst.device_types:
         for tp in (1, 2, 4):
             assert tables.layer_times(t, inst.nodes[0].intra_bandwidth, tp, 1).source == "measured"
+
+
+def test_the_text_report_names_the_source(tmp_path, capsys):
+    import json
+
+    from amp_opt.commands.cli import main
+
+    (tmp_path / "inst.json").write_text(json.dumps(doc()))
+    (tmp_path / "plan.json").write_text(json.dumps({"tp": 2, "dp": 1, "pp": 2, "micro_batch": 1,
+                                                    "partition": [0, 2, 4], "stages": [[[0, 1]], [[4, 5]]]}))
+    assert main(["evaluate", str(tmp_path / "inst.json"), str(tmp_path / "plan.json")]) == 0
+    table = capsys.readouterr().out
+    assert "times" in table and "derived" in table and "datasheet" in table

@@ -5,8 +5,8 @@ fold holds one group out (leave one cluster or model out), or, with a single gro
 K-th run (K = min(5, runs)).  For k = 0, 1, ... the first k parameters of the full fit's
 order are refitted on the other folds and the held-out runs predicted.  k is the one with
 the smallest held-out RMS log error among those whose held-out ranking (Spearman within
-each group) is no worse than the uncalibrated model's in any group; k = 0, the uncalibrated
-model, always qualifies.  Deterministic: fixed folds, fixed order.
+each group, each fold's model on the runs it held out) is no worse than the uncalibrated
+model's in any group; k = 0, the uncalibrated model, always qualifies.  Deterministic: fixed folds, fixed order.
 """
 
 from __future__ import annotations
@@ -43,17 +43,33 @@ def folds(groups: Sequence[str]) -> list[np.ndarray] | None:
     return [np.arange(f, n, k) for f in range(k)]
 
 
-def rank_no_worse(held: np.ndarray, before: np.ndarray, measured: np.ndarray, groups: Sequence[str]) -> bool:
-    """Whether, in every group, Spearman's rank correlation of the held-out predictions with the
-    measurements is at least the uncalibrated model's (groups where the latter is undefined
-    are not judged; a defined one lost counts as worse)."""
+def within(values, measured, cells) -> list[float | None]:
+    """Per cell (indices of runs one fold held out of one group), Spearman's rank correlation of
+    the values with the measurements (None where undefined)."""
+    return [spearman(values[c], measured[c]) if len(c) > 1 else None for c in cells]
+
+
+def cells_of(split: Sequence[np.ndarray], groups: Sequence[str]) -> dict[str, list[np.ndarray]]:
+    """Per group, the runs each fold holds out of it (a fold's model ranks only its own runs)."""
+    out: dict[str, list[np.ndarray]] = {}
     for name in dict.fromkeys(groups):
-        idx = [i for i, g in enumerate(groups) if g == name]
-        old = spearman(before[idx], measured[idx])
-        if old is None:
-            continue
-        new = spearman(held[idx], measured[idx])
-        if new is None or new < old - 1e-12:
+        for test in split:
+            cell = np.array([i for i in test if groups[i] == name], dtype=int)
+            if len(cell):
+                out.setdefault(name, []).append(cell)
+    return out
+
+
+def rank_no_worse(held: np.ndarray, before: np.ndarray, measured: np.ndarray,
+                  cells: dict[str, list[np.ndarray]]) -> bool:
+    """Whether, in every group, the held-out ranking is at least the uncalibrated model's: the mean
+    over the group's cells of Spearman's rank correlation with the measurements (each cell ranked
+    by the one fold model that did not see it; with one group out per fold, a group is one cell).
+    Cells where the uncalibrated correlation is undefined are not judged; one lost counts as -1."""
+    for group_cells in cells.values():
+        old, new = within(before, measured, group_cells), within(held, measured, group_cells)
+        judged = [(a, -1.0 if b is None else b) for a, b in zip(old, new) if a is not None]
+        if judged and np.mean([b for _, b in judged]) < np.mean([a for a, _ in judged]) - 1e-12:
             return False
     return True
 
@@ -134,7 +150,8 @@ def cross_validate(refit_predict: Callable[[int, np.ndarray, np.ndarray], np.nda
             pred[test] = refit_predict(k, train, test) if len(train) else before[test]
         held.append(pred)
     rms = [float(np.sqrt(np.mean(np.log(h / measured) ** 2))) for h in held]
-    ok = [rank_no_worse(h, np.asarray(before), measured, groups) for h in held]
+    cells = cells_of(split, groups)
+    ok = [rank_no_worse(h, np.asarray(before), measured, cells) for h in held]
     chosen = min((k for k in range(len(held)) if ok[k]), key=lambda k: (round(rms[k], 12), k))
     scheme = "leave one group out" if len(set(groups)) > 1 else f"{len(split)} folds"
     return CrossValidation(scheme, tuple(groups), tuple(tuple(float(v) for v in h) for h in held), tuple(rms),
