@@ -520,4 +520,4 @@ def test_calibration_evaluates_each_run_a_bounded_number_of_times(base, monkeypa
     records = _peaks(base, MEMORY_TRUTH, plans()[:20]) + timed(base, TRUTH, plans()[:15], noise=0.03, seed=6)
     cal = fitted(base, records)
     assert cal.time is not None and cal.memory is not None
-    assert len(calls) < 250 * len(records), len(calls)
+    assert len(calls) < 240 * len(records), len(calls)  # 217 a run; leave-one-out refits took 1510
