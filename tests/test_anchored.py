@@ -156,4 +156,18 @@ def test_the_text_report_names_the_source(tmp_path, capsys):
                                                     "partition": [0, 2, 4], "stages": [[[0, 1]], [[4, 5]]]}))
     assert main(["evaluate", str(tmp_path / "inst.json"), str(tmp_path / "plan.json")]) == 0
     table = capsys.readouterr().out
-    assert "times" in table and "derived" in table and "datasheet" in table
+    header = next(line for line in table.splitlines() if "compute ms" in line)
+    assert header.split()[-1] == "times" and "derived" in table and "datasheet" in table
+
+
+def test_a_fully_measured_plan_keeps_the_plain_table(tmp_path, capsys):
+    import json
+
+    from amp_opt.commands.cli import main
+
+    (tmp_path / "inst.json").write_text(json.dumps(doc()))
+    (tmp_path / "plan.json").write_text(json.dumps({"tp": 1, "dp": 1, "pp": 2, "micro_batch": 1,
+                                                    "partition": [0, 2, 4]}))
+    assert main(["evaluate", str(tmp_path / "inst.json"), str(tmp_path / "plan.json")]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if "compute ms" in line)
+    assert header.split()[-1] == "GiB" and "measured" not in header
