@@ -521,3 +521,22 @@ def test_calibration_evaluates_each_run_a_bounded_number_of_times(base, monkeypa
     cal = fitted(base, records)
     assert cal.time is not None and cal.memory is not None
     assert len(calls) < 240 * len(records), len(calls)  # 217 a run; leave-one-out refits took 1510
+
+
+def test_failed_runs_of_a_group_are_checked_against_a_headroom_fitted_without_it(tmp_path, base):
+    (tmp_path / "two.json").write_text(json.dumps(document(name="two")))
+    [whole] = _peaks(base, MEMORY_TRUTH, [WHOLE])
+    finished = _peaks(base, MEMORY_TRUTH, plans()[:8])
+    near = {"plan": WHOLE, "failed": "oom", "memory_limit": 1.02 * whole["peak_memory"]}
+    far = {"plan": WHOLE, "failed": "oom", "memory_limit": 3 * whole["peak_memory"]}  # nothing known explains it
+    two = [dict(r, instance="two.json") for r in finished[:6] + [near, far]]
+
+    def held_out(records):
+        (tmp_path / "RUNS.json").write_text(json.dumps(records))
+        return fit_calibration(bind_runs(load_runs(tmp_path / "RUNS.json"), base))
+
+    cal = held_out(finished + two)  # nothing ran out of memory in "syn": nothing to learn from it
+    assert cal.held_out_misses == {"two": (14, 15)} and cal.misses["calibrated"] == ()
+    cal = held_out(finished + [near] + two)  # what "syn" taught flags the like run of "two" (15), not 16
+    assert cal.held_out_misses == {"syn": (), "two": (16,)}
+    assert cal.fit_report(date="2026-01-01")["failed_predicted_feasible_held_out"] == {"syn": [], "two": [16]}

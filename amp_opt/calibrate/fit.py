@@ -19,7 +19,7 @@ import numpy as np
 from ..model.calibration import apply_calibration  # noqa: F401  (the doctest's truth)
 from .crossval import CrossValidation, GroupErrors, cross_validate, group_names
 from .lsq import Solution, fit_parameters, jacobian, max_parameters, refit  # noqa: F401  (max_parameters: the command's)
-from .memory import Headroom, fit_headroom
+from .memory import Headroom, fit_headroom, held_out_misses
 from .metrics import Errors, errors
 from .params import Parameter, memory_candidates, section_of, time_candidates
 from .predict import Predictor
@@ -121,7 +121,9 @@ class Calibration:
     ``time`` and ``memory`` report their errors on ``section`` as written (after every step);
     ``wrong`` lists the runs whose outcome (finished, out of memory) the uncalibrated and the
     calibrated model predict wrongly (F6); ``misses`` the runs that failed (out of memory or
-    otherwise) that each model calls feasible under the memory they ran with."""
+    otherwise) that each model calls feasible under the memory they ran with, and ``held_out_misses``
+    per group those of the group the model calls feasible when its headroom (F6) was fitted
+    without the group."""
 
     section: dict
     time: PartFit | None
@@ -131,6 +133,7 @@ class Calibration:
     notes: tuple[str, ...] = field(default=())
     wrong: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # "uncalibrated" / "calibrated"
     misses: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # "uncalibrated" / "calibrated"
+    held_out_misses: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # group -> failed runs (F8)
 
     def fit_report(self, *, date: str | None = None) -> dict[str, Any]:
         """The ``fit`` entry written into the section (``date`` default: today, UTC)."""
@@ -211,6 +214,8 @@ def fit_calibration(runs: RunSet, *, cv: bool = True, max_parameters: int | None
         memory = _fit_part("memory", peaks, measured, predictor.peaks, memory_candidates(runs, peaks),
                            MEMORY_NOISE, max_parameters, cv, group_names(runs, peaks))
         section, current, memory = _step(score, current, section, memory)
+    held_misses = held_out_misses(runs, predictor, section, dict(zip((r.index for r in runs.records),
+                                                                     group_names(runs, runs.records)))) if cv else {}
     section, headroom, current = fit_headroom(runs, predictor, section, score, current)
     # The reported errors are those of the section written, after every step.
     if time:
@@ -231,4 +236,5 @@ def fit_calibration(runs: RunSet, *, cv: bool = True, max_parameters: int | None
                "groups": list(dict.fromkeys(group_names(runs, runs.records)))}
     return Calibration(section, time, memory, headroom, summary, tuple(notes),
                        {"uncalibrated": uncalibrated.wrong, "calibrated": current.wrong},
-                       {"uncalibrated": _misses(predictor, failed, {}), "calibrated": _misses(predictor, failed, section)})
+                       {"uncalibrated": _misses(predictor, failed, {}), "calibrated": _misses(predictor, failed, section)},
+                       held_misses)

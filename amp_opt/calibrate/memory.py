@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from .predict import Predictor
@@ -77,3 +77,24 @@ def fit_headroom(runs: RunSet, predictor: Predictor, section: dict, score: Score
                             tuple(r.index for r in owners[t] if r.index not in fits), fits,
                             allowed[t][1] if allowed[t][0] < wanted[t] else None, shrink))
     return new, tuple(out), scores
+
+
+def held_out_misses(runs: RunSet, predictor: Predictor, section: dict, groups: dict[int, str]
+                    ) -> dict[str, tuple[int, ...]]:
+    """F8 for F6: per group with failed runs (when there are several groups), the failed runs of
+    the group that the model calls feasible when its headroom was fitted on the other groups'
+    runs only (``section``: the section before the headroom step; ``groups``: record index ->
+    group)."""
+    if len(set(groups.values())) < 2:
+        return {}
+    out = {}
+    for name in dict.fromkeys(groups[r.index] for r in runs.records if not r.finished):
+        others = replace(runs, records=tuple(r for r in runs.records if groups[r.index] != name))
+        finished = [r for r in others.records if r.finished]
+        score = Scorer(predictor, finished, [r for r in finished if r.peak_memory is not None],
+                       [r for r in others.records if r.failed != "error"])
+        fitted, _, _ = fit_headroom(others, predictor, section, score, score(section))
+        failed = [r for r in runs.records if groups[r.index] == name and not r.finished]
+        out[name] = tuple(r.index for r, rooms in zip(failed, predictor.rooms(failed, fitted))
+                          if min(rooms.values()) >= 0)
+    return out

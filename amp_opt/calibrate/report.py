@@ -27,6 +27,7 @@ def fit_report(calibration, *, date: str | None = None) -> dict[str, Any]:
                            "limited_by_finished_run": a.limited_by, "shrink": a.shrink} for a in c.headroom],
         "outcomes_predicted_wrong": {k: list(v) for k, v in c.wrong.items()},
         "failed_predicted_feasible": {k: list(v) for k, v in c.misses.items()},
+        "failed_predicted_feasible_held_out": {k: list(v) for k, v in c.held_out_misses.items()},
         "notes": list(c.notes),
     }
 
@@ -96,6 +97,9 @@ def format_outcomes(calibration) -> list[str]:
     if misses:
         lines.append(f"missed: runs {list(misses)} failed but the calibrated model calls them feasible "
                      f"(uncalibrated: {list(calibration.misses.get('uncalibrated', ()))})")
+    for group, held in calibration.held_out_misses.items():
+        lines.append(f"group {group}, headroom fitted without it: "
+                     + (f"runs {list(held)} failed but are called feasible" if held else "every failed run flagged"))
     return lines
 
 
