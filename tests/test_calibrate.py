@@ -70,7 +70,7 @@ def fitted(instance, records, **kw):
 def test_fit_recovers_known_corrections(base):
     all_plans = plans()
     train, held = all_plans[::2] + all_plans[1::4], all_plans[3::4]
-    cal = fitted(base, timed(base, TRUTH, train), loo=False)
+    cal = fitted(base, timed(base, TRUTH, train), cv=False)
     values = cal.time.values
     assert set(values) == {"compute_scale[cpu]", "step_overhead[cpu]", "links.intra", "links.inter",
                            "batch_exponent[cpu]"}
@@ -91,7 +91,7 @@ def test_fit_recovers_known_corrections(base):
 def test_fit_with_noise_ranks_held_out_plans(base):
     all_plans = plans()
     train, held = all_plans[::2], all_plans[1::2]
-    cal = fitted(base, timed(base, TRUTH, train, noise=0.05, seed=1), loo=False)
+    cal = fitted(base, timed(base, TRUTH, train, noise=0.05, seed=1), cv=False)
     truth = timed(base, TRUTH, held)
     model = apply_calibration(base, cal.section)
     predicted = [evaluate(model, parse_plan(r["plan"])).predicted_time for r in truth]
@@ -102,9 +102,9 @@ def test_fit_with_noise_ranks_held_out_plans(base):
 
 
 def test_few_runs_fit_few_parameters(base):
-    cal = fitted(base, timed(base, TRUTH, plans()[:3]), loo=False)
+    cal = fitted(base, timed(base, TRUTH, plans()[:3]), cv=False)
     assert len(cal.time.solution.parameters) <= 2
-    cal = fitted(base, timed(base, TRUTH, plans()[:1]), loo=False)
+    cal = fitted(base, timed(base, TRUTH, plans()[:1]), cv=False)
     assert len(cal.time.solution.parameters) == 1
 
 
@@ -114,7 +114,7 @@ def test_never_worse_in_sample(base):
     same = [{"tp": 1, "dp": 1, "pp": 2, "micro_batch": 2, "partition": p} for p in ([0, 3, 6], [0, 2, 6], [0, 4, 6])]
     records = timed(base, {}, same)
     records[2]["iteration_time"] *= 3
-    cal = fitted(base, records, loo=False)
+    cal = fitted(base, records, cv=False)
     e = cal.time.errors()
     assert e["calibrated"].median_abs_error <= e["uncalibrated"].median_abs_error
     assert e["calibrated"].rms_log_error <= e["uncalibrated"].rms_log_error
@@ -122,27 +122,27 @@ def test_never_worse_in_sample(base):
     # Random times: whatever the fit does, it is never worse on the runs it was given.
     rng = np.random.default_rng(3)
     records = [dict(r, iteration_time=r["iteration_time"] * math.exp(rng.normal(0, 0.5))) for r in timed(base, {}, plans())]
-    e = fitted(base, records, loo=False).time.errors()
+    e = fitted(base, records, cv=False).time.errors()
     assert e["calibrated"].median_abs_error <= e["uncalibrated"].median_abs_error
     assert e["calibrated"].rms_log_error <= e["uncalibrated"].rms_log_error
 
 
-def test_leave_one_out_holds_each_run_out(base):
+def test_cross_validation_holds_each_run_out(base):
     records = timed(base, TRUTH, plans()[:10])
     records[4]["iteration_time"] *= 1.5  # one run off the model
     part = fitted(base, records).time
-    assert part.loo is not None and len(part.loo) == 10
-    rel = [abs(p / m - 1) for p, m in zip(part.loo, part.measured)]
+    assert part.held_out is not None and len(part.held_out) == 10
+    rel = [abs(p / m - 1) for p, m in zip(part.held_out, part.measured)]
     inside = [abs(p / m - 1) for p, m in zip(part.after, part.measured)]
     assert rel[4] > inside[4]  # predicted without it, the odd run is further off than when fitted with it
     consistent = fitted(base, timed(base, TRUTH, plans()[:16])).time
-    assert errors(consistent.loo, consistent.measured).median_abs_error < 0.02
-    assert fitted(base, records[:2]).time.loo is None  # too few runs to leave one out
+    assert errors(consistent.held_out, consistent.measured).median_abs_error < 0.02
+    assert fitted(base, records[:2]).time.cv is None  # too few runs to hold any out
 
 
 def test_fit_is_deterministic(base):
     records = timed(base, TRUTH, plans()[:8], noise=0.05, seed=2)
-    a, b = fitted(base, records, loo=False), fitted(base, records, loo=False)
+    a, b = fitted(base, records, cv=False), fitted(base, records, cv=False)
     assert a.section == b.section
 
 
@@ -160,16 +160,16 @@ def test_joint_fit_across_instances_sharing_a_device_type(tmp_path, base):
     (tmp_path / "RUNS.json").write_text(json.dumps(records))
     runs = bind_runs(load_runs(tmp_path / "RUNS.json"), small)
     assert set(runs.instances) == {None, str(tmp_path / "two.json")}
-    cal = fit_calibration(runs, loo=False)
+    cal = fit_calibration(runs, cv=False)
     assert cal.time.values["links.inter"] == pytest.approx(0.2, rel=0.15)
-    alone = fitted(small, timed(small, TRUTH, local), loo=False)
+    alone = fitted(small, timed(small, TRUTH, local), cv=False)
     assert "links.inter" not in alone.time.values  # one node: nothing to learn about inter-node links
 
 
 # ---------------------------------------------------------------- the section applies to any instance with the hardware
 
 def test_section_copied_to_another_instance_calibrates_it_identically(base):
-    cal = fitted(base, timed(base, TRUTH, plans()), loo=False)
+    cal = fitted(base, timed(base, TRUTH, plans()), cv=False)
     section = dict(cal.section, device_types=dict(cal.section["device_types"], **{"H100": {"compute_scale": 9.0}}))
     bigger = document(nodes=4, devices=2, global_batch=32, name="bigger",
                       model=dict(MODEL, layers=4, hidden=128))
@@ -218,7 +218,7 @@ def _peaks(instance, section, plan_list):
 
 def test_memory_fit_recovers_activation_factor_and_buffers(base):
     truth = {"activation_factor": 1.25, "gradient_buffer_bytes_per_param": 4.0}
-    cal = fitted(base, _peaks(base, truth, plans()), loo=False)
+    cal = fitted(base, _peaks(base, truth, plans()), cv=False)
     values = cal.memory.values
     assert values["activation_factor"] == pytest.approx(1.25, rel=0.02)
     assert values["gradient_buffer_bytes_per_param"] == pytest.approx(4.0, rel=0.05)
@@ -252,7 +252,7 @@ def test_out_of_memory_under_its_limit_tightens_capacity_not_peaks(base):
     [whole] = _peaks(base, MEMORY_TRUTH, [WHOLE])
     limit = 1.02 * whole["peak_memory"]  # the calibrated model predicts it fits: it did not (2% it does not know)
     records = finished + [{"plan": WHOLE, "failed": "oom", "memory_limit": limit}]
-    cal = fitted(base, records, loo=False)
+    cal = fitted(base, records, cv=False)
     measured = [r["peak_memory"] for r in finished]
     after = _predicted_peaks(base, cal.section, finished)
     assert after == pytest.approx(_predicted_peaks(base, _without_headroom(cal.section), finished), rel=1e-12)
@@ -278,7 +278,7 @@ def test_out_of_memory_without_a_limit_is_compared_with_the_device_memory(base):
     to fit the instance's devices, the finished ones still fit, and no predicted peak moves."""
     finished = _peaks(base, MEMORY_TRUTH, plans()[:12])
     records = finished + [{"plan": WHOLE, "failed": "oom"}]
-    cal = fitted(base, records, loo=False)
+    cal = fitted(base, records, cv=False)
     after = _predicted_peaks(base, cal.section, finished)
     assert after == pytest.approx(_predicted_peaks(base, _without_headroom(cal.section), finished), rel=1e-12)
     assert errors(after, [r["peak_memory"] for r in finished]).max_abs_error < 0.02
@@ -295,7 +295,7 @@ def test_out_of_memory_contradicted_by_a_finished_run_is_reported_not_forced(bas
     small = {"tp": 1, "dp": 1, "pp": 2, "micro_batch": 4, "partition": [0, 3, 6]}
     finished = _peaks(base, MEMORY_TRUTH, plans()[:12] + [WHOLE])
     records = finished + [{"plan": small, "failed": "oom"}]
-    cal = fitted(base, records, loo=False)
+    cal = fitted(base, records, cv=False)
     calibrated = apply_calibration(base, cal.section)
     assert all(evaluate(calibrated, parse_plan(r["plan"])).feasible for r in finished)
     [a] = cal.headroom
@@ -307,7 +307,7 @@ def test_out_of_memory_contradicted_by_a_finished_run_is_reported_not_forced(bas
 
 def test_a_step_that_would_worsen_the_fit_is_shrunk_or_refused():
     """F7, on a scorer whose measures get worse beyond a quarter of the step."""
-    from amp_opt.calibrate.fit import Scores, _guarded
+    from amp_opt.calibrate.scoring import Scores, guarded as _guarded
 
     before = Scores((0.1, 0.1), (0.1, 0.1), ())
 
@@ -364,12 +364,12 @@ def test_calibrate_command(tmp_path, base):
     out = run_cli("calibrate", "inst.json", "RUNS.json", "-o", "cal.json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "calibrated from 13 runs (12 finished, 0 out of memory, 1 failed" in out.stdout
-    assert "on 1 instance(s)" in out.stdout and "leave-one-out" in out.stdout
+    assert "on 1 instance(s)" in out.stdout and "held-out" in out.stdout
     section = json.loads((tmp_path / "cal.json").read_text())["calibration"]
     assert section["device_types"]["T4"] == {"compute_scale": 2.0}  # no run used T4: carried over
     assert section["device_types"]["cpu"]["compute_scale"] == pytest.approx(1.4, rel=0.1)  # refitted, not 5.0
     fit = section["fit"]
-    assert fit["runs"]["finished"] == 12 and fit["time"]["leave_one_out"]["runs"] == 12
+    assert fit["runs"]["finished"] == 12 and fit["time"]["held_out"]["runs"] == 12
     assert fit["time"]["in_sample"]["calibrated"]["median_abs_error"] < 0.02
     for command in (["solve", "cal.json"], ["evaluate", "cal.json", "plan.json"]):
         (tmp_path / "plan.json").write_text(json.dumps(PLAN))
@@ -395,18 +395,23 @@ def test_calibrate_command_bad_runs(tmp_path, capsys, monkeypatch):
 
 
 def test_a_record_the_model_cannot_price_is_named(tmp_path, capsys, monkeypatch):
-    """A record at a tp degree without a profile (and no peak_flops to estimate from): the error names it."""
+    """A record on a device type nothing was measured on (and no peak_flops to estimate from): the
+    error names it.  (A tp degree the profiled device type was not measured at is derived.)"""
     doc = document()
-    del doc["device_types"][0]["peak_flops"]
+    doc["device_types"].append({"name": "new", "memory": "8 GiB"})
+    doc["nodes"].append({"name": "other", "device_type": "new", "devices": 2, "intra_bandwidth": "200 MB/s",
+                         "inter_bandwidth": "100 MB/s"})
     (tmp_path / "inst.json").write_text(json.dumps(doc))
     tp2 = {"tp": 2, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 6]}
+    on_new = dict(tp2, stages=[[[4, 5]]])
     (tmp_path / "runs.json").write_text(json.dumps([{"plan": PLAN, "iteration_time": 1.0},
-                                                    {"plan": tp2, "iteration_time": 1.0}]))
+                                                    {"plan": tp2, "iteration_time": 1.0},
+                                                    {"plan": on_new, "iteration_time": 1.0}]))
     monkeypatch.chdir(tmp_path)
     assert main(["calibrate", "inst.json", "runs.json", "-o", "cal.json"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == ("amp-opt: error: runs.json[1]: instance.profiles: no measured profile for device type 'cpu' "
-                           "at tp 2, and device type 'cpu' has no peak_flops to estimate it from"), err
+    assert err.strip() == ("amp-opt: error: runs.json[2]: instance.profiles: no measured profile for device type 'new', "
+                           "and device type 'new' has no peak_flops to estimate it from"), err
     assert not (tmp_path / "cal.json").exists()
 
 
@@ -447,3 +452,91 @@ def test_calibrated_copy_elsewhere_keeps_its_hugging_face_config(tmp_path, capsy
     from amp_opt import load_instance
 
     assert load_instance(tmp_path / "out" / "cal.json").num_layers == 4
+
+
+# ---------------------------------------------------------------- cross-validation across groups (F8), speed
+
+def test_held_out_ranking_never_worse_than_uncalibrated():
+    """F8's rule: a parameter count whose held-out error is smaller is still refused when it ranks
+    the plans of some group worse than the uncalibrated model does."""
+    from amp_opt.calibrate.crossval import cross_validate
+
+    measured = np.array([1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0])
+    before = 2 * measured  # right order, twice too slow everywhere
+    groups = ["a"] * 4 + ["b"] * 4
+
+    def refit_predict(k, train, test):  # k = 1 halves the error but swaps two plans of each group
+        out = before[test] / 1.8 if k else before[test]
+        return out[[1, 0, 2, 3]] if k else out
+
+    cv = cross_validate(refit_predict, 1, measured, before, groups)
+    assert cv.rms[1] < cv.rms[0] and cv.ranking_ok == (True, False) and cv.chosen == 0
+    cv = cross_validate(lambda k, train, test: before[test] / (1.8 if k else 1.0), 1, measured, before, groups)
+    assert cv.ranking_ok == (True, True) and cv.chosen == 1
+
+
+def test_groups_are_held_out_whole_and_reported(tmp_path, base):
+    """Runs on two instances: each fold holds one instance's runs out; the report gives each group's
+    held-out error and rank correlation next to the uncalibrated model's."""
+    one = document(nodes=1, devices=2, global_batch=8, name="one")
+    (tmp_path / "two.json").write_text(json.dumps(document(nodes=2, devices=2, global_batch=16, name="two")))
+    small = parse_instance(one)
+    local = [{"tp": 1, "dp": dp, "pp": pp, "micro_batch": mb, "partition": part}
+             for mb in (1, 2, 4) for dp, pp, part in ((1, 2, [0, 3, 6]), (2, 1, [0, 6]), (1, 2, [0, 2, 6]))]
+    remote = [{"tp": 1, "dp": dp, "pp": pp, "micro_batch": mb, "partition": part}
+              for mb in (1, 2) for dp, pp, part in ((4, 1, [0, 6]), (2, 2, [0, 3, 6]), (1, 4, [0, 2, 3, 4, 6]))]
+    records = (timed(small, TRUTH, local, noise=0.02, seed=4)
+               + [dict(r, instance="two.json") for r in timed(base, TRUTH, remote, noise=0.02, seed=5)])
+    (tmp_path / "RUNS.json").write_text(json.dumps(records))
+    cal = fit_calibration(bind_runs(load_runs(tmp_path / "RUNS.json"), small))
+    part = cal.time
+    assert part.cv.scheme == "leave one group out"
+    assert [g.group for g in part.groups] == ["one", "two"] and [len(g.runs) for g in part.groups] == [9, 6]
+    for g in part.groups:  # calibrated on the other cluster only, and still better than uncalibrated
+        assert g.held_out.median_abs_error < g.uncalibrated.median_abs_error
+        assert g.held_out.spearman >= g.uncalibrated.spearman
+    report = cal.fit_report(date="2026-01-01")["time"]
+    assert [g["group"] for g in report["groups"]] == ["one", "two"]
+    assert report["cross_validation"]["parameters_kept"] == len(part.solution.parameters) >= 1
+
+
+def test_failed_runs_the_model_calls_feasible_are_misses(base):
+    finished = timed(base, TRUTH, plans()[:6])
+    records = finished + [{"plan": PLAN, "failed": "error"}, {"plan": PLAN, "failed": "oom", "memory_limit": 1e3}]
+    cal = fitted(base, records, cv=False)
+    assert cal.misses == {"uncalibrated": (6,), "calibrated": (6,)}  # 1 kB of memory: the oom run is no miss
+    report = cal.fit_report(date="2026-01-01")
+    assert report["failed_predicted_feasible"]["calibrated"] == [6]
+
+
+def test_calibration_evaluates_each_run_a_bounded_number_of_times(base, monkeypatch):
+    """Speed without a clock: 35 runs on two groups are fitted (time and memory, with
+    cross-validation) in a bounded number of evaluations per run, one per plan and section."""
+    import amp_opt.calibrate.predict as predict
+
+    calls = []
+    real = predict.evaluate
+    monkeypatch.setattr(predict, "evaluate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    records = _peaks(base, MEMORY_TRUTH, plans()[:20]) + timed(base, TRUTH, plans()[:15], noise=0.03, seed=6)
+    cal = fitted(base, records)
+    assert cal.time is not None and cal.memory is not None
+    assert len(calls) < 240 * len(records), len(calls)  # 217 a run; leave-one-out refits took 1510
+
+
+def test_failed_runs_of_a_group_are_checked_against_a_headroom_fitted_without_it(tmp_path, base):
+    (tmp_path / "two.json").write_text(json.dumps(document(name="two")))
+    [whole] = _peaks(base, MEMORY_TRUTH, [WHOLE])
+    finished = _peaks(base, MEMORY_TRUTH, plans()[:8])
+    near = {"plan": WHOLE, "failed": "oom", "memory_limit": 1.02 * whole["peak_memory"]}
+    far = {"plan": WHOLE, "failed": "oom", "memory_limit": 3 * whole["peak_memory"]}  # nothing known explains it
+    two = [dict(r, instance="two.json") for r in finished[:6] + [near, far]]
+
+    def held_out(records):
+        (tmp_path / "RUNS.json").write_text(json.dumps(records))
+        return fit_calibration(bind_runs(load_runs(tmp_path / "RUNS.json"), base))
+
+    cal = held_out(finished + two)  # nothing ran out of memory in "syn": nothing to learn from it
+    assert cal.held_out_misses == {"two": (14, 15)} and cal.misses["calibrated"] == ()
+    cal = held_out(finished + [near] + two)  # what "syn" taught flags the like run of "two" (15), not 16
+    assert cal.held_out_misses == {"syn": (), "two": (16,)}
+    assert cal.fit_report(date="2026-01-01")["failed_predicted_feasible_held_out"] == {"syn": [], "two": [16]}

@@ -251,13 +251,16 @@ def test_profile_warns_of_sizes_no_plan_can_use(tmp_path):
 
 @needs_torch
 def test_run_refuses_a_plan_the_model_cannot_price_before_starting(workflow, capsys, monkeypatch):
-    """tp 2 has no profile in profiled.json (and cpu no peak_flops): bad input before any process starts."""
+    """Nothing measured on cpu (and no peak_flops): bad input before any process starts."""
     tmp, _ = workflow
+    doc = json.loads((tmp / "profiled.json").read_text())
+    doc.pop("profiles")
+    (tmp / "unprofiled.json").write_text(json.dumps(doc))
     (tmp / "tp2.json").write_text(json.dumps({"tp": 2, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4]}))
     started = []
     import amp_opt.engine.run as engine_run
 
     monkeypatch.setattr(engine_run, "launch", lambda *a, **k: started.append(1))
-    code, err = main(capsys, monkeypatch, tmp, "run", "profiled.json", "tp2.json", "-o", "tp2_runs.json")
-    assert code == 2 and "instance.profiles: no measured profile for device type 'cpu' at tp 2" in err, err
+    code, err = main(capsys, monkeypatch, tmp, "run", "unprofiled.json", "tp2.json", "-o", "tp2_runs.json")
+    assert code == 2 and "instance.profiles: no measured profile for device type 'cpu'" in err, err
     assert not started and not (tmp / "tp2_runs.json").exists()

@@ -6,6 +6,7 @@ compares a measured peak with :func:`peak_of_stage`."""
 
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
 import numpy as np
@@ -32,16 +33,40 @@ class Predictor:
     True
     """
 
+    CACHED_SECTIONS = 64  # sections whose calibrated instances and evaluations are kept
+
     def __init__(self, runs: RunSet):
         self.runs = runs
+        self._tables = {key: Tables(inst) for key, inst in runs.instances.items()}
+        self._cache: dict[str, tuple[dict, dict]] = {}  # section -> (calibrated (instance, tables), evaluations)
 
-    def _calibrated(self, section):
-        return {key: (lambda inst: (inst, Tables(inst)))(apply_calibration(base, section))
-                for key, base in self.runs.instances.items()}
+    def _entry(self, section) -> tuple[dict, dict]:
+        """The calibrated instances of a section and its evaluations so far, remembered for the last
+        few sections (a fit asks for times, peaks and rooms of one section in turn)."""
+        key = json.dumps(section, sort_keys=True)
+        if key not in self._cache:
+            if len(self._cache) >= self.CACHED_SECTIONS:
+                del self._cache[next(iter(self._cache))]
+            cal = {}
+            for k, base in self.runs.instances.items():
+                inst = apply_calibration(base, section)
+                cal[k] = (inst, self._tables[k].recalibrated(inst))
+            self._cache[key] = (cal, {})
+        return self._cache[key]
+
+    def evaluation(self, record: RunRecord, section):
+        """The one evaluator's :class:`~amp_opt.model.evaluate.Evaluation` of a record's plan under a section."""
+        cal, done = self._entry(section)
+        if record.index not in done:
+            inst, tables = cal[record.instance]
+            done[record.index] = evaluate(inst, record.plan, COST_MODEL, tables=tables)
+        return done[record.index]
+
+    def instance(self, record: RunRecord, section):
+        return self._entry(section)[0][record.instance][0]
 
     def evaluations(self, records: Sequence[RunRecord], section) -> list:
-        cal = self._calibrated(section)
-        return [evaluate(cal[r.instance][0], r.plan, COST_MODEL, tables=cal[r.instance][1]) for r in records]
+        return [self.evaluation(r, section) for r in records]
 
     def times(self, records: Sequence[RunRecord], section) -> np.ndarray:
         """Predicted seconds per iteration (eq. H13) of each record's plan."""
@@ -50,23 +75,13 @@ class Predictor:
     def rooms(self, records: Sequence[RunRecord], section) -> list[dict[str, float]]:
         """Each record's least memory room per device type under the memory it ran with (eq. F6,
         :func:`memory_rooms`)."""
-        cal = self._calibrated(section)
-        out = []
-        for r in records:
-            inst, tables = cal[r.instance]
-            out.append(memory_rooms(inst, evaluate(inst, r.plan, COST_MODEL, tables=tables), r.memory_limit))
-        return out
+        return [memory_rooms(self.instance(r, section), self.evaluation(r, section), r.memory_limit) for r in records]
 
     def peaks(self, records: Sequence[RunRecord], section) -> np.ndarray:
         """Predicted peak bytes of each record's fullest device (eq. C5'): max over stages of
         M_s - reserve + the largest memory overhead among the stage's device types."""
-        cal = self._calibrated(section)
-        out = []
-        for r in records:
-            inst, tables = cal[r.instance]
-            ev = evaluate(inst, r.plan, COST_MODEL, tables=tables)
-            out.append(max(peak_of_stage(inst, s) for s in ev.stages))
-        return np.array(out)
+        return np.array([max(peak_of_stage(self.instance(r, section), s) for s in self.evaluation(r, section).stages)
+                         for r in records])
 
 
 def memory_rooms(instance, evaluation, limit: float | None = None) -> dict[str, float]:

@@ -73,9 +73,12 @@ def evaluation_tables(instance, ev: Evaluation):
         f"({ev.n_micro} micro-batches/iteration, cost model {ev.cost_model})"
     )
     stages = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    # Where the layer times come from, shown when some stage's were not all measured.
+    sources = any(r.compute_source != "measured" for r in ev.stages)
     for col, justify in [("stage", "right"), ("layers", "left"), ("first..last", "left"),
                          ("types", "left"), ("devices", "left"), ("compute ms", "right"), ("p2p ms", "right"),
-                         ("allreduce ms", "right"), ("mem GiB", "right"), ("cap GiB", "right")]:
+                         ("allreduce ms", "right"), ("mem GiB", "right"), ("cap GiB", "right")] + \
+            ([("times", "left")] if sources else []):
         wide = col in ("first..last", "devices")
         stages.add_column(col, justify=justify, no_wrap=wide, overflow="ellipsis", max_width=28 if wide else None,
                           min_width=len(col))
@@ -84,7 +87,8 @@ def evaluation_tables(instance, ev: Evaluation):
         names = instance.layers[a].name if b - a == 1 else f"{instance.layers[a].name}..{instance.layers[b - 1].name}"
         mem = f"{r.memory / GIB:.2f}" + ("" if r.fits else " !")
         stages.add_row(str(r.index), f"{a}-{b - 1}", names, ", ".join(r.device_types), _groups(r.groups),
-                       _ms(r.compute), _ms(r.p2p), _ms(r.allreduce), mem, f"{r.capacity / GIB:.2f}")
+                       _ms(r.compute), _ms(r.p2p), _ms(r.allreduce), mem, f"{r.capacity / GIB:.2f}",
+                       *([r.compute_source] if sources else []))
 
     terms = Table(title=f"predicted time per iteration: {ev.predicted_time:.4f} s", title_justify="left",
                   box=box.SIMPLE_HEAD)

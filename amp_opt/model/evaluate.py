@@ -21,6 +21,7 @@ from .costs import CandidateTerms, CostModel, StageCosts, cost_model as get_cost
 from .costs.stages import UnevenCosts
 from .costs.terms import stage_order
 from .plan import Plan, check_plan, parse_plan
+from .profiles import worst_source
 from .tables import LayerSums, Tables
 
 GIB = 2**30
@@ -42,6 +43,7 @@ class StageReport:
     chunks: tuple[tuple[int, int], ...] = ()  # with interleaving: the stage's layer ranges
     recompute: str = "none"
     replica_compute: tuple[float, ...] = ()  # a non-uniform plan: each replica's seconds per micro-batch
+    compute_source: str = "measured"  # where its layer times come from: measured, derived or datasheet
 
     def to_json(self, instance) -> dict[str, Any]:
         a, b = self.layers
@@ -59,6 +61,7 @@ class StageReport:
             "capacity": self.capacity,
             "fits": self.fits,
             "recompute": self.recompute,
+            "compute_source": self.compute_source,
         }
         if len(self.chunks) > 1:
             out["chunks"] = [list(c) for c in self.chunks]
@@ -168,8 +171,12 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
         for r in over
     )
     notes = []
-    if costs.estimated:
-        notes.append("some compute times were estimated from FLOPs (no measured profile for a device type at this tp degree)")
+    sources = {r.compute_source for r in reports}
+    if "datasheet" in sources:
+        notes.append("some compute times were estimated from FLOPs and the datasheet peak (nothing measured on a "
+                     "device type)")
+    if "derived" in sources:
+        notes.append("some compute times were derived from measurements at another tp degree or micro-batch size")
     if not model.enforces_memory and over:
         notes.append(f"the {model.name} cost model does not enforce memory; the plan would not fit: " + "; ".join(violations))
     devices = [d for stage in plan.stages for group in stage for d in group]
@@ -201,7 +208,18 @@ def _stage_report(instance, plan: Plan, costs: StageCosts, s: int, k: int, l: in
         compute=float(costs.compute(s, k, l)), p2p=float(costs.p2p(s, l)), allreduce=float(costs.allreduce(s, k, l)),
         memory=memory, capacity=capacity, fits=costs.fits(s, k, l) if uneven else memory <= capacity, chunks=chunks,
         recompute=plan.recompute_of(s),
-        replica_compute=tuple(float(t) for t in costs.replica_compute(s, k, l)) if uneven else ())
+        replica_compute=tuple(float(t) for t in costs.replica_compute(s, k, l)) if uneven else (),
+        compute_source=_compute_source(instance, costs, plan, s))
+
+
+def _compute_source(instance, costs, plan: Plan, s: int) -> str:
+    """Where stage s's layer times come from: the least measured over its replicas' devices at the
+    replica's tp and share (``measured``, ``derived`` from a measurement, or the ``datasheet``;
+    :mod:`.profiles`)."""
+    shares, tp = plan.shares_at(s), plan.tp_at(s)
+    keys = {(instance.nodes[instance.device_node[d]].device_type, instance.nodes[instance.device_node[d]].intra_bandwidth,
+             shares[r // plan.cp]) for r, group in enumerate(plan.stages[s]) for d in group}
+    return worst_source(costs.tables.layer_times(t, bw, tp, b).source for t, bw, b in sorted(keys))
 
 
 def _price(instance, devices, seconds: float) -> float | None:

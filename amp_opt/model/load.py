@@ -33,7 +33,7 @@ DEFAULT_CP = (1, 2, 4, 8, 16)  # context-parallel degrees the search may try
 DEFAULT_VIRTUAL = (1, 2, 4)  # virtual pipeline stages per device (interleaved 1F1B)
 RECOMPUTE = ("none", "selective", "full")
 DEFAULT_MEMORY_RESERVE = 2**30  # 1 GiB: CUDA context, allocator slack, workspaces
-DEFAULT_EFFICIENCY = 0.4  # fraction of peak FLOP/s an analytic estimate assumes
+DEFAULT_EFFICIENCY = 0.4  # fraction of peak FLOP/s the datasheet estimate assumes (device types with no profile)
 MIXED_PRECISION_ADAM = {"weights": 2.0, "gradients": 2.0, "optimizer": 12.0}
 
 

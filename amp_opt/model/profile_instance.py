@@ -7,11 +7,13 @@ reach it without them: the profiles merged into the document (``merged``), then
 * when the instance does not say how its training stores model state, the engine's own
   (weights, gradients and two Adam moments in the run's dtype, :func:`engine_training`); on CPU
   a memory reserve of 0;
-* tensor-parallel degrees with neither a profile nor FLOPs to estimate from removed from the search;
 * with ``runnable`` (the search settings ``python -m amp_opt run`` executes,
   :data:`amp_opt.engine.layout.RUNNABLE`), the search restricted to them;
 * the sizes that ran out of memory listed under ``measurements.out_of_memory``;
 * with measured ``links``, their allreduce bandwidth as the intra-node bandwidth of the device type's nodes.
+
+Tensor-parallel degrees and micro-batch sizes not profiled stay in the search: the model derives
+their times from the profiled ones (``formulations/hetero.md``, "Estimates anchored on measurements").
 
 Each change is listed under ``measurements.notes`` and returned.
 """
@@ -46,7 +48,7 @@ def profiled_instance(merged: dict, instance, results: Sequence, *, device_type:
     {'weights': 2, 'gradients': 2, 'optimizer': 4}
     """
     out = copy.deepcopy(merged)
-    changed = _make_solvable(out, instance, device_type, device, dtype_bytes, {r.tp for r in results if not r.oom})
+    changed = _make_solvable(out, device, dtype_bytes)
     if runnable:
         out.setdefault("search", {}).update(runnable)
         changed.append("search restricted to what python -m amp_opt run executes: " + json.dumps(runnable))
@@ -74,7 +76,7 @@ def _out_of_memory(measurements: dict, results: Sequence) -> None:
         measurements["out_of_memory"] = kept + ooms
 
 
-def _make_solvable(out: dict, instance, name: str, device: str, dtype_bytes: int, profiled_tp: set[int]) -> list[str]:
+def _make_solvable(out: dict, device: str, dtype_bytes: int) -> list[str]:
     """Fill in what the engine does where the instance is silent (module doc)."""
     notes = []
     training = out.setdefault("training", {})
@@ -85,18 +87,7 @@ def _make_solvable(out: dict, instance, name: str, device: str, dtype_bytes: int
     if device == "cpu" and "memory_reserve" not in training:
         training["memory_reserve"] = 0
         notes.append("training.memory_reserve set to 0: a CPU process has no CUDA context to reserve for")
-    dev = instance.device_types[name]
-    if dev.peak_flops is None or any(layer.flops is None for layer in instance.layers):
-        allowed = sorted(instance.search.tp)
-        keep = [t for t in allowed if t in profiled_tp or _has_profile(instance, name, t)]
-        if keep and keep != allowed:
-            out.setdefault("search", {})["tp"] = keep
-            notes.append(f"search.tp restricted to {keep}: {name} has no peak_flops to estimate other degrees from")
     return notes
-
-
-def _has_profile(instance, name: str, tp: int) -> bool:
-    return any(p.device_type == name and p.tp == tp for p in instance.profiles)
 
 
 def _with_links(out: dict, measurements: dict, name: str, links: dict, processes: int) -> str:

@@ -118,6 +118,14 @@ class Tables:
         self._sums: dict[tuple, LayerSums] = {}
         self._arrays: dict[tuple, LayerArrays] = {}
 
+    def recalibrated(self, instance) -> "Tables":
+        """Tables of ``instance``, a recalibrated copy of this one (``apply_calibration``): the layer
+        sums and per-layer arrays depend on no calibrated quantity, so they are shared; the layer
+        times (compute scale, batch exponent, bandwidths) are not."""
+        out = Tables(instance)
+        out._sums, out._arrays = self._sums, self._arrays
+        return out
+
     def layer_times(self, device_type: str, intra_bw: float, tp: int, micro_batch: int) -> LayerTimes:
         """Seconds per layer for one micro-batch (eq. H2), see :func:`amp_opt.model.profiles.layer_times`."""
         key = (device_type, intra_bw, tp, micro_batch)
