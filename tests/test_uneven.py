@@ -375,3 +375,12 @@ def test_the_symmetry_classes_keep_every_share_assignment():
     replica on an identical node's first listing; a symmetry key that forgot the shares (too
     strong a rule) misses it (checked by breaking ``uneven_space._key`` once)."""
     uneven_check(tiny_uneven(15, devices=3, batch=8))
+
+
+@pytest.mark.parametrize("name", ["amp_opt.model.plan_stages", "amp_opt.model.costs.stages"])
+def test_docstring_examples_of_the_new_modules(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
