@@ -375,3 +375,46 @@ def test_the_symmetry_classes_keep_every_share_assignment():
     replica on an identical node's first listing; a symmetry key that forgot the shares (too
     strong a rule) misses it (checked by breaking ``uneven_space._key`` once)."""
     uneven_check(tiny_uneven(15, devices=3, batch=8))
+
+
+@pytest.mark.parametrize("name", ["amp_opt.model.plan_stages", "amp_opt.model.costs.stages"])
+def test_docstring_examples_of_the_new_modules(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_search_graph_prices_each_configuration_as_the_evaluator_does():
+    """Every configuration of a two-node instance (2 GPUs each: intra- and inter-node boundaries),
+    its DP's best value and the evaluator's price of that plan agree, with the cost views shared
+    across configurations as the search shares them (a view keyed too coarsely fails here)."""
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.uneven import _graph, _settings
+    from amp_opt.search.partition import optimal_path
+    from amp_opt.search.uneven_space import configurations
+
+    doc = generate_instance(4, nodes=2, devices_per_node=2, device_types=2, layers=4, global_batch=8)
+    doc["search"].update({"engine": "amp_opt", "micro_batches": [1, 2], "recompute": ["none"], "zero_stages": [1],
+                          "sequence_parallel": [False], "virtual_stages": [1]})
+    inst = parse_instance(doc)
+    model, tables, cache = solve_options().model, Tables(inst), {}
+    confs, complete = configurations(inst, limit=1000)
+    assert complete and len(confs) > 20
+    compared = 0
+    for conf in confs:
+        for sp, mode, layers, zero in _settings(inst.search):
+            fields = {**conf.plan_doc(inst), "partition": [0, *range(1, conf.pp), 4], "recompute": mode,
+                      "zero_stage": zero}
+            try:
+                plan = check_plan(inst, parse_plan(fields))
+            except InputError:
+                continue
+            found = optimal_path(_graph(UnevenCosts(model, tables, plan, cache=cache), 4))
+            if found is None:
+                continue
+            ev = amp_opt.evaluate(inst, parse_plan({**fields, "partition": list(found[1].bounds)}))
+            assert found[0] == pytest.approx(ev.predicted_time, rel=1e-9)
+            compared += 1
+    assert compared >= 10

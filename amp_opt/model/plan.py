@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import InputError
 from .engines import engine_of
 from .fields import number_field, whole_number
-from .plan_stages import check_uneven, parse_degrees, parse_shares
+from .plan_stages import check_uneven, parse_degrees, parse_shares, parse_stages
 
 Stages = tuple[tuple[tuple[int, ...], ...], ...]
 RECOMPUTE = ("none", "selective", "full")
@@ -266,20 +266,6 @@ def _recompute(data: Mapping, where: str, pp: int):
     return value
 
 
-def _stages(data: Mapping, where: str) -> Stages | None:
-    stages = data.get("stages")
-    if stages is None:
-        return None
-    ok = isinstance(stages, Sequence) and all(
-        isinstance(stage, Sequence)
-        and all(isinstance(group, Sequence) and all(isinstance(d, int) and not isinstance(d, bool) for d in group)
-                for group in stage)
-        for stage in stages)
-    if not ok:
-        raise InputError(f"{where}.stages", "must be a list (stages) of lists (replicas) of lists of device ids")
-    return tuple(tuple(tuple(group) for group in stage) for stage in stages)
-
-
 def parse_plan(data: Any, *, where: str = "plan") -> Plan:
     """Check the shape of a plan object (not yet against an instance; see :func:`check_plan`).
 
@@ -303,6 +289,9 @@ def parse_plan(data: Any, *, where: str = "plan") -> Plan:
         hint = ("; this is a result (solve --json, evaluate --json), not a plan: take its \"plan\" member"
                 if isinstance(data.get("plan"), Mapping) else "")
         raise InputError(f"{where}.{unknown[0]}", f"unknown field (a plan has {', '.join(PLAN_KEYS)}){hint}")
+    for key in ("tp", "dp"):  # named in the order of PLAN_KEYS when missing
+        if data.get(key) is None:
+            raise InputError(f"{where}.{key}", "is required")
     pp = number_field(data, "pp", where)
     tp, dp = parse_degrees(data, "tp", pp, where), parse_degrees(data, "dp", pp, where)
     shares = parse_shares(data, dp, pp, where)
@@ -335,7 +324,7 @@ def parse_plan(data: Any, *, where: str = "plan") -> Plan:
     zero = data.get("zero_stage")
     if zero is not None and zero not in (0, 1, 2, 3):
         raise InputError(f"{where}.zero_stage", f"must be 0, 1, 2 or 3, got {zero!r}")
-    return Plan(tp, dp, pp, mb, tuple(partition), _stages(data, where), cp=cp,
+    return Plan(tp, dp, pp, mb, tuple(partition), parse_stages(data, where), cp=cp,
                 sequence_parallel=_flag(data, "sequence_parallel", where, False), recompute=recompute,
                 recompute_layers=layers, zero_stage=zero, virtual_stages=v, shares=shares)
 

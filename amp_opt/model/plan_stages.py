@@ -94,3 +94,18 @@ def check_uneven(instance, plan, where: str) -> None:
         field = "shares" if plan.shares is not None else "micro_batch"
         raise InputError(f"{where}.{field}", f"the pipeline micro-batch of {M} samples does not divide the global "
                                              f"batch {batch}")
+
+
+def parse_stages(data: Mapping, where: str):
+    """``stages``: per stage, per replica, the device ids of its group; None when absent."""
+    stages = data.get("stages")
+    if stages is None:
+        return None
+    ok = isinstance(stages, Sequence) and all(
+        isinstance(stage, Sequence)
+        and all(isinstance(group, Sequence) and all(isinstance(d, int) and not isinstance(d, bool) for d in group)
+                for group in stage)
+        for stage in stages)
+    if not ok:
+        raise InputError(f"{where}.stages", "must be a list (stages) of lists (replicas) of lists of device ids")
+    return tuple(tuple(tuple(group) for group in stage) for stage in stages)

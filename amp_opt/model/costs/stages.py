@@ -52,7 +52,7 @@ class UnevenCosts:
     >>> plan = check_plan(inst, amp_opt.parse_plan({"tp": 1, "dp": [2, 1], "pp": 2, "shares": [[3, 1], [4]],
     ...                                             "partition": [0, 2, 4]}))
     >>> costs = UnevenCosts(amp_opt.model.costs.HETERO, Tables(inst), plan)
-    >>> costs.compute(0, 0, 2) == max(r.view.compute(0, 0, 2) for r in costs.replicas[0])
+    >>> bool(costs.compute(0, 0, 2) == max(r.view.compute(0, 0, 2) for r in costs.replicas[0]))
     True
     """
 
