@@ -21,7 +21,7 @@ def test_solve_stays_a_function_after_every_submodule_is_imported():
         try:
             importlib.import_module(name)
         except amp_opt.InputError as exc:  # the PyTorch engine without PyTorch: one clear line
-            assert name.startswith("amp_opt.engine.") and "PyTorch is not installed" in str(exc)
+            assert name.startswith("amp_opt.runtime.") and "PyTorch is not installed" in str(exc)
     assert callable(amp_opt.solve) and amp_opt.solve.__module__ == "amp_opt.search.solve"
 
 

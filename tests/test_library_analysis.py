@@ -8,7 +8,7 @@ from conftest import instance_dict
 
 import amp_opt
 from amp_opt.model.load import parse_instance
-from amp_opt.engine.layout import RUNNABLE
+from amp_opt.runtime.layout import RUNNABLE
 from amp_opt.model.profile_instance import profiled_instance
 from amp_opt.search import alternatives
 

@@ -312,7 +312,7 @@ def test_interleaved_schedule_formula_memory_and_p2p():
     ({"pp": 2, "partition": [0, 2, 3, 4, 6], "virtual_stages": 2, "recompute": "full", "recompute_layers": 1},
      "megatron", "recompute_layers", "virtual_stages 1"),
 ])
-def test_engine_rules_reject_a_given_plan_in_one_line(tmp_path, fields, engine, field, words):
+def test_runtime_rules_reject_a_given_plan_in_one_line(tmp_path, fields, engine, field, words):
     # five transformer layers (seven with the embedding and the loss) split into no four equal chunks
     layers = 5 if words == "must divide" else 4
     doc = preset_doc(search={"engine": engine}, layers=layers, global_batch=5 if words == "divisible by pp" else 8)

@@ -1,6 +1,6 @@
 """``profile``: measure every layer of the instance's model on this machine and write the profiles.
 
-Builds the model's layers as PyTorch modules (:mod:`amp_opt.engine`), times
+Builds the model's layers as PyTorch modules (:mod:`amp_opt.runtime`), times
 forward+backward per layer at each micro-batch size (warm-up, repeats, the median
 kept and the spread written beside it), takes the bytes each layer keeps for
 backward, and writes a copy of the instance whose ``profiles`` hold them for one
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..model.load import load_instance, load_json, parse_instance
-from ..engine.layout import RUNNABLE
+from ..runtime.layout import RUNNABLE
 from ..model.profile_instance import profiled_instance
 from .common import positive_int, write_json_document
 
@@ -103,12 +103,12 @@ def _check_tp(tp_degrees, shape, name: str, per_node: int, available: int, devic
 
 
 def run(args) -> int:
-    from ..engine import require_torch
+    from ..runtime import require_torch
 
     torch = require_torch()
-    from ..engine.modules import model_shape, torch_dtype
-    from ..engine.profile import merge_profiles, profile_model
-    from ..engine.provenance import catalog_fields, check_local, resolve_device, usable_cores
+    from ..runtime.modules import model_shape, torch_dtype
+    from ..runtime.profile import merge_profiles, profile_model
+    from ..runtime.provenance import catalog_fields, check_local, resolve_device, usable_cores
 
     if args.warmup < 0:
         raise InputError("--warmup", f"must be 0 or more, got {args.warmup}")
@@ -142,7 +142,7 @@ def run(args) -> int:
         notes.append(f"links not measured: a {name} node has {per_node} device(s) and this machine runs {available} "
                      "process(es) at once; a link needs two")
     elif args.links:
-        from ..engine.links import measure_links
+        from ..runtime.links import measure_links
 
         links = measure_links(processes=processes, device=device, timeout=float(args.timeout))
     out, notes = profiled_instance(merge_profiles(document, results, extras=True), instance, results,

@@ -1,19 +1,19 @@
 """``run``: execute a plan for real on local processes and put the measurements next to the prediction.
 
-The plan runs on one local process per device it uses (:func:`amp_opt.engine.run_plan`:
+The plan runs on one local process per device it uses (:func:`amp_opt.runtime.run_plan`:
 gloo on CPU, NCCL on GPUs; 1F1B pipeline, data-parallel gradient allreduce,
 Megatron tensor parallelism; each stage with its own tp and dp and each replica with its
 share of every micro-batch when the plan says so).  A plan over several device types runs on
 CPU with each type's processes at the thread count its profiles were measured with (a stand-in
 for types of different speeds).  Everything is checked before any process starts:
-the plan against the instance, what the engine runs (no recomputation, ZeRO,
+the plan against the instance, what the runtime runs (no recomputation, ZeRO,
 context or sequence parallelism, interleaving), that the plan's device types are
 this machine's, the model's dimensions, and the process count against the usable
 cores.  ``--repeats`` launches the run several times and keeps the one with the
 median iteration time (a loaded machine is noisy).
 
 The report pairs each term of the hetero cost model with what was measured for
-it (:mod:`amp_opt.engine.compare`).  ``-o`` writes the run record as a one-element
+it (:mod:`amp_opt.runtime.compare`).  ``-o`` writes the run record as a one-element
 RUNS.json list (``--append`` adds it to an existing list), with ``instance`` set to
 the instance's path relative to that file.  A run that runs out of memory is
 recorded as ``failed: "oom"`` and the command exits with 6.
@@ -70,13 +70,13 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..engine import require_torch
+    from ..runtime import require_torch
 
     require_torch()
-    from ..engine.compare import compare_run
-    from ..engine.modules import model_shape
-    from ..engine.provenance import catalog_fields, check_local, resolve_device, usable_cores
-    from ..engine.run import prepare, run_plan
+    from ..runtime.compare import compare_run
+    from ..runtime.modules import model_shape
+    from ..runtime.provenance import catalog_fields, check_local, resolve_device, usable_cores
+    from ..runtime.run import prepare, run_plan
 
     if args.warmup < 0:
         raise InputError("--warmup", f"must be 0 or more, got {args.warmup}")
@@ -93,7 +93,7 @@ def run(args) -> int:
         raise InputError("plan.stages", f"the plan uses device types {', '.join(types)}; one machine runs one kind "
                                         "of GPU (on CPU, each type's processes run with its own thread count)")
     check_local(types, device, catalog_fields(load_json(args.instance, "instance")))
-    prepare(args.instance, plan, oversubscribe=args.oversubscribe)  # every other check (engine support, model
+    prepare(args.instance, plan, oversubscribe=args.oversubscribe)  # every other check (runtime support, model
     # dimensions, processes) before starting, and the prediction too (a missing profile is bad input, not a failed run)
     evaluation = evaluate(instance, plan, "hetero")
     shape = model_shape(load_json(args.instance, "instance"), base_dir=Path(args.instance).parent)

@@ -1,14 +1,14 @@
 """An instance document from measured profiles, made solvable as it stands (``profile`` writes it).
 
-The measuring is the engine's (:mod:`amp_opt.engine.profile`, :mod:`amp_opt.engine.links`, which
+The measuring is the runtime's (:mod:`amp_opt.runtime.profile`, :mod:`amp_opt.runtime.links`, which
 need PyTorch); what the measurements change in the instance is here, where a library user can
 reach it without them: the profiles merged into the document (``merged``), then
 
-* when the instance does not say how its training stores model state, the engine's own
-  (weights, gradients and two Adam moments in the run's dtype, :func:`engine_training`); on CPU
+* when the instance does not say how its training stores model state, the runtime's own
+  (weights, gradients and two Adam moments in the run's dtype, :func:`runtime_training`); on CPU
   a memory reserve of 0;
 * with ``runnable`` (the search settings ``python -m amp_opt run`` executes,
-  :data:`amp_opt.engine.layout.RUNNABLE`), the search restricted to them;
+  :data:`amp_opt.runtime.layout.RUNNABLE`), the search restricted to them;
 * the sizes that ran out of memory listed under ``measurements.out_of_memory``;
 * with measured ``links``, their allreduce bandwidth as the intra-node bandwidth of the device type's nodes.
 
@@ -26,8 +26,8 @@ from typing import Any, Sequence
 
 
 
-def engine_training(dtype_bytes: int) -> dict:
-    """What the engine stores per parameter: weights, gradients and Adam's two moments in the run's dtype."""
+def runtime_training(dtype_bytes: int) -> dict:
+    """What the runtime stores per parameter: weights, gradients and Adam's two moments in the run's dtype."""
     return {"model_state_bytes_per_param": {"weights": dtype_bytes, "gradients": dtype_bytes,
                                             "optimizer": 2 * dtype_bytes},
             "gradient_allreduce_bytes_per_param": dtype_bytes}
@@ -38,13 +38,13 @@ def profiled_instance(merged: dict, instance, results: Sequence, *, device_type:
                       notes: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
     """The instance document ``merged`` (the profiles of ``results`` merged into the instance's
     document; ``instance`` is that document as loaded before) made solvable, and the notes on
-    what changed (module doc).  ``results`` are the engine's profile results (``tp``,
+    what changed (module doc).  ``results`` are the runtime's profile results (``tp``,
     ``micro_batch``, ``device_type``, ``oom``, ``error``); ``notes`` are the caller's, kept
     after the notes on the training and the search.
 
     Examples
     --------
-    >>> engine_training(2)["model_state_bytes_per_param"]
+    >>> runtime_training(2)["model_state_bytes_per_param"]
     {'weights': 2, 'gradients': 2, 'optimizer': 4}
     """
     out = copy.deepcopy(merged)
@@ -77,13 +77,13 @@ def _out_of_memory(measurements: dict, results: Sequence) -> None:
 
 
 def _make_solvable(out: dict, device: str, dtype_bytes: int) -> list[str]:
-    """Fill in what the engine does where the instance is silent (module doc)."""
+    """Fill in what the runtime does where the instance is silent (module doc)."""
     notes = []
     training = out.setdefault("training", {})
     if "model_state_bytes_per_param" not in training and "gradient_allreduce_bytes_per_param" not in training:
-        training.update(engine_training(dtype_bytes))
+        training.update(runtime_training(dtype_bytes))
         notes.append(f"training.model_state_bytes_per_param and gradient_allreduce_bytes_per_param set to the "
-                     f"engine's: weights, gradients and two Adam moments of {dtype_bytes} bytes each")
+                     f"runtime's: weights, gradients and two Adam moments of {dtype_bytes} bytes each")
     if device == "cpu" and "memory_reserve" not in training:
         training["memory_reserve"] = 0
         notes.append("training.memory_reserve set to 0: a CPU process has no CUDA context to reserve for")

@@ -7,7 +7,7 @@ turn, then the remaining backwards) and, with v virtual stages, the interleaved 
 (``forward_backward_pipelining_with_interleaving`` in ``megatron/core/pipeline_parallel/
 schedules.py``: 2(p-s-1) + (v-1)p warm-up forwards, then in turn; the k-th pass runs chunk
 (k mod pv) div p, counted from the last chunk for backwards, of micro-batch
-(k div pv) p + k mod p).  The engine (:mod:`amp_opt.engine.pipeline`) runs it, ``plot`` draws it.
+(k div pv) p + k mod p).  The engine (:mod:`amp_opt.runtime.pipeline`) runs it, ``plot`` draws it.
 """
 
 from __future__ import annotations

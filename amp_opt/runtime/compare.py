@@ -1,6 +1,6 @@
 """Measured next to predicted, term by term, for one plan.
 
-The hetero cost model's terms (``formulations/hetero.md``) and what the engine
+The hetero cost model's terms (``formulations/hetero.md``) and what the runtime
 measures for them (seconds per iteration unless stated):
 
 =================  =====================================  ==========================================

@@ -4,7 +4,7 @@ Everything that can be checked is checked before any process starts: the
 instance (loader), the plan against it (``check_plan``), the model can be built
 (preset or hf_config model, tensor-parallel divisibility), and the process count
 against the usable cores.  Then ``tp*dp*pp`` workers run (gloo on CPU, NCCL on
-CUDA; see :mod:`amp_opt.engine.pipeline` for what they do and time), with a
+CUDA; see :mod:`amp_opt.runtime.pipeline` for what they do and time), with a
 timeout; a run never hangs and leaves no process behind.
 """
 
@@ -64,7 +64,7 @@ def _world_formula(lay: Layout) -> str:
 
 
 def refuse_unsupported(plan: Plan) -> None:
-    """The engine runs what :data:`~amp_opt.engine.layout.RUNNABLE` states: tensor, data and pipeline
+    """The runtime runs what :data:`~amp_opt.runtime.layout.RUNNABLE` states: tensor, data and pipeline
     parallelism (per stage, with uneven batch shares) with plain 1F1B; a plan asking for anything
     else is refused (InputError naming the field and how to get a runnable plan) rather than run
     without it.
@@ -75,7 +75,7 @@ def refuse_unsupported(plan: Plan) -> None:
     ...                                "recompute": "full"}))
     Traceback (most recent call last):
     ...
-    amp_opt.errors.InputError: plan.recompute: the engine runs no activation recomputation (got 'full'; use "none"); ...
+    amp_opt.errors.InputError: plan.recompute: the runtime runs no activation recomputation (got 'full'; use "none"); ...
     """
     modes = (plan.recompute,) if isinstance(plan.recompute, str) else tuple(plan.recompute)
     asked = {"cp": (plan.cp,), "sequence_parallel": (plan.sequence_parallel,), "recompute": modes,
@@ -89,7 +89,7 @@ def refuse_unsupported(plan: Plan) -> None:
         if any(value not in allowed for value in asked[key]):
             field, name, got = what[key]
             use = json_value(allowed[0])
-            raise InputError(field, f"the engine runs no {name} (got {got}; use {use}); {RUNNABLE_HINT}")
+            raise InputError(field, f"the runtime runs no {name} (got {got}; use {use}); {RUNNABLE_HINT}")
 
 
 def json_value(value) -> str:
@@ -111,7 +111,7 @@ def build_run_task(instance, plan, *, iterations: int = 5, warmup: int = 2, devi
     """The checked, JSON-ready worker task of a run (options as in :func:`run_plan`).
 
     Write it to a file to run across nodes with torchrun
-    (``torchrun ... -m amp_opt.engine.worker --task task.json --out DIR``); rank 0's
+    (``torchrun ... -m amp_opt.runtime.worker --task task.json --out DIR``); rank 0's
     ``DIR/result.0.json`` then holds ``{"record": <run record>}``.
 
     Examples
@@ -162,7 +162,7 @@ def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: st
              attention: str = "eager", threads: int | Mapping[str, int] | None = None, seed: int = 0, lr: float = 1e-3,
              timeout: float = 600.0, oversubscribe: bool = False, memory_limit: int | None = None,
              dump_grads: str | None = None, on_start: Callable | None = None, fault: Mapping | None = None) -> dict:
-    """Run ``plan`` for real and return its run record (see :mod:`amp_opt.engine.record`).
+    """Run ``plan`` for real and return its run record (see :mod:`amp_opt.runtime.record`).
 
     Parameters
     ----------
@@ -186,7 +186,7 @@ def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: st
         memory).  Written into the record as ``memory_limit``, as is a GPU's memory without it.
     dump_grads : folder; each rank saves its first iteration's reduced gradients there.
     on_start : called with the worker pids once started.
-    fault : testing hook, see :mod:`amp_opt.engine.worker`.
+    fault : testing hook, see :mod:`amp_opt.runtime.worker`.
 
     Returns
     -------

@@ -4,11 +4,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from amp_opt.engine.layout import RUNNABLE, Layout  # noqa: E402
-from amp_opt.engine.run import run_plan  # noqa: E402
+from amp_opt.runtime.layout import RUNNABLE, Layout  # noqa: E402
+from amp_opt.runtime.run import run_plan  # noqa: E402
 from amp_opt.errors import InputError  # noqa: E402
 
-from test_engine_run import MODEL, RUN, doc, plan  # noqa: E402
+from test_runtime_run import MODEL, RUN, doc, plan  # noqa: E402
 
 # stage 0: two replicas at tp 1 taking 3 and 1 samples of each micro-batch of 4;
 # stage 1: one replica at tp 2 taking all 4
@@ -110,7 +110,7 @@ def test_uneven_run_measured_next_to_predicted(uneven):
     """The record pairs with the evaluator's prediction of the same plan, term by term (U1: a stage's
     compute is its slowest replica's at its share), and ``run``'s report prints it."""
     from amp_opt.commands.run import format_comparison
-    from amp_opt.engine.compare import compare_run
+    from amp_opt.runtime.compare import compare_run
     from amp_opt.model.evaluate import evaluate
     from amp_opt.model.load import load_instance
     from amp_opt.model.plan import parse_plan
@@ -138,13 +138,13 @@ def _refused(instance, bad_plan, match, **kw):
 
 def test_what_run_cannot_execute_is_refused_with_the_way_to_a_runnable_plan(monkeypatch):
     _refused(doc(), plan(mb=1, dp=2) | {"recompute": "full"},
-             r"plan\.recompute: the engine runs no activation recomputation .*profile --runnable")
+             r"plan\.recompute: the runtime runs no activation recomputation .*profile --runnable")
     _refused(doc(), plan(tp=2) | {"sequence_parallel": True}, r"plan\.sequence_parallel: .*\"search\" restricted to")
     assert RUNNABLE["recompute"] == ["none"]
     # a stage's tensor-parallel degree must divide the model's heads, named per stage
     _refused(amp_doc(devices=6, model=dict(MODEL, heads=2, hidden=64)), dict(UNEVEN, tp=[1, 4], dp=[2, 1]),
              r"plan\.tp\[1\]", oversubscribe=True)
-    monkeypatch.setattr("amp_opt.engine.run.usable_cores", lambda: 2)
+    monkeypatch.setattr("amp_opt.runtime.run.usable_cores", lambda: 2)
     _refused(amp_doc(), UNEVEN, r"the sum over stages of tp_s\*dp_s = 4 processes, this machine has")
     _refused(two_cpu_types(), UNEVEN, r"threads: gives no thread count for device type 'cpu-b'",
              threads={"cpu-a": 1}, oversubscribe=True)

@@ -9,12 +9,12 @@ fixed output gradient (the loss itself for the head), wall-clock seconds
 the minimum) is the layer time, min / quartiles / median / max its spread.  The bytes kept for
 backward are taken in the first warm-up round, untimed, which runs whatever ``warmup`` is
 (so 0 and 1 both discard no timed round): on CPU the tensors
-autograd saves (:mod:`amp_opt.engine.memory`), on CUDA the allocator's growth
+autograd saves (:mod:`amp_opt.runtime.memory`), on CUDA the allocator's growth
 over the forward (which includes the layer's output).
 
 tp > 1 runs ``tp`` local processes (gloo on CPU) with Megatron tensor-parallel
 blocks; each round's time is the slowest rank's.  Embedding and head are not
-vocab-parallel in the engine: every rank runs them whole (a note says so).
+vocab-parallel in the runtime: every rank runs them whole (a note says so).
 """
 
 from __future__ import annotations

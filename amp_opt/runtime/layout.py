@@ -1,7 +1,7 @@
 """What ``run`` executes, and how the processes of a plan are laid out and share the batch.
 
 :data:`RUNNABLE` is the one statement of the plan settings ``python -m amp_opt run`` executes
-(``profile --runnable`` restricts a search to it, :func:`amp_opt.engine.run.refuse_unsupported`
+(``profile --runnable`` restricts a search to it, :func:`amp_opt.runtime.run.refuse_unsupported`
 refuses anything else).  :class:`Layout` turns a plan (``tp`` and ``dp`` an int or one per stage,
 optional ``shares``; read through the record's ``tp_at``, ``dp_at``, ``shares_at``) into per-stage
 degrees, ranks and sample ranges; it is pure Python (no torch), shared by the launcher and the
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ..errors import InputError
 from ..model.plan import Plan, parse_plan
 
-# The plan settings the engine executes: a search restricted to these finds runnable plans.
+# The plan settings the runtime executes: a search restricted to these finds runnable plans.
 RUNNABLE: dict[str, list] = {"cp": [1], "sequence_parallel": [False], "recompute": ["none"], "zero_stages": [0],
                              "virtual_stages": [1]}
 RUNNABLE_HINT = ("for a plan `run` executes, solve with the instance's \"search\" restricted to "

@@ -217,7 +217,7 @@ def test_profile_refuses_a_gpu_type_on_cpu(tmp_path, capsys, monkeypatch, name, 
 @needs_torch
 def test_run_oversubscribe_is_a_flag(workflow, capsys, monkeypatch):
     """More processes than usable cores: refused, with the flag that runs it anyway, which does."""
-    import amp_opt.engine.run as engine_run
+    import amp_opt.runtime.run as engine_run
 
     tmp, _ = workflow
     monkeypatch.setattr(engine_run, "usable_cores", lambda: 1)
@@ -258,7 +258,7 @@ def test_run_refuses_a_plan_the_model_cannot_price_before_starting(workflow, cap
     (tmp / "unprofiled.json").write_text(json.dumps(doc))
     (tmp / "tp2.json").write_text(json.dumps({"tp": 2, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4]}))
     started = []
-    import amp_opt.engine.run as engine_run
+    import amp_opt.runtime.run as engine_run
 
     monkeypatch.setattr(engine_run, "launch", lambda *a, **k: started.append(1))
     code, err = main(capsys, monkeypatch, tmp, "run", "unprofiled.json", "tp2.json", "-o", "tp2_runs.json")

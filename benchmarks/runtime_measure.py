@@ -2,7 +2,7 @@
 
 Usage (needs PyTorch; about a minute on 2 cores)::
 
-    python benchmarks/engine_measure.py [--out measured.json]
+    python benchmarks/runtime_measure.py [--out measured.json]
 
 Steps: profile every layer (tp=1 at micro-batches 1, 2, 4, 8; tp=2 at 2 and 4),
 merge the profiles into a 2-device CPU instance, then for each plan evaluate it
@@ -16,9 +16,9 @@ import argparse
 import json
 
 from amp_opt.model.evaluate import evaluate
-from amp_opt.engine.compare import compare_run
-from amp_opt.engine.profile import merge_profiles, profile_model
-from amp_opt.engine.run import run_plan
+from amp_opt.runtime.compare import compare_run
+from amp_opt.runtime.profile import merge_profiles, profile_model
+from amp_opt.runtime.run import run_plan
 from amp_opt.model.load import load_instance
 from amp_opt.model.plan import parse_plan
 

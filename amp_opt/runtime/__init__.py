@@ -5,7 +5,7 @@ Importing this package does not import PyTorch; its submodules do, and raise
 :class:`amp_opt.errors.InputError` ('PyTorch is not installed: ...') without it.
 The names below are imported on first use::
 
-    from amp_opt.engine import profile_model, run_plan
+    from amp_opt.runtime import profile_model, run_plan
 """
 
 from __future__ import annotations
@@ -36,4 +36,4 @@ def __getattr__(name: str):
         value = getattr(module, name)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'amp_opt.engine' has no attribute {name!r}")
+    raise AttributeError(f"module 'amp_opt.runtime' has no attribute {name!r}")

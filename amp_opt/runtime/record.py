@@ -55,7 +55,7 @@ def run_memory_limit(memory_limit: int | None, ranks) -> int | None:
 
 def assemble(plan: dict, ranks: list[dict], *, layout, provenance: dict, memory_limit: int | None = None) -> dict:
     """The run record of a finished run (see the module docstring for its shape); ``layout`` is the
-    plan's :class:`amp_opt.engine.layout.Layout`."""
+    plan's :class:`amp_opt.runtime.layout.Layout`."""
     n = layout.n_micro
     iterations = len(ranks[0]["records"])
     iteration_times = [max(r["records"][i]["iteration"] for r in ranks) for i in range(iterations)]

@@ -1,22 +1,22 @@
-"""What the engine's modules save for backward, next to amp_opt's preset formula.
+"""What the runtime's modules save for backward, next to amp_opt's preset formula.
 
 :func:`formula_activation_bytes` evaluates :mod:`amp_opt.model.presets`' activation
 memory at tp = 1 for a micro-batch, with the element size of the dtype actually
 run.  :func:`expected_saved_bytes` adds the documented differences between that
-formula and what the engine's modules save on CPU (measured with
-:class:`amp_opt.engine.memory.SavedTensorTracker`), term by term.  For the eager
+formula and what the runtime's modules save on CPU (measured with
+:class:`amp_opt.runtime.memory.SavedTensorTracker`), term by term.  For the eager
 attention kernel the sum is exact, byte for byte:
 
 transformer block (both presets)
     + norm statistics the formula omits: LayerNorm keeps mean and 1/std per
       token (2 values per norm, in the input dtype on CPU; fp32 on CUDA);
-      the engine's RMSNorm keeps 1/rms per token in fp32 (1 value per norm).
+      the runtime's RMSNorm keeps 1/rms per token in fp32 (1 value per norm).
 embedding
     + the int64 token ids (8 bytes per token) the embedding lookup saves;
     + the int64 position ids (8 bytes per position, once per micro-batch) for
       learned positions.
 head
-    - the formula's half-precision logits b*s*v: the engine casts the logits to
+    - the formula's half-precision logits b*s*v: the runtime casts the logits to
       fp32 and only the fp32 log-probabilities (the formula's 4*s*v) are kept;
     + the int64 targets (8 bytes per token) and the loss normaliser (one fp32);
     + the final norm's statistics, as in a block.
@@ -89,7 +89,7 @@ def formula_differences(shape: ModelShape, index: int, micro_batch: int, element
 
 def expected_saved_bytes(shape: ModelShape, index: int, micro_batch: int, element_bytes: int,
                          attention: str = "eager") -> tuple[float, float]:
-    """(low, high) bytes the engine's module saves on CPU; low == high except for flash."""
+    """(low, high) bytes the runtime's module saves on CPU; low == high except for flash."""
     terms = formula_differences(shape, index, micro_batch, element_bytes, attention)
     base = formula_activation_bytes(shape, index, micro_batch, element_bytes) + sum(terms.values())
     return base - terms.get("flash_output_copy", 0), base

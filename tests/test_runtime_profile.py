@@ -4,9 +4,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from amp_opt.engine.accounting import expected_saved_bytes  # noqa: E402
-from amp_opt.engine.modules import model_shape  # noqa: E402
-from amp_opt.engine.profile import merge_profiles, profile_model  # noqa: E402
+from amp_opt.runtime.accounting import expected_saved_bytes  # noqa: E402
+from amp_opt.runtime.modules import model_shape  # noqa: E402
+from amp_opt.runtime.profile import merge_profiles, profile_model  # noqa: E402
 from amp_opt.errors import InputError  # noqa: E402
 from amp_opt.model.load import load_instance  # noqa: E402
 
@@ -121,7 +121,7 @@ def test_tensor_parallel_profile_on_two_processes():
 
 
 def test_link_bandwidths_between_two_processes():
-    from amp_opt.engine.links import measure_links
+    from amp_opt.runtime.links import measure_links
 
     links = measure_links(sizes=(2**12, 2**20), repeats=3, device="cpu")
     for kind in ("p2p", "allreduce"):

@@ -1,6 +1,6 @@
 """Start local worker processes the way torchrun does, and never leave one behind.
 
-Each worker is ``python -m amp_opt.engine.worker --task TASK.json --out DIR``
+Each worker is ``python -m amp_opt.runtime.worker --task TASK.json --out DIR``
 with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in its
 environment (a free port on 127.0.0.1).  The launcher waits for all of them,
 and on the first failing worker, on the timeout, or on Ctrl-C it terminates
@@ -77,7 +77,7 @@ def launch(task: dict, world_size: int, *, timeout: float, on_start: Callable[[t
     Parameters
     ----------
     task : dict
-        JSON-ready task for :mod:`amp_opt.engine.worker`.
+        JSON-ready task for :mod:`amp_opt.runtime.worker`.
     world_size : int
         Number of processes (ranks 0..world_size-1).
     timeout : float
@@ -93,7 +93,7 @@ def launch(task: dict, world_size: int, *, timeout: float, on_start: Callable[[t
     'ok'
     """
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="amp_opt_engine_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="amp_opt_run_") as tmp:
         tmp = Path(tmp)
         (tmp / "task.json").write_text(json.dumps(task))
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world_size))
@@ -105,7 +105,7 @@ def launch(task: dict, world_size: int, *, timeout: float, on_start: Callable[[t
                 err = open(tmp / f"stderr.{rank}", "w+b")
                 errs.append(err)
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "amp_opt.engine.worker", "--task", str(tmp / "task.json"),
+                    [sys.executable, "-m", "amp_opt.runtime.worker", "--task", str(tmp / "task.json"),
                      "--out", str(tmp)],
                     env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank),
                              **({"OMP_NUM_THREADS": str(threads[rank])} if isinstance(threads, list) else {})),

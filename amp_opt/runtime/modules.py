@@ -112,7 +112,7 @@ def model_shape(model: ModelShape | Mapping, *, base_dir: str | Path = ".") -> M
         preset = preset_from_hf_config(config, field=f"{field}.hf_config", seq_len=model.get("seq_len"))
         return parse_model(preset, f"{field}.hf_config")
     raise InputError(f"{field}.layers", "an explicit layer list has no dimensions, so no modules can be built from it: "
-                     "the engine needs model.preset or model.hf_config")
+                     "the runtime needs model.preset or model.hf_config")
 
 
 def layer_names(shape: ModelShape) -> list[str]:

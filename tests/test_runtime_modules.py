@@ -7,9 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from amp_opt.engine.accounting import expected_saved_bytes, formula_activation_bytes  # noqa: E402
-from amp_opt.engine.memory import SavedTensorTracker, saved_activation_bytes  # noqa: E402
-from amp_opt.engine.modules import (  # noqa: E402
+from amp_opt.runtime.accounting import expected_saved_bytes, formula_activation_bytes  # noqa: E402
+from amp_opt.runtime.memory import SavedTensorTracker, saved_activation_bytes  # noqa: E402
+from amp_opt.runtime.modules import (  # noqa: E402
     DTYPES, TensorParallel, build_layer, build_model, model_shape, parameter_count,
 )
 from amp_opt.errors import InputError  # noqa: E402
@@ -150,8 +150,8 @@ def test_saved_tensors_are_released_after_backward_and_limit_raises():
 def test_tensor_parallel_forward_backward_equal_the_full_block_over_gloo(tmp_path):
     code = r"""
 import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
-from amp_opt.engine.modules import model_shape, build_layer, TensorParallel
-from amp_opt.engine.launch import free_port
+from amp_opt.runtime.modules import model_shape, build_layer, TensorParallel
+from amp_opt.runtime.launch import free_port
 
 def work(rank, port, q):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -186,10 +186,10 @@ if __name__ == "__main__":
 
 
 def test_import_amp_opt_engine_does_not_import_torch_and_missing_torch_is_an_input_error():
-    code = ("import sys, amp_opt, amp_opt.engine; assert 'torch' not in sys.modules\n"
+    code = ("import sys, amp_opt, amp_opt.runtime; assert 'torch' not in sys.modules\n"
             "sys.modules['torch'] = None\n"
             "from amp_opt.errors import InputError\n"
-            "try:\n    amp_opt.engine.profile_model\nexcept InputError as e:\n    print(e)\n")
+            "try:\n    amp_opt.runtime.profile_model\nexcept InputError as e:\n    print(e)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == 'PyTorch is not installed: pip install "amp_opt[torch]"'

@@ -8,10 +8,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from amp_opt.model.evaluate import evaluate  # noqa: E402
-from amp_opt.engine.accounting import expected_saved_bytes  # noqa: E402
-from amp_opt.engine.compare import compare_run  # noqa: E402
-from amp_opt.engine.modules import model_shape  # noqa: E402
-from amp_opt.engine.run import run_plan  # noqa: E402
+from amp_opt.runtime.accounting import expected_saved_bytes  # noqa: E402
+from amp_opt.runtime.compare import compare_run  # noqa: E402
+from amp_opt.runtime.modules import model_shape  # noqa: E402
+from amp_opt.runtime.run import run_plan  # noqa: E402
 from amp_opt.errors import InputError  # noqa: E402
 from amp_opt.model.load import load_instance  # noqa: E402
 from amp_opt.model.plan import parse_plan  # noqa: E402
@@ -208,7 +208,7 @@ def test_no_worker_outlives_the_tests():
     # other test modules may leave their own helpers (solvers); count only engine workers
     mine = os.getpid()
     workers = [p for p in Path("/proc").iterdir()
-               if p.name.isdigit() and _ppid(p) == mine and b"amp_opt.engine.worker" in _cmdline(p)]
+               if p.name.isdigit() and _ppid(p) == mine and b"amp_opt.runtime.worker" in _cmdline(p)]
     assert not workers
 
 
@@ -229,7 +229,7 @@ def _ppid(proc: Path):
 def test_run_task_for_torchrun_is_json_and_checked():
     import json
 
-    from amp_opt.engine.run import build_run_task
+    from amp_opt.runtime.run import build_run_task
 
     task = build_run_task(doc(), plan(pp=2, partition=[0, 2, 4]), attention="flash")
     assert json.loads(json.dumps(task)) == task

@@ -1,4 +1,4 @@
-"""The one place the engine imports PyTorch, so a missing install is one clear error."""
+"""The one place the runtime imports PyTorch, so a missing install is one clear error."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 torchrun-compatible: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT
 come from the environment, so across nodes::
 
-    torchrun --nnodes 2 --nproc-per-node 4 ... -m amp_opt.engine.worker --task task.json --out results/
+    torchrun --nnodes 2 --nproc-per-node 4 ... -m amp_opt.runtime.worker --task task.json --out results/
 
 Each rank writes ``result.<rank>.json`` into ``--out``; rank 0's holds the
 assembled record (every rank's measurements gathered).  Exit status: 0 done,
@@ -60,7 +60,7 @@ def _device_memory(task: dict) -> int | None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m amp_opt.engine.worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m amp_opt.runtime.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--task", required=True, help="task JSON file")
     parser.add_argument("--out", default=".", help="folder for result.<rank>.json")
     args = parser.parse_args(argv)
