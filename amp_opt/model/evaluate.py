@@ -230,7 +230,7 @@ class MemoryParts:
     stage: int
     model_state: float  # weights + gradients + optimizer states
     activations: float  # kept for backward, for the micro-batches in flight (and buffers)
-    reserve: float  # training.memory_reserve
+    reserve: float  # the framework's bytes (eq. H14): reserve, NCCL buffers, fragmentation
     total: float
 
     @property
@@ -244,9 +244,9 @@ def memory_parts(instance, evaluation: Evaluation) -> tuple[MemoryParts, ...]:
     plan = evaluation.plan
     terms = CandidateTerms(Tables(instance), plan.candidate, chunks=plan.partition if plan.virtual_stages > 1 else None)
     bounds = stage_bounds(plan)
-    reserve = instance.training.memory_reserve
     out = []
     for r in evaluation.stages:
         state = float(terms.sums.params_in(bounds[r.index], bounds[r.index + 1])) * terms.state_bytes_per_param
-        out.append(MemoryParts(r.index, state, r.memory - state - reserve, reserve, r.memory))
+        activations = (r.memory - terms.framework_bytes) / terms.allocator_scale - state
+        out.append(MemoryParts(r.index, state, activations, r.memory - state - activations, r.memory))
     return tuple(out)

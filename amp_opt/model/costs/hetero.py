@@ -16,7 +16,7 @@ from ..classes import node_classes
 from ..ranges import INF, grid, min_max_chain, min_max_step, min_sum_step, range_table, stage_room, start_row
 from ..ranges import weighted as _weighted
 from ..candidates import even_partition
-from .terms import CandidateTerms, CostModel, StageCosts, hetero_link, stage_order
+from .terms import CandidateTerms, CostModel, StageCosts, hetero_link, memory_bandwidth, stage_order
 
 LABELLED_BUDGET = 1.5e8  # cells of the labelled DP (B2) before falling back to B3
 
@@ -36,6 +36,9 @@ class HeteroCosts(StageCosts):
         sync = self.terms.allreduce_bytes_per_param()
         self._allreduce_factor = [sync / self.ring_bandwidth(s) for s in range(self.pp)]
         self._ring_factor = [1.0 / self.ring_bandwidth(s) for s in range(self.pp)]
+        # H15: the optimizer step, a pass over the stage's states at its slowest device memory.
+        step = self.terms.optimizer_bytes_per_param()
+        self._optimizer_factor = [step / memory_bandwidth(self.instance, place.device_types) for place in self.placement]
 
     def ring_bandwidth(self, s: int) -> float:
         """Bytes/s of stage s's data-parallel ring (eq. H4)."""
@@ -49,8 +52,10 @@ class HeteroCosts(StageCosts):
 class ComputeClass:
     """Groups of one compute class (device type, intra link) at a candidate's (tp, micro-batch)."""
 
-    def __init__(self, times: np.ndarray, groups: int, capacity: float, link: float, step: float = 0.0):
+    def __init__(self, times: np.ndarray, groups: int, capacity: float, link: float, step: float = 0.0,
+                 bandwidth: float = math.inf):
         self.times, self.groups, self.capacity, self.link, self.step = times, groups, capacity, link, step
+        self.bandwidth = bandwidth  # bytes/s of the class's device memory (H15; inf: not stated)
 
 
 def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
@@ -69,7 +74,8 @@ def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
     # Per layer, the base mode's times: exact for a whole-stage mode, a lower bound under the
     # block method (whose first layers recompute on top).
     out = [ComputeClass(terms.layer_seconds(t, bw, terms.base_mode(0)) + ring / link, g, inst.device_types[t].capacity,
-                        link, inst.device_types[t].step_overhead) for (t, bw), (g, link) in info.items()]
+                        link, inst.device_types[t].step_overhead, memory_bandwidth(inst, (t,)))
+           for (t, bw), (g, link) in info.items()]
     return sorted(out, key=lambda c: float(c.times.sum()))
 
 
@@ -147,7 +153,7 @@ class HeteroModel(CostModel):
         floor = max(w * speed, chain) + float(fastest.sum())
         if floor >= enough:
             return floor
-        return floor + _allreduce_floor(terms, max(c.link for c in classes))
+        return floor + _allreduce_floor(terms, max(c.link for c in classes), max(c.bandwidth for c in classes))
 
 
 HETERO = HeteroModel()
@@ -240,7 +246,7 @@ def _labelled_bound(terms: CandidateTerms, classes, caps, vectors, weights) -> f
     L, C = terms.instance.num_layers, len(classes)
     g = grid(L)
     compute = [range_table(c.times) for c in classes]
-    allreduce = [_allreduce_table(terms, c.link) for c in classes]
+    allreduce = [_allreduce_table(terms, c.link, c.bandwidth) for c in classes]
     scaled: dict = {}  # (class, weight) -> the class's range times at that weight
 
     def lead(c: int, weight: float) -> np.ndarray:
@@ -310,12 +316,13 @@ def _fixed_partition_bound(tables, cand, enough: float = INF) -> float:
     for k in range(len(classes) - 1):
         if caps[k] < p:
             slowest = max(slowest, float(work[k + 1:].min()))
-    # Each stage's gradients over the fastest ring any stage can have.
-    link = max(c.link for c in classes)
+    # Each stage's gradients over the fastest ring any stage can have, its optimizer step (H15)
+    # at the fastest device memory.
+    link, bandwidth = max(c.link for c in classes), max(c.bandwidth for c in classes)
     sync = max(float(terms.sums.params_in(bounds[s], bounds[s + 1])) for s in range(p))
     v = cand.virtual_stages
     bound = ((terms.n_micro - 1 / v) * slowest + float(fastest.sum()) / v
-             + sync * terms.allreduce_bytes_per_param() / link)
+             + sync * (terms.allreduce_bytes_per_param() / link + terms.optimizer_bytes_per_param() / bandwidth))
     if bound >= enough:
         return bound
     capacity = max(c.capacity for c in classes)
@@ -324,19 +331,22 @@ def _fixed_partition_bound(tables, cand, enough: float = INF) -> float:
     return bound
 
 
-def _allreduce_table(terms: CandidateTerms, link: float) -> np.ndarray:
-    """Seconds of a stage's gradient synchronisation over a ring of ``link`` bytes/s, for every
-    range of layers (tied tensors once; inf where empty): B2's and B3's allreduce terms."""
+def _allreduce_table(terms: CandidateTerms, link: float, bandwidth: float = math.inf) -> np.ndarray:
+    """Seconds of a stage's gradient synchronisation over a ring of ``link`` bytes/s and its
+    optimizer step at ``bandwidth`` bytes/s of device memory (H15), for every range of layers
+    (tied tensors once; inf where empty): B2's and B3's allreduce terms."""
     g = grid(terms.instance.num_layers)
-    return np.where(g.nonempty, terms.sums.params_in(g.start, g.stop) * terms.allreduce_bytes_per_param() / link, INF)
+    factor = terms.allreduce_bytes_per_param() / link + terms.optimizer_bytes_per_param() / bandwidth
+    return np.where(g.nonempty, terms.sums.params_in(g.start, g.stop) * factor, INF)
 
 
-def _allreduce_floor(terms: CandidateTerms, link: float) -> float:
-    """B3's allreduce term: max_s AR_s is at least the min-max partition of the stages' gradient
-    bytes over the fastest ring any stage can have, ``link`` bytes/s."""
-    if terms.allreduce_bytes_per_param() == 0.0:
+def _allreduce_floor(terms: CandidateTerms, link: float, bandwidth: float = math.inf) -> float:
+    """B3's allreduce term: max_s (AR_s + O_s) is at least the min-max partition of the stages'
+    gradient bytes over the fastest ring any stage can have, ``link`` bytes/s, with their
+    optimizer step at the fastest device memory, ``bandwidth`` bytes/s (H15)."""
+    if terms.allreduce_bytes_per_param() / link + terms.optimizer_bytes_per_param() / bandwidth == 0.0:
         return 0.0
-    return min_max_chain([_allreduce_table(terms, link)] * terms.pp)
+    return min_max_chain([_allreduce_table(terms, link, bandwidth)] * terms.pp)
 
 
 def _fractional_speed_bound(classes, caps, p: int) -> float:

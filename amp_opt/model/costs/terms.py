@@ -106,6 +106,29 @@ def allreduce_factor(instance, dp: int, bandwidth: float) -> float:
     return 2 * (dp - 1) / dp * instance.training.allreduce_bytes_per_param / bandwidth
 
 
+def communicator_sizes(cand) -> tuple[int, ...]:
+    """The ranks of each NCCL communicator a rank of the candidate's plan uses (eq. H14): its
+    tensor-parallel group, its context-parallel ring, its gradient group (the R = dp*cp replicas)
+    and, with a pipeline, the point-to-point pair to its neighbours; groups of one rank need none."""
+    sizes = (cand.tp, cand.cp, cand.replicas, 2 if cand.pp > 1 else 1)
+    return tuple(size for size in sizes if size > 1)
+
+
+def framework_bytes(training, cand) -> float:
+    """Bytes per device the framework holds outside the caching allocator (eq. H14): the fixed
+    reserve (CUDA context, kernels, workspaces) and the NCCL buffers of every communicator used."""
+    pair, group = training.communicator_bytes
+    return training.memory_reserve + sum(pair if size == 2 else group for size in communicator_sizes(cand))
+
+
+def memory_bandwidth(instance, device_types) -> float:
+    """Bytes/s of the slowest device memory among ``device_types`` (eq. H15); inf when none
+    states one (the optimizer step is then not priced)."""
+    known = [instance.device_types[t].memory_bandwidth for t in device_types]
+    known = [b for b in known if b]
+    return min(known) if known else float("inf")
+
+
 def stage_order(partition, pp: int) -> tuple[np.ndarray, tuple[int, ...]]:
     """Layers in stage order and the stages' boundaries in it: with interleaving (pp*v chunks,
     chunk j on stage j mod pp) a stage's chunks are made contiguous (eq. H11)."""
@@ -166,6 +189,9 @@ class CandidateTerms:
         tr, R, z = inst.training, cand.replicas, cand.zero_stage
         # H9: weights, gradients and optimizer states, each sharded over the R replicas from its ZeRO stage on;
         # calibration C7: the gradient reduction's buffers when the stage has replicas.
+        # H14: the framework's bytes outside the allocator, and the allocator's fragmentation.
+        self.framework_bytes = framework_bytes(tr, cand)
+        self.allocator_scale = 1.0 + tr.fragmentation
         self.state_bytes_per_param = (tr.weight_bytes / (R if z >= 3 else 1) + tr.gradient_bytes / (R if z >= 2 else 1)
                                       + tr.optimizer_bytes / (R if z >= 1 else 1)
                                       + (tr.gradient_buffer_bytes_per_param if R > 1 else 0.0))
@@ -252,19 +278,19 @@ class CandidateTerms:
 
     def _bytes(self, s: int, k, l, mid, *, rebuilt: bool):
         """Eq. H5 for layers [k, l) of stage s: model state, the layers [k, mid) kept in the stage's
-        mode and [mid, l) without recomputation, the reserve; with ``rebuilt`` the largest layer
-        rebuilt in [k, mid) (H7); under ZeRO-3 one layer's gathered weights and gradients (H9)."""
+        mode and [mid, l) without recomputation; with ``rebuilt`` the largest layer rebuilt in
+        [k, mid) (H7); under ZeRO-3 one layer's gathered weights and gradients (H9); all of it
+        through the allocator (x (1 + fragmentation)), plus the framework's own bytes (H14)."""
         kept = self._kept_prefix(self.modes[s])
         rest = self._kept_prefix("none")
         out = (self.sums.params_in(k, l) * self.state_bytes_per_param
-               + self.in_flight(s) * self.micro_batch * ((kept[mid] - kept[k]) + (rest[l] - rest[mid]))
-               + self.instance.training.memory_reserve)
+               + self.in_flight(s) * self.micro_batch * ((kept[mid] - kept[k]) + (rest[l] - rest[mid])))
         if rebuilt:  # the recomputed layer's activations while its backward runs
             out = out + self.micro_batch * self._range_max("recomputed", k, mid)
         if self.cand.zero_stage >= 3:
             tr = self.instance.training
             out = out + self._range_max("params", k, l) * (tr.weight_bytes + tr.gradient_bytes)
-        return out
+        return out * self.allocator_scale + self.framework_bytes
 
     def _kept_prefix(self, mode: str) -> np.ndarray:
         """Prefix sums of :attr:`kept` in ``mode``, computed once (every memory query reads them)."""
@@ -322,6 +348,14 @@ class CandidateTerms:
         mid = self.split(s, k, l) if mid is None else mid
         kv, rest = _prefix(self.comm_layer_bytes(self.modes[s])), _prefix(self.comm_layer_bytes(self.base_mode(s)))
         return kv[mid] - kv[k] + rest[l] - rest[mid] + self.comm_param_bytes() * self.sums.params_in(k, l)
+
+    def optimizer_bytes_per_param(self) -> float:
+        """Bytes of device memory per parameter of a stage that its slowest rank's optimizer step
+        reads and writes (eq. H15): the optimizer states read and written (2o), the gradient read
+        (g) and the new weight written (w); over the R replicas from ZeRO stage 1 on, where each
+        rank steps its shard of the states."""
+        tr, R = self.instance.training, self.cand.replicas
+        return (2 * tr.optimizer_bytes + tr.gradient_bytes + tr.weight_bytes) / (R if self.cand.zero_stage >= 1 else 1)
 
     def allreduce_bytes_per_param(self) -> float:
         """Bytes per parameter a stage's gradient synchronisation moves once per iteration, as a ring
@@ -384,6 +418,7 @@ class StageCosts:
         self._p2p_factor: list[float] = []
         self._ring_factor: list[float] = [0.0] * cand.pp  # seconds per byte on each stage's ring (H10)
         self._allreduce_factor: list[float] = []
+        self._optimizer_factor: list[float] = [0.0] * cand.pp  # seconds per parameter of the step (H15)
         self._price()
 
     def _price(self) -> None:  # pragma: no cover - every cost model defines it
@@ -441,8 +476,17 @@ class StageCosts:
         return self._volume[np.asarray(l) - 1] * self._p2p_factor[s]
 
     def allreduce(self, s: int, k, l):
-        """Seconds of stage s's gradient synchronisation for layers [k, l)."""
+        """Seconds of stage s's end of iteration for layers [k, l): its gradient synchronisation
+        (:meth:`reduction`) and then its optimizer step (:meth:`optimizer_step`, eq. H15)."""
+        return self.sums.params_in(k, l) * self.allreduce_factor(s)
+
+    def reduction(self, s: int, k, l):
+        """Seconds of stage s's gradient synchronisation for layers [k, l) (eq. H4)."""
         return self.sums.params_in(k, l) * self._allreduce_factor[s]
+
+    def optimizer_step(self, s: int, k, l):
+        """Seconds of stage s's optimizer step for layers [k, l) (eq. H15)."""
+        return self.sums.params_in(k, l) * self._optimizer_factor[s]
 
     def memory(self, s: int, k, l):
         """Bytes per device of stage s for layers [k, l) (eq. H5)."""
@@ -481,7 +525,12 @@ class StageCosts:
         return self._ring_factor[s]
 
     def allreduce_factor(self, s: int) -> float:
-        return self._allreduce_factor[s]
+        """Seconds per parameter of stage s's end of iteration: reduction and optimizer step (H4, H15)."""
+        return self._allreduce_factor[s] + self._optimizer_factor[s]
+
+    def optimizer_factor(self, s: int) -> float:
+        """Seconds per parameter of stage s's optimizer step (H15); 0 under a model without it."""
+        return self._optimizer_factor[s]
 
 
 def plan_of(model, tables, cand: Candidate, partition, stages: Stages, *, chunks=None):

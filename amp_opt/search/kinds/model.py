@@ -22,7 +22,7 @@ import numpy as np
 
 from ...model.classes import node_classes
 from ...model.costs import HETERO, CandidateTerms, CostModel
-from ...model.costs.terms import stage_order
+from ...model.costs.terms import memory_bandwidth, stage_order
 from ...model.plan import PER_STAGE_MODES
 from ...model.ranges import INF, backtrack, band_min_sum_step, chain_window, grid, min_max_chain
 from ...model.ranges import weighted as _weighted
@@ -122,7 +122,7 @@ class KindModel:
                                     + self.instance.device_types[c.device_type].step_overhead)
             traffic[mode] = terms.stage_comm_bytes(0, g.start, g.stop, mid)
         params = terms.sums.params_in(g.start, g.stop)
-        sync = terms.allreduce_bytes_per_param()
+        sync, step = terms.allreduce_bytes_per_param(), terms.optimizer_bytes_per_param()
         K = len(self.kinds)
         self.compute = np.full((K, L + 1, L + 1), INF)
         self.allreduce = np.full((K, L + 1, L + 1), INF)
@@ -133,7 +133,9 @@ class KindModel:
             mode = self.mode[i]
             self.compute[i] = np.where(g.nonempty, np.max([ranges[mode][c] for c in S], axis=0)
                                        + traffic[mode] * (1.0 / link), INF)
-            self.allreduce[i] = np.where(g.nonempty, params * (sync / link), INF)
+            # H15: and the optimizer step at the kind's slowest device memory, as StageCosts.allreduce_factor.
+            bandwidth = memory_bandwidth(self.instance, {self.classes[c].device_type for c in S})
+            self.allreduce[i] = np.where(g.nonempty, params * (sync / link + step / bandwidth), INF)
             self.capacity[i] = min(self.instance.device_types[self.classes[c].device_type].capacity for c in S)
         return params
 
@@ -213,9 +215,12 @@ class KindModel:
         p = self.cand.pp
         slow = min(min(c.inter, c.intra) for c in self.classes)
         sync = 2 * self.instance.training.allreduce_bytes_per_param  # at least the candidate's per parameter
+        tr = self.instance.training
+        step = (2 * tr.optimizer_bytes + tr.gradient_bytes + tr.weight_bytes) / memory_bandwidth(  # H15, unsharded
+            self.instance, {c.device_type for c in self.classes})
         crude = ((self.w_top + p) * float(self.compute[self.fitting].max())
                  + (p - 1) * float(self.volume.max()) / slow
-                 + float(params[usable].max()) * sync / slow)
+                 + float(params[usable].max()) * (sync / slow + step))
         return 2.0 * crude
 
     def _cuts(self) -> None:

@@ -129,7 +129,8 @@ class Program:
         inflight = terms.in_flight(s) * terms.micro_batch
         expr = lin((terms.state_bytes_per_param, self.layers.params(s)),
                    (inflight, self.stage_sum(s, kept, terms.kept["full"] - kept)), self._peak(s))
-        rhs = capacity - self.instance.training.memory_reserve
+        expr = lin((terms.allocator_scale, expr))  # H14: fragmentation scales the allocator's bytes
+        rhs = capacity - terms.framework_bytes
         if guard:
             expr = lin(expr, (big_m, guard))  # + M * has  <=  cap + M
             rhs += big_m

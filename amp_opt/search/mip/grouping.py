@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...model.classes import NodeClass, node_classes
+from ...model.costs.terms import memory_bandwidth
 from ..grouping import assign_groups
 from .model import BIN, INT, TIME, lin
 
@@ -198,19 +199,27 @@ class FreeGrouping:
                     prog.ub["P"] = max(prog.ub["P"], M2)
 
     def _allreduce(self) -> None:
-        """(M6) allreduce over the ring's slowest link, or the node's intra link when the stage sits in one."""
+        """(M6) allreduce over the ring's slowest link, or the node's intra link when the stage sits in
+        one; then (H15) the optimizer step at the slowest device memory of the stage: a row per pair
+        of classes the stage uses (the slowest link and the slowest memory may be in different ones)."""
         prog = self.prog
         sync, total = prog.terms.allreduce_bytes_per_param(), prog.total_params
+        step = {c.index: prog.terms.optimizer_bytes_per_param() / memory_bandwidth(prog.instance, (c.node_class.device_type,))
+                for c in self.classes}
         for s in range(prog.cand.pp):
             pe = prog.layers.params(s)
             for c in self.classes:
-                a = sync / c.node_class.inter
-                M = a * total
-                prog.mdl.add(lin({prog.ARmax: 1}, (-a, pe), (-M, {self.u[s, c.index]: 1}), (M, self.loc_s[s])),
-                             ">=", -M, "time", f"allreduce[{s},{c.index}]")
-                prog.ub["AR"] = max(prog.ub["AR"], M)
+                for c2 in self.classes:
+                    if c2 is not c and step[c2.index] <= step[c.index]:
+                        continue  # the row of c alone, or of a pair with a slower memory, is as strong
+                    a = sync / c.node_class.inter + step[c2.index]
+                    M = a * total
+                    uses = [(-M, {self.u[s, c.index]: 1})] + ([(-M, {self.u[s, c2.index]: 1})] if c2 is not c else [])
+                    prog.mdl.add(lin({prog.ARmax: 1}, (-a, pe), *uses, (M, self.loc_s[s])),
+                                 ">=", -M * len(uses), "time", f"allreduce[{s},{c.index},{c2.index}]")
+                    prog.ub["AR"] = max(prog.ub["AR"], M)
                 if c.per_node:
-                    a2 = sync / c.node_class.intra
+                    a2 = sync / c.node_class.intra + step[c.index]
                     M2 = a2 * total
                     for j in c.nodes:
                         prog.mdl.add(lin({prog.ARmax: 1}, (-a2, pe), (-M2, {self.loc[s, j]: 1})), ">=", -M2, "time",
@@ -222,11 +231,11 @@ class FreeGrouping:
         prog, terms = self.prog, self.prog.terms
         for s in range(prog.cand.pp):
             buffers = prog._peak(s)
-            worst = (prog.total_params * terms.state_bytes_per_param
-                     + terms.in_flight(s) * terms.micro_batch * float(terms.layer_bytes(s).sum())
-                     + sum(prog.mdl.vars[v].ub for v in buffers))
+            worst = terms.allocator_scale * (prog.total_params * terms.state_bytes_per_param
+                                             + terms.in_flight(s) * terms.micro_batch * float(terms.layer_bytes(s).sum())
+                                             + sum(prog.mdl.vars[v].ub for v in buffers))
             for c in self.classes:
-                room = c.capacity - prog.instance.training.memory_reserve
+                room = c.capacity - terms.framework_bytes
                 big_m = max(0.0, worst - room)
                 if big_m == 0.0 and room >= 0:
                     continue
