@@ -1,0 +1,127 @@
+"""The terms of formulations/hetero.md H14 (framework memory) and H15 (optimizer step): their
+values, their inputs, and that every search prices them as the evaluator does."""
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from test_brute import check, tiny
+from test_strategies import plan, preset_doc, single_stage, stage_params
+
+from amp_opt import InputError, evaluate, parse_instance
+from amp_opt.model.catalog import CATALOG, MEMORY_BANDWIDTH
+from amp_opt.model.costs.terms import communicator_sizes, framework_bytes
+
+MB = 1e6
+
+
+# -- H14: framework memory ------------------------------------------------------------------------
+def test_communicators_a_rank_uses():
+    """tp, cp, the gradient group of dp*cp replicas and the pipeline's pair; groups of one need none."""
+    assert communicator_sizes(plan(tp=1, dp=1, pp=1, partition=[0, 6]).candidate) == ()
+    assert communicator_sizes(plan(tp=4, dp=2, pp=3, partition=[0, 2, 4, 6]).candidate) == (4, 2, 2)
+    assert communicator_sizes(plan(tp=2, dp=2, pp=1, cp=2, partition=[0, 6]).candidate) == (2, 2, 4)
+
+
+def test_communicator_buffers_and_fragmentation_enter_memory():
+    """M = (1 + fragmentation) x (what the allocator holds) + reserve + NCCL buffers per communicator."""
+    base = parse_instance(preset_doc())
+    parts = parse_instance(preset_doc(communicator_bytes={"pair": "500 MB", "group": "700 MB"}, fragmentation=0.25))
+    p = single_stage(base, tp=4, dp=1, micro_batch=1, zero_stage=0)  # one communicator of 4 ranks
+    before, after = evaluate(base, p).stages[0].memory, evaluate(parts, p).stages[0].memory
+    reserve = base.training.memory_reserve
+    assert after == pytest.approx(1.25 * (before - reserve) + reserve + 700 * MB, rel=1e-12)
+    two = plan(tp=1, dp=2, pp=2, micro_batch=1, partition=[0, 3, 6], zero_stage=0)  # dp pair and pipeline pair
+    assert framework_bytes(parts.training, two.candidate) == reserve + 2 * 500 * MB
+    # by default the reserve stands for all of it: today's numbers
+    assert base.training.communicator_bytes == (0.0, 0.0) and base.training.fragmentation == 0.0
+
+
+def test_framework_memory_inputs_are_checked():
+    with pytest.raises(InputError, match="fragmentation"):
+        parse_instance(preset_doc(fragmentation=1.5))
+    with pytest.raises(InputError, match="communicator_bytes"):
+        parse_instance(preset_doc(communicator_bytes={"pair": "lots"}))
+
+
+def test_communicator_buffers_make_a_plan_infeasible_that_fit():
+    """A plan within 1 GB of a device's memory fits without the buffers and not with two of them."""
+    doc = preset_doc()
+    inst = parse_instance(doc)
+    p = plan(tp=1, dp=2, pp=2, micro_batch=1, partition=[0, 3, 6], zero_stage=0)
+    need = max(s.memory for s in evaluate(inst, p).stages)
+    doc["device_types"] = [{"name": "A100-80GB", "memory": need + 0.9e9}]
+    assert evaluate(parse_instance(doc), p).feasible
+    doc["training"]["communicator_bytes"] = {"pair": "500 MB"}
+    assert not evaluate(parse_instance(doc), p).feasible
+
+
+def _with_framework_parts(inst, fraction):
+    """The instance with NCCL buffers of ``fraction`` of its smallest capacity and 20% fragmentation."""
+    cap = min(t.capacity for t in inst.device_types.values())
+    tr = dataclasses.replace(inst.training, communicator_bytes=(fraction * cap, 1.5 * fraction * cap), fragmentation=0.2)
+    return dataclasses.replace(inst, training=tr)
+
+
+cases = st.fixed_dictionaries({
+    "seed": st.integers(0, 2**31 - 1),
+    "devices": st.integers(2, 3),
+    "layers": st.integers(3, 4),
+    "engine": st.sampled_from(["megatron", "deepspeed"]),
+    "idle": st.booleans(),
+})
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases, fraction=st.floats(0.0, 0.3))
+def test_every_search_prices_the_framework_memory_as_the_brute_force(case, fraction):
+    """The DP, the MIP rows (M8 with H14) and the bounds equal the brute force with the buffers on."""
+    inst = _with_framework_parts(tiny(**case), fraction)
+    truth = check(inst, "enumerate")
+    for solver in ("cpsat", "highs", "cpsat-nodp", "highs-nokinds"):
+        check(inst, solver, truth=truth)
+
+
+# -- H15: the optimizer step ----------------------------------------------------------------------
+def test_every_catalog_gpu_states_its_memory_bandwidth_and_source():
+    for name, spec in CATALOG.items():
+        assert spec.memory_bandwidth == MEMORY_BANDWIDTH[name][0] > 1e11, name
+        assert "GB/s" in MEMORY_BANDWIDTH[name][1] or "TB/s" in MEMORY_BANDWIDTH[name][1], name
+
+
+def _step(inst, params, replicas=1, device="A100-80GB"):
+    tr = inst.training
+    return params * (2 * tr.optimizer_bytes + tr.gradient_bytes + tr.weight_bytes) / replicas \
+        / inst.device_types[device].memory_bandwidth
+
+
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_the_optimizer_step_is_a_pass_over_the_states_at_memory_bandwidth(zero):
+    inst = parse_instance(preset_doc())
+    p = single_stage(inst, dp=4, micro_batch=1, zero_stage=zero)
+    costs_step = _step(inst, stage_params(inst), replicas=4 if zero >= 1 else 1)
+    ev = evaluate(inst, p)
+    bare = dataclasses.replace(inst, device_types={n: dataclasses.replace(t, memory_bandwidth=None)
+                                                   for n, t in inst.device_types.items()})
+    assert ev.stages[0].allreduce - evaluate(bare, p).stages[0].allreduce == pytest.approx(costs_step, rel=1e-9)
+    assert ev.predicted_time - evaluate(bare, p).predicted_time == pytest.approx(costs_step, rel=1e-9)
+
+
+def test_a_stage_of_two_device_types_steps_at_the_slower_memory():
+    inst = parse_instance(preset_doc(nodes=(("A100-80GB", 1, 1), ("T4", 1, 1))))
+    p = single_stage(inst, dp=2, micro_batch=1, zero_stage=0, stages=[[[0], [1]]])
+    bare = dataclasses.replace(inst, device_types={n: dataclasses.replace(t, memory_bandwidth=None)
+                                                   for n, t in inst.device_types.items()})
+    extra = evaluate(inst, p).stages[0].allreduce - evaluate(bare, p).stages[0].allreduce
+    assert extra == pytest.approx(_step(inst, stage_params(inst), device="T4"), rel=1e-9)
+
+
+def test_memory_bandwidth_is_read_and_overridden():
+    doc = preset_doc()
+    doc["device_types"] = [{"name": "A100-80GB", "memory_bandwidth": "1 TB/s"}]
+    assert parse_instance(doc).device_types["A100-80GB"].memory_bandwidth == 1e12
+    doc["device_types"] = [{"name": "mine", "memory": "8 GiB", "peak_flops": 1e12}]
+    doc["nodes"][0]["device_type"] = "mine"
+    assert parse_instance(doc).device_types["mine"].memory_bandwidth is None  # not priced
