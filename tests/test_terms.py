@@ -125,3 +125,24 @@ def test_memory_bandwidth_is_read_and_overridden():
     doc["device_types"] = [{"name": "mine", "memory": "8 GiB", "peak_flops": 1e12}]
     doc["nodes"][0]["device_type"] = "mine"
     assert parse_instance(doc).device_types["mine"].memory_bandwidth is None  # not priced
+
+
+# -- H16: tensor-parallel groups across nodes -----------------------------------------------------
+def test_a_tensor_parallel_group_across_two_nodes_is_priced_on_the_inter_node_link():
+    """Megatron runs tp 16 over two nodes of 8: evaluate accepts it and prices the group's
+    collectives (H2's analytic term) over the slowest inter-node link, the stage's ring too."""
+    from amp_opt.model.profiles import layer_times
+
+    inst = parse_instance(preset_doc(nodes=(("A100-80GB", 2, 8),), global_batch=8))
+    node = inst.nodes[0]
+    ev = evaluate(inst, single_stage(inst, tp=16, micro_batch=1, zero_stage=0))
+    across = layer_times(inst, node.device_type, node.inter_bandwidth, 16, 1).seconds
+    within = layer_times(inst, node.device_type, node.intra_bandwidth, 16, 1).seconds
+    assert float(across.sum()) > float(within.sum())
+    assert ev.stages[0].compute == pytest.approx(float(across.sum()), rel=1e-12)
+    assert ev.stages[0].nodes == ("n0-0", "n0-1")
+    # a pipeline whose stage groups span both nodes sends its boundary over the inter-node link
+    two = evaluate(inst, plan(tp=8, pp=2, micro_batch=1, partition=[0, 3, 6], zero_stage=0,
+                              stages=[[[0, 1, 2, 3, 8, 9, 10, 11]], [[4, 5, 6, 7, 12, 13, 14, 15]]]))
+    volume = inst.layers[2].activation_bytes.at(8)
+    assert two.stages[0].p2p == pytest.approx(volume / node.inter_bandwidth, rel=1e-12)

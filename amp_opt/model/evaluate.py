@@ -188,7 +188,7 @@ def _stage_report(instance, plan: Plan, costs: StageCosts, s: int, k: int, l: in
     memory = float(costs.memory(s, k, l))
     return StageReport(
         index=s, layers=(chunks[0][0], chunks[-1][1]), groups=plan.stages[s], device_types=place.device_types,
-        nodes=tuple(dict.fromkeys(instance.nodes[j].name for j in place.nodes)),
+        nodes=tuple(dict.fromkeys(instance.nodes[j].name for j in place.all_nodes)),
         compute=float(costs.compute(s, k, l)), p2p=float(costs.p2p(s, l)), allreduce=float(costs.allreduce(s, k, l)),
         memory=memory, capacity=costs.capacity[s], fits=memory <= costs.capacity[s], chunks=chunks,
         recompute=plan.recompute_of(s))

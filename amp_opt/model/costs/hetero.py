@@ -16,7 +16,7 @@ from ..classes import node_classes
 from ..ranges import INF, grid, min_max_chain, min_max_step, min_sum_step, range_table, stage_room, start_row
 from ..ranges import weighted as _weighted
 from ..candidates import even_partition
-from .terms import CandidateTerms, CostModel, StageCosts, hetero_link, memory_bandwidth, stage_order
+from .terms import CandidateTerms, CostModel, StageCosts, hetero_link, memory_bandwidth, stage_order, tp_link
 
 LABELLED_BUDGET = 1.5e8  # cells of the labelled DP (B2) before falling back to B3
 
@@ -27,7 +27,9 @@ class HeteroCosts(StageCosts):
     def _price(self) -> None:
         nodes, v = self.instance.nodes, self.cand.virtual_stages
         for s, place in enumerate(self.placement):
-            keys = sorted({(nodes[j].device_type, nodes[j].intra_bandwidth) for j in place.nodes})
+            # Compute classes: each device's type at its group's tp link (H16: the slowest
+            # inter-node link when the group spans nodes, else its node's intra link).
+            keys = sorted({(nodes[j].device_type, tp_link(self.instance, group)) for group in place.groups for j in group})
             self._compute_prefixes.append([self._class_prefixes(t, bw, s) for t, bw in keys])
         # H3: one micro-batch's boundary activation over the slowest link of the two stages;
         # interleaved, every boundary is crossed v times (H11).
@@ -42,11 +44,11 @@ class HeteroCosts(StageCosts):
 
     def ring_bandwidth(self, s: int) -> float:
         """Bytes/s of stage s's data-parallel ring (eq. H4)."""
-        return hetero_link(self.instance, self.placement[s].nodes)
+        return hetero_link(self.instance, self.placement[s].all_nodes)
 
     def boundary_bandwidth(self, s: int) -> float:
         """Bytes/s between stage s and s+1 (eq. H3)."""
-        return hetero_link(self.instance, self.placement[s].nodes + self.placement[s + 1].nodes)
+        return hetero_link(self.instance, self.placement[s].all_nodes + self.placement[s + 1].all_nodes)
 
 
 class ComputeClass:

@@ -92,6 +92,12 @@ def iteration_time(n_micro: int, compute, p2p, allreduce, virtual_stages: int = 
     return pipeline_weights(n_micro, len(compute), virtual_stages, schedule).time(compute, p2p, allreduce)
 
 
+def tp_link(instance, nodes) -> float:
+    """Bytes/s of a tensor-parallel group's collectives (eq. H2, H16): its node's intra-node
+    bandwidth, or over the slowest inter-node link of the nodes it spans."""
+    return hetero_link(instance, nodes)
+
+
 def hetero_link(instance, nodes) -> float:
     """The hetero model's link rule (eq. H3, H4): intra-node bandwidth when every
     group sits in one node, else the slowest inter-node link among the nodes."""
@@ -375,8 +381,14 @@ def _prefix(values: np.ndarray) -> np.ndarray:
 class StagePlacement:
     """What the cost of a stage depends on, derived from its device groups."""
 
-    nodes: tuple[int, ...]  # node of each group
+    nodes: tuple[int, ...]  # node of each group (of its first device)
     device_types: tuple[str, ...]  # sorted distinct types in the stage
+    groups: tuple[tuple[int, ...], ...] = ()  # the nodes each group spans (one, unless tp spans nodes: H16)
+
+    @property
+    def all_nodes(self) -> tuple[int, ...]:
+        """Every node the stage's devices sit on."""
+        return tuple(dict.fromkeys(j for group in self.groups for j in group)) or self.nodes
 
 
 class StageCosts:
@@ -404,7 +416,8 @@ class StageCosts:
         self.placement = tuple(
             StagePlacement(
                 nodes=tuple(int(node_of[group[0]]) for group in stage),
-                device_types=tuple(sorted({instance.nodes[node_of[group[0]]].device_type for group in stage})),
+                device_types=tuple(sorted({instance.nodes[node_of[d]].device_type for group in stage for d in group})),
+                groups=tuple(tuple(dict.fromkeys(int(node_of[d]) for d in group)) for group in stage),
             )
             for stage in stages
         )
