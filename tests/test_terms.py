@@ -146,3 +146,39 @@ def test_a_tensor_parallel_group_across_two_nodes_is_priced_on_the_inter_node_li
                               stages=[[[0, 1, 2, 3, 8, 9, 10, 11]], [[4, 5, 6, 7, 12, 13, 14, 15]]]))
     volume = inst.layers[2].activation_bytes.at(8)
     assert two.stages[0].p2p == pytest.approx(volume / node.inter_bandwidth, rel=1e-12)
+
+
+# -- H17: the NIC shared by the rings that leave a node -------------------------------------------
+def test_rings_share_the_nics_of_their_nodes():
+    """tp 8 over two nodes of 8: the 8 rings of a stage leave each node at once; with 2 NICs each
+    ring gets a quarter of one (the gradient reduction takes 4 times as long), with 8 NICs or
+    none stated one each (as before)."""
+    times = {}
+    for nics in (None, 2, 8):
+        doc = preset_doc(nodes=(("A100-80GB", 2, 8),), global_batch=8)
+        if nics is not None:
+            doc["nodes"][0]["nics"] = nics
+        inst = parse_instance(doc)
+        p = single_stage(inst, tp=8, dp=2, micro_batch=1, zero_stage=0)
+        bare = dataclasses.replace(inst, device_types={n: dataclasses.replace(t, memory_bandwidth=None)
+                                                       for n, t in inst.device_types.items()})
+        times[nics] = evaluate(bare, p).stages[0].allreduce
+    assert times[8] == pytest.approx(times[None], rel=1e-12)
+    assert times[2] == pytest.approx(4 * times[None], rel=1e-12)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1))
+def test_every_search_prices_shared_nics_as_the_brute_force(seed):
+    """Two nodes of two GPUs, one NIC each: a tp-2 stage across them reduces at half the link."""
+    from amp_opt.model.generate import generate_instance
+
+    doc = generate_instance(seed, nodes=2, devices_per_node=2, device_types=2, layers=3, global_batch=4)
+    for node in doc["nodes"]:
+        node["nics"] = 1
+    doc["search"].update({"tp": [1, 2], "micro_batches": [1, 2], "zero_stages": [0, 1], "virtual_stages": [1],
+                          "recompute": ["none"], "cp": [1], "idle": False})
+    inst = parse_instance(doc)
+    truth = check(inst, "enumerate")
+    for solver in ("cpsat", "highs"):
+        check(inst, solver, truth=truth)

@@ -90,6 +90,7 @@ class Node:
     devices: int
     intra_bandwidth: float  # bytes/s between two devices of this node
     inter_bandwidth: float  # bytes/s of this node's link to other nodes
+    nics: int | None = None  # NICs sharing it among the rings that cross at once (H17); None: each ring has it whole
 
 
 @dataclass(frozen=True)

@@ -325,7 +325,7 @@ def _parse_nodes(raw_nodes, device_types: dict[str, DeviceType]) -> tuple[Node, 
             if name in names:
                 raise InputError(f"{where}.name", f"node name {name!r} is used twice")
             names.add(name)
-            nodes.append(Node(name, type_name, raw["devices"], intra, inter))
+            nodes.append(Node(name, type_name, raw["devices"], intra, inter, raw.get("nics")))
     return tuple(nodes)
 
 

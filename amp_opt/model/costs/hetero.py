@@ -16,7 +16,7 @@ from ..classes import node_classes
 from ..ranges import INF, grid, min_max_chain, min_max_step, min_sum_step, range_table, stage_room, start_row
 from ..ranges import weighted as _weighted
 from ..candidates import even_partition
-from .terms import CandidateTerms, CostModel, StageCosts, hetero_link, memory_bandwidth, stage_order, tp_link
+from .terms import CandidateTerms, CostModel, StageCosts, hetero_link, memory_bandwidth, ring_link, stage_order, tp_link
 
 LABELLED_BUDGET = 1.5e8  # cells of the labelled DP (B2) before falling back to B3
 
@@ -43,8 +43,8 @@ class HeteroCosts(StageCosts):
         self._optimizer_factor = [step / memory_bandwidth(self.instance, place.device_types) for place in self.placement]
 
     def ring_bandwidth(self, s: int) -> float:
-        """Bytes/s of stage s's data-parallel ring (eq. H4)."""
-        return hetero_link(self.instance, self.placement[s].all_nodes)
+        """Bytes/s of stage s's data-parallel ring (eq. H4, H17)."""
+        return ring_link(self.instance, self.placement[s].all_nodes, self.tp)
 
     def boundary_bandwidth(self, s: int) -> float:
         """Bytes/s between stage s and s+1 (eq. H3)."""
@@ -68,7 +68,7 @@ def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
     inst, cand = terms.instance, terms.cand
     info: dict[tuple[str, float], list] = {}
     for c in node_classes(inst):
-        link = max(c.inter, c.intra if c.groups_per_node(cand.tp) >= cand.replicas else 0.0)
+        link = max(c.ring_inter(cand.tp), c.intra if c.groups_per_node(cand.tp) >= cand.replicas else 0.0)
         entry = info.setdefault(c.compute_key, [0, 0.0])
         entry[0] += c.groups(cand.tp)
         entry[1] = max(entry[1], link)

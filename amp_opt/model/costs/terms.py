@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..classes import ring_share
 from ..plan import Candidate, Stages
 
 FORWARD_SHARE = 1.0 / 3.0  # a layer's forward share of its forward+backward time (backward = 2 forward)
@@ -96,6 +97,15 @@ def tp_link(instance, nodes) -> float:
     """Bytes/s of a tensor-parallel group's collectives (eq. H2, H16): its node's intra-node
     bandwidth, or over the slowest inter-node link of the nodes it spans."""
     return hetero_link(instance, nodes)
+
+
+def ring_link(instance, nodes, tp: int) -> float:
+    """Bytes/s of a stage's data-parallel ring (eq. H4, H17): its node's intra-node link when it
+    sits in one, else the slowest share of a NIC any of its nodes gives one of its tp rings."""
+    used = set(nodes)
+    if len(used) == 1:
+        return instance.nodes[next(iter(used))].intra_bandwidth
+    return min(ring_share(instance.nodes[j].inter_bandwidth, instance.nodes[j].nics, tp) for j in used)
 
 
 def hetero_link(instance, nodes) -> float:

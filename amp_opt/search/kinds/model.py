@@ -91,14 +91,14 @@ class KindModel:
         seen: dict[tuple, int] = {}
         self.representative = np.array([
             seen.setdefault((tuple(self.compute[j].tobytes() for j in self.siblings[i]), self.allreduce[i].tobytes(),
-                             self.capacity[i], self.ring(S), self.mode[i]), i)
+                             self.capacity[i], self.send(S), self.mode[i]), i)
             for i, S in enumerate(self.kinds)])
         # K3: a boundary at position k costs volume[k] over the slower of its two stages' links,
         # so the DP remembers the link level of the previous stage.
         # An interleaved boundary is crossed v times (H11); under 1F1B each boundary is paid twice (H13).
         self.volume = (cand.virtual_stages * pipe.p2p) * np.concatenate([[0.0], terms.volume[:-1], [0.0]])
-        self.links = np.array(sorted({self.ring(S) for S in self.kinds}))
-        self.link_of = np.array([int(np.searchsorted(self.links, self.ring(S))) for S in self.kinds])
+        self.links = np.array(sorted({self.send(S) for S in self.kinds}))
+        self.link_of = np.array([int(np.searchsorted(self.links, self.send(S))) for S in self.kinds])
         self._level_kinds = [np.flatnonzero(self.link_of == b) for b in range(len(self.links))]
         self.p2p_factor = 1.0 / np.minimum(self.links[:, None], self.links[None, :])  # [previous, next]
         self.ceiling = self._ceiling(params)
@@ -213,7 +213,7 @@ class KindModel:
         if not usable.any():
             return 0.0  # nothing fits anywhere
         p = self.cand.pp
-        slow = min(min(c.inter, c.intra) for c in self.classes)
+        slow = min(min(c.ring_inter(self.cand.tp), c.intra) for c in self.classes)
         sync = 2 * self.instance.training.allreduce_bytes_per_param  # at least the candidate's per parameter
         tr = self.instance.training
         step = (2 * tr.optimizer_bytes + tr.gradient_bytes + tr.weight_bytes) / memory_bandwidth(  # H15, unsharded
@@ -237,13 +237,21 @@ class KindModel:
         self.dims = C + len(sets)  # multipliers: lambda (one per class), then mu (one per cut)
 
     def ring(self, S) -> float:
-        """The fastest link a stage of kind S can reduce over and send on (eq. K1)."""
+        """The fastest link a stage of kind S can reduce over (eq. K1; across nodes, the share of
+        a NIC each of its tp rings gets, H17)."""
+        return self._link(S, lambda c: c.ring_inter(self.cand.tp))
+
+    def send(self, S) -> float:
+        """The fastest link a stage of kind S can send its boundary on (eq. K3)."""
+        return self._link(S, lambda c: c.inter)
+
+    def _link(self, S, inter) -> float:
         d = self.cand.replicas
         if len(S) == 1:
             c = self.classes[S[0]]
             if c.devices // self.cand.tp >= d:
-                return max(c.inter, c.intra)
-        return min(self.classes[c].inter for c in S)
+                return max(inter(c), c.intra)
+        return min(inter(self.classes[c]) for c in S)
 
     def prices(self, y: np.ndarray) -> np.ndarray:
         """What a stage of each kind pays under multipliers y = (lambda, mu): its cheapest groups

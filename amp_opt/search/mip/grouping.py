@@ -146,7 +146,7 @@ class FreeGrouping:
             if not traffic:
                 continue
             worst = sum(abs(c) for c in traffic.values())
-            self.X[s] = prog.mdl.var(f"X[{s}]", 0, worst / min(c.node_class.inter for c in self.classes), TIME)
+            self.X[s] = prog.mdl.var(f"X[{s}]", 0, worst / min(self._inter(c) for c in self.classes), TIME)
             self._link_rows(s, self.X[s], traffic, worst, f"ring[{s}")
 
     def _link_rows(self, s: int, var: int, expr: dict, worst: float, name: str) -> None:
@@ -154,7 +154,7 @@ class FreeGrouping:
         sits in one node) and one per node that can hold the stage (its intra-node link)."""
         prog = self.prog
         for c in self.classes:
-            a = 1.0 / c.node_class.inter
+            a = 1.0 / self._inter(c)
             prog.mdl.add(lin({var: 1}, (-a, expr), (-a * worst, {self.u[s, c.index]: 1}), (a * worst, self.loc_s[s])),
                          ">=", -a * worst, "time", f"{name},{c.index}]")
             if c.per_node:
@@ -212,7 +212,7 @@ class FreeGrouping:
                 for c2 in self.classes:
                     if c2 is not c and step[c2.index] <= step[c.index]:
                         continue  # the row of c alone, or of a pair with a slower memory, is as strong
-                    a = sync / c.node_class.inter + step[c2.index]
+                    a = sync / self._inter(c) + step[c2.index]
                     M = a * total
                     uses = [(-M, {self.u[s, c.index]: 1})] + ([(-M, {self.u[s, c2.index]: 1})] if c2 is not c else [])
                     prog.mdl.add(lin({prog.ARmax: 1}, (-a, pe), *uses, (M, self.loc_s[s])),
@@ -225,6 +225,10 @@ class FreeGrouping:
                         prog.mdl.add(lin({prog.ARmax: 1}, (-a2, pe), (-M2, {self.loc[s, j]: 1})), ">=", -M2, "time",
                                      f"allreduce_local[{s},{j}]")
                     prog.ub["AR"] = max(prog.ub["AR"], M2)
+
+    def _inter(self, c) -> float:
+        """Bytes/s one data-parallel ring of a stage gets leaving a node of class c (H4, H17)."""
+        return c.node_class.ring_inter(self.prog.cand.tp)
 
     def _memory(self) -> None:
         """(M8) every device type in the stage must hold it; rows that can never bind are left out."""
