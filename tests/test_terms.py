@@ -182,3 +182,23 @@ def test_every_search_prices_shared_nics_as_the_brute_force(seed):
     truth = check(inst, "enumerate")
     for solver in ("cpsat", "highs"):
         check(inst, solver, truth=truth)
+
+
+# -- eager attention: the s x s tensors per head ---------------------------------------------------
+def test_eager_attention_keeps_its_scores_from_a_hugging_face_config_too():
+    """The presets count 5 a s^2 bytes of scores, softmax and dropout per layer under eager attention
+    (tests/test_presets.py); a model from a config.json takes the run's kernel from model.attention."""
+    config = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000,
+              "max_position_embeddings": 512, "tie_word_embeddings": False}
+    doc = preset_doc()
+    doc["model"] = {"hf_config": config, "seq_len": 128}
+    flash = parse_instance(doc)
+    doc["model"]["attention"] = "eager"
+    eager = parse_instance(doc)
+    s, a = 128, 4
+    body = [i for i, layer in enumerate(eager.layers) if layer.kind == "transformer"]
+    for i in body:
+        extra = eager.layers[i].activation_memory_bytes.at(1) - flash.layers[i].activation_memory_bytes.at(1)
+        assert extra == pytest.approx(2 * a * s * s - 4 * a * s, rel=1e-12)  # bf16 softmax output, not the LSE
+        assert eager.layers[i].attention_memory_bytes.at(1) == 2 * a * s * s

@@ -216,6 +216,8 @@ def _parse_model(model: Mapping, base_dir: Path, notes: list[str]) -> tuple[tupl
         if isinstance(config, str):
             config = load_json(base_dir / config, "Hugging Face config")
         preset = preset_from_hf_config(config, field="instance.model.hf_config", seq_len=model.get("seq_len"))
+        if "attention" in model:  # the kernel is the run's choice, not the config's
+            preset["attention"] = model["attention"]
         _check_length(preset, "instance.model.hf_config")
         raw_layers = expand_preset(preset, field="instance.model.hf_config")
         tokens = int(preset["seq_len"])
