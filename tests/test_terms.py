@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from test_brute import check, tiny
-from test_strategies import plan, preset_doc, single_stage, stage_params
+from test_strategies import plan, preset_doc, single_stage, stage_params, times
 
 from amp_opt import InputError, evaluate, parse_instance
 from amp_opt.model.catalog import CATALOG, MEMORY_BANDWIDTH
@@ -202,3 +202,40 @@ def test_eager_attention_keeps_its_scores_from_a_hugging_face_config_too():
         extra = eager.layers[i].activation_memory_bytes.at(1) - flash.layers[i].activation_memory_bytes.at(1)
         assert extra == pytest.approx(2 * a * s * s - 4 * a * s, rel=1e-12)  # bf16 softmax output, not the LSE
         assert eager.layers[i].attention_memory_bytes.at(1) == 2 * a * s * s
+
+
+# -- H18: the reduction overlapped with the last backward pass -------------------------------------
+def test_an_overlapped_reduction_exposes_only_what_the_backward_pass_does_not_hide():
+    """exposed = max(0, reduction - 2/3 x the stage's layer seconds), then the optimizer step."""
+    doc = preset_doc(nodes=(("A100-80GB", 2, 1),), global_batch=8)
+    doc["model"].update(hidden=1024, layers=2)
+    doc["nodes"][0]["inter_bandwidth"] = "1 Gbit/s"  # a slow link: the reduction outlasts the backward
+    for overlap in (False, True):
+        doc["training"]["overlap_grad_reduce"] = overlap
+        inst = parse_instance(doc)
+        p = single_stage(inst, dp=2, micro_batch=1, zero_stage=0)
+        ev = evaluate(inst, p)
+        if not overlap:
+            plain = ev
+    step = _step(inst, stage_params(inst))
+    window = 2 / 3 * float(times(inst).sum())
+    reduction = plain.stages[0].allreduce - step
+    assert reduction > window > 0
+    assert ev.stages[0].allreduce == pytest.approx(reduction - window + step, rel=1e-9)
+    assert plain.predicted_time - ev.predicted_time == pytest.approx(window, rel=1e-9)
+    doc["nodes"][0]["inter_bandwidth"] = "1000 GB/s"  # a fast one: the backward hides all of it
+    fast = evaluate(parse_instance(doc), p)
+    assert fast.stages[0].allreduce == pytest.approx(step, rel=1e-9)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases, slow=st.booleans())
+def test_every_search_prices_the_overlapped_reduction_as_the_brute_force(case, slow):
+    """H18 in the DP, the MIP rows (fixed and free grouping), the kinds and the bounds."""
+    inst = tiny(**case)
+    nodes = tuple(dataclasses.replace(n, inter_bandwidth=n.inter_bandwidth / 100) for n in inst.nodes) if slow \
+        else inst.nodes
+    inst = dataclasses.replace(inst, nodes=nodes, training=dataclasses.replace(inst.training, overlap_grad_reduce=True))
+    truth = check(inst, "enumerate")
+    for solver in ("cpsat", "highs"):
+        check(inst, solver, truth=truth)

@@ -377,6 +377,7 @@ def _parse_training(raw: Mapping) -> Training:
         analytic_efficiency=float(raw.get("analytic_efficiency", DEFAULT_EFFICIENCY)),
         communicator_bytes=communicators,
         fragmentation=float(raw.get("fragmentation", 0.0)),
+        overlap_grad_reduce=bool(raw.get("overlap_grad_reduce", False)),
     )
 
 

@@ -26,6 +26,7 @@ from ..classes import ring_share
 from ..plan import Candidate, Stages
 
 FORWARD_SHARE = 1.0 / 3.0  # a layer's forward share of its forward+backward time (backward = 2 forward)
+BACKWARD_SHARE = 1.0 - FORWARD_SHARE  # the share a gradient reduction can overlap (H18)
 
 
 SCHEDULES = ("closed", "1f1b")  # the iteration-time formulas a cost model may use
@@ -135,6 +136,12 @@ def framework_bytes(training, cand) -> float:
     reserve (CUDA context, kernels, workspaces) and the NCCL buffers of every communicator used."""
     pair, group = training.communicator_bytes
     return training.memory_reserve + sum(pair if size == 2 else group for size in communicator_sizes(cand))
+
+
+def overlap_share(instance) -> float:
+    """The share of a stage's layer seconds its gradient reduction overlaps (eq. H18): the
+    backward share where the engine overlaps it (``training.overlap_grad_reduce``), else 0."""
+    return BACKWARD_SHARE if instance.training.overlap_grad_reduce else 0.0
 
 
 def memory_bandwidth(instance, device_types) -> float:
@@ -442,6 +449,7 @@ class StageCosts:
         self._ring_factor: list[float] = [0.0] * cand.pp  # seconds per byte on each stage's ring (H10)
         self._allreduce_factor: list[float] = []
         self._optimizer_factor: list[float] = [0.0] * cand.pp  # seconds per parameter of the step (H15)
+        self.overlap_share = 0.0  # share of a stage's layer seconds its reduction overlaps (H18; 0: none)
         self._price()
 
     def _price(self) -> None:  # pragma: no cover - every cost model defines it
@@ -500,8 +508,29 @@ class StageCosts:
 
     def allreduce(self, s: int, k, l):
         """Seconds of stage s's end of iteration for layers [k, l): its gradient synchronisation
-        (:meth:`reduction`) and then its optimizer step (:meth:`optimizer_step`, eq. H15)."""
-        return self.sums.params_in(k, l) * self.allreduce_factor(s)
+        that the backward pass does not hide (:meth:`exposed_reduction`, eq. H18) and then its
+        optimizer step (:meth:`optimizer_step`, eq. H15)."""
+        if not self.overlap_share:
+            return self.sums.params_in(k, l) * self.allreduce_factor(s)
+        return self.exposed_reduction(s, k, l) + self.optimizer_step(s, k, l)
+
+    def exposed_reduction(self, s: int, k, l):
+        """Seconds of stage s's gradient synchronisation left after the overlap (eq. H18):
+        max(0, reduction - overlap_window)."""
+        if not self.overlap_share:
+            return self.reduction(s, k, l)
+        return np.maximum(0.0, self.reduction(s, k, l) - self.overlap_window(s, k, l))
+
+    def overlap_window(self, s: int, k, l):
+        """Seconds of stage s's last backward pass a reduction can hide in (eq. H18): the backward
+        share of its layers' seconds (recomputation included) on its fastest compute class."""
+        k, l = np.asarray(k), np.asarray(l)
+        mid = self.split(s, k, l)
+        out = None
+        for mode, none, _ in self._compute_prefixes[s]:
+            time = (mode[mid] - mode[k]) + (none[l] - none[mid])
+            out = time if out is None else np.minimum(out, time)
+        return self.overlap_share * out
 
     def reduction(self, s: int, k, l):
         """Seconds of stage s's gradient synchronisation for layers [k, l) (eq. H4)."""

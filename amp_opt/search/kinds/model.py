@@ -22,7 +22,7 @@ import numpy as np
 
 from ...model.classes import node_classes
 from ...model.costs import HETERO, CandidateTerms, CostModel
-from ...model.costs.terms import memory_bandwidth, stage_order
+from ...model.costs.terms import memory_bandwidth, overlap_share, stage_order
 from ...model.plan import PER_STAGE_MODES
 from ...model.ranges import INF, backtrack, band_min_sum_step, chain_window, grid, min_max_chain
 from ...model.ranges import weighted as _weighted
@@ -109,20 +109,21 @@ class KindModel:
         (eq. K1, K2), layers in stage order; returns the parameters per range."""
         L = self.L
         g = grid(L)
-        ranges, traffic = {}, {}
+        ranges, traffic, layers = {}, {}, {}
         for mode in sorted(set(self.mode)):
             # Where the recomputed layers end: every stage recomputes alike (the block method's first
             # layers), or per stage in the kind's mode (all of them, or none).
             mid = terms.split(0, g.start, g.stop) if not terms.per_stage else g.stop if mode == "full" else g.start
-            ranges[mode] = []
+            ranges[mode], layers[mode] = [], []
             for c in self.classes:
                 own, base = (np.concatenate([[0.0], np.cumsum(terms.layer_seconds(c.device_type, c.intra, m))])
                              for m in (self.cand.recompute, terms.base_mode(0)))
-                ranges[mode].append((own[mid] - own[g.start]) + (base[g.stop] - base[mid])
-                                    + self.instance.device_types[c.device_type].step_overhead)
+                layers[mode].append((own[mid] - own[g.start]) + (base[g.stop] - base[mid]))
+                ranges[mode].append(layers[mode][-1] + self.instance.device_types[c.device_type].step_overhead)
             traffic[mode] = terms.stage_comm_bytes(0, g.start, g.stop, mid)
         params = terms.sums.params_in(g.start, g.stop)
         sync, step = terms.allreduce_bytes_per_param(), terms.optimizer_bytes_per_param()
+        kappa = overlap_share(self.instance)
         K = len(self.kinds)
         self.compute = np.full((K, L + 1, L + 1), INF)
         self.allreduce = np.full((K, L + 1, L + 1), INF)
@@ -135,7 +136,10 @@ class KindModel:
                                        + traffic[mode] * (1.0 / link), INF)
             # H15: and the optimizer step at the kind's slowest device memory, as StageCosts.allreduce_factor.
             bandwidth = memory_bandwidth(self.instance, {self.classes[c].device_type for c in S})
-            self.allreduce[i] = np.where(g.nonempty, params * (sync / link + step / bandwidth), INF)
+            reduction = params * (sync / link)
+            if kappa:  # H18: what the fastest class's backward pass leaves exposed
+                reduction = np.maximum(0.0, reduction - kappa * np.min([layers[mode][c] for c in S], axis=0))
+            self.allreduce[i] = np.where(g.nonempty, reduction + params * (step / bandwidth), INF)
             self.capacity[i] = min(self.instance.device_types[self.classes[c].device_type].capacity for c in S)
         return params
 

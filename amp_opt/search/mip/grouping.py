@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...model.classes import NodeClass, node_classes
-from ...model.costs.terms import memory_bandwidth
+from ...model.costs.terms import memory_bandwidth, overlap_share
 from ..grouping import assign_groups
 from .model import BIN, INT, TIME, lin
 
@@ -201,29 +201,41 @@ class FreeGrouping:
     def _allreduce(self) -> None:
         """(M6) allreduce over the ring's slowest link, or the node's intra link when the stage sits in
         one; then (H15) the optimizer step at the slowest device memory of the stage: a row per pair
-        of classes the stage uses (the slowest link and the slowest memory may be in different ones)."""
+        of classes the stage uses (the slowest link and the slowest memory may be in different ones).
+        (H18) Where the reduction overlaps the backward pass, each row less the window of every
+        class the stage uses (the window is its fastest class's), and a row for the step alone."""
         prog = self.prog
         sync, total = prog.terms.allreduce_bytes_per_param(), prog.total_params
         step = {c.index: prog.terms.optimizer_bytes_per_param() / memory_bandwidth(prog.instance, (c.node_class.device_type,))
                 for c in self.classes}
+        kappa = overlap_share(prog.instance)
         for s in range(prog.cand.pp):
             pe = prog.layers.params(s)
+            windows = [(c3, prog.stage_sum(s, c3.times, c3.extra)) for c3 in self.classes] if kappa else [(None, {})]
             for c in self.classes:
                 for c2 in self.classes:
                     if c2 is not c and step[c2.index] <= step[c.index]:
                         continue  # the row of c alone, or of a pair with a slower memory, is as strong
                     a = sync / self._inter(c) + step[c2.index]
                     M = a * total
-                    uses = [(-M, {self.u[s, c.index]: 1})] + ([(-M, {self.u[s, c2.index]: 1})] if c2 is not c else [])
-                    prog.mdl.add(lin({prog.ARmax: 1}, (-a, pe), *uses, (M, self.loc_s[s])),
-                                 ">=", -M * len(uses), "time", f"allreduce[{s},{c.index},{c2.index}]")
+                    for c3, window in windows:
+                        classes = {c.index, c2.index} | ({c3.index} if c3 is not None else set())
+                        uses = [(-M, {self.u[s, i]: 1}) for i in sorted(classes)]
+                        prog.mdl.add(lin({prog.ARmax: 1}, (-a, pe), (kappa, window), *uses, (M, self.loc_s[s])),
+                                     ">=", -M * len(uses), "time",
+                                     f"allreduce[{s},{c.index},{c2.index},{c3.index if c3 is not None else '-'}]")
                     prog.ub["AR"] = max(prog.ub["AR"], M)
+                if kappa and step[c.index]:
+                    M = step[c.index] * total
+                    prog.mdl.add(lin({prog.ARmax: 1}, (-step[c.index], pe), (-M, {self.u[s, c.index]: 1})), ">=", -M,
+                                 "time", f"step[{s},{c.index}]")
                 if c.per_node:
                     a2 = sync / c.node_class.intra + step[c.index]
                     M2 = a2 * total
+                    own = prog.stage_sum(s, c.times, c.extra) if kappa else {}
                     for j in c.nodes:
-                        prog.mdl.add(lin({prog.ARmax: 1}, (-a2, pe), (-M2, {self.loc[s, j]: 1})), ">=", -M2, "time",
-                                     f"allreduce_local[{s},{j}]")
+                        prog.mdl.add(lin({prog.ARmax: 1}, (-a2, pe), (kappa, own), (-M2, {self.loc[s, j]: 1})), ">=",
+                                     -M2, "time", f"allreduce_local[{s},{j}]")
                     prog.ub["AR"] = max(prog.ub["AR"], M2)
 
     def _inter(self, c) -> float:
