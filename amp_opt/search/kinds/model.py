@@ -136,10 +136,11 @@ class KindModel:
                                        + traffic[mode] * (1.0 / link), INF)
             # H15: and the optimizer step at the kind's slowest device memory, as StageCosts.allreduce_factor.
             bandwidth = memory_bandwidth(self.instance, {self.classes[c].device_type for c in S})
-            reduction = params * (sync / link)
-            if kappa:  # H18: what the fastest class's backward pass leaves exposed
-                reduction = np.maximum(0.0, reduction - kappa * np.min([layers[mode][c] for c in S], axis=0))
-            self.allreduce[i] = np.where(g.nonempty, reduction + params * (step / bandwidth), INF)
+            if kappa:  # H18: what the fastest class's backward pass leaves exposed, then the step
+                exposed = np.maximum(0.0, params * (sync / link) - kappa * np.min([layers[mode][c] for c in S], axis=0))
+                self.allreduce[i] = np.where(g.nonempty, exposed + params * (step / bandwidth), INF)
+            else:  # the same floats as StageCosts.allreduce
+                self.allreduce[i] = np.where(g.nonempty, params * (sync / link + step / bandwidth), INF)
             self.capacity[i] = min(self.instance.device_types[self.classes[c].device_type].capacity for c in S)
         return params
 
