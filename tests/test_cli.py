@@ -84,8 +84,6 @@ def test_bad_instance_exits_2_with_one_line(tmp_path, mutate, field):
         ({"tp": 2, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30]}, "tp*cp*dp*pp"),
         ({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 7, 20, 30]}, "partition"),
         ({"tp": 2, "dp": 8, "pp": 1, "micro_batch": 1, "partition": [0, 30],
-          "stages": [[[3, 4], [0, 1], [2, 5], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]]]}, "stages[0][0]"),
-        ({"tp": 2, "dp": 8, "pp": 1, "micro_batch": 1, "partition": [0, 30],
           "stages": [[[0, 1], [0, 1], [2, 3], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]]]}, "stages[0][1]"),
         ({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1, "partition": [0, 7, 14, 20, 30], "speed": 1}, "plan.speed"),
         ([{"tp": 1}], "plan[0].dp"),

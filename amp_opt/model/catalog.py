@@ -16,6 +16,9 @@ Conventions, applied to every entry:
   per-GPU, per-direction GPU-to-GPU bandwidth of a typical server for that GPU
   (half of NVIDIA's bidirectional NVLink figure; PCIe x16 per direction when
   the usual server has no NVLink).  Real clusters should state their own links.
+* ``memory_bandwidth`` is the datasheet's peak device-memory bandwidth (bytes/s, decimal
+  GB/s), which the optimizer step's memory-bound pass runs at (``formulations/hetero.md``
+  H15); ``MEMORY_BANDWIDTH`` gives each value's datasheet line.
 * ``price_per_hour`` is an on-demand list price in USD per GPU-hour (``PRICES``: the
   node's hourly price over its GPUs, with its provider, instance and date).  Prices
   move: an instance's ``device_types`` entry overrides it (``price_per_hour``).
@@ -50,6 +53,7 @@ class GpuSpec:
     source: str
     intra_node_bandwidth: float | None = None  # bytes/s per direction; None if unknown
     price_per_hour: float | None = None  # USD per GPU-hour, on-demand list price (see PRICES)
+    memory_bandwidth: float | None = None  # bytes/s of device memory, datasheet peak (see MEMORY_BANDWIDTH)
 
 
 _AWS = "AWS us-east-1 on-demand Linux, instances.vantage.sh data of 2026-01-21 (after AWS's June 2025 P4/P5 cut)"
@@ -71,9 +75,27 @@ PRICES: dict[str, tuple[float, str]] = {
 }
 
 
+# Peak device-memory bandwidth (bytes/s) and the datasheet line it is read from.
+MEMORY_BANDWIDTH: dict[str, tuple[float, str]] = {
+    "V100-16GB": (900 * GB_PER_S, "NVIDIA Tesla V100 datasheet: SXM2, memory bandwidth 900 GB/s"),
+    "V100-32GB": (900 * GB_PER_S, "NVIDIA Tesla V100 datasheet: SXM2, memory bandwidth 900 GB/s"),
+    "T4": (320 * GB_PER_S, "NVIDIA T4 datasheet: GPU memory bandwidth 320+ GB/s (GDDR6)"),
+    "A10": (600 * GB_PER_S, "NVIDIA A10 datasheet: GPU memory bandwidth 600 GB/s (GDDR6)"),
+    "A10G": (600 * GB_PER_S, "AWS EC2 G5 (A10G, 24 GB GDDR6): 600 GB/s, as the A10; no public NVIDIA datasheet"),
+    "L4": (300 * GB_PER_S, "NVIDIA L4 datasheet: GPU memory bandwidth 300 GB/s"),
+    "A100-40GB": (1555 * GB_PER_S, "NVIDIA A100 datasheet: A100 40GB SXM, GPU memory bandwidth 1,555 GB/s"),
+    "A100-80GB": (2039 * GB_PER_S, "NVIDIA A100 datasheet: A100 80GB SXM, GPU memory bandwidth 2,039 GB/s"),
+    "H100-80GB": (3350 * GB_PER_S, "NVIDIA H100 datasheet: H100 SXM, GPU memory bandwidth 3.35 TB/s"),
+    "H200": (4800 * GB_PER_S, "NVIDIA H200 datasheet: H200 SXM, GPU memory bandwidth 4.8 TB/s"),
+    "RTX-4090": (1008 * GB_PER_S, "NVIDIA Ada Lovelace GPU architecture whitepaper: GeForce RTX 4090, "
+                                  "memory bandwidth 1008 GB/s (GDDR6X)"),
+}
+
+
 def _spec(name, gib, tflops, source, link):
     price = PRICES[name][0] if name in PRICES else None
-    return GpuSpec(name, float(gib * GIB), float(tflops * TERA), source, float(link), price)
+    bandwidth = MEMORY_BANDWIDTH[name][0] if name in MEMORY_BANDWIDTH else None
+    return GpuSpec(name, float(gib * GIB), float(tflops * TERA), source, float(link), price, bandwidth)
 
 
 CATALOG: dict[str, GpuSpec] = {

@@ -22,6 +22,11 @@ class NodeClass:
     intra: float  # bytes/s between two devices of a node
     inter: float  # bytes/s of a node's network link
     nodes: tuple[int, ...]
+    nics: int | None = None  # the NICs the rings crossing a node share (H17); None: each ring has ``inter``
+
+    def ring_inter(self, tp: int) -> float:
+        """Bytes/s of one data-parallel ring leaving a node of the class (eq. H17)."""
+        return ring_share(self.inter, self.nics, tp)
 
     @property
     def compute_key(self) -> tuple[str, float]:
@@ -41,8 +46,15 @@ def group_nodes(nodes) -> tuple[NodeClass, ...]:
     """Nodes grouped into classes, numbered by first appearance (a pure function of the node list)."""
     members: dict[tuple, list[int]] = {}
     for j, n in enumerate(nodes):
-        members.setdefault((n.device_type, n.devices, n.intra_bandwidth, n.inter_bandwidth), []).append(j)
-    return tuple(NodeClass(i, *key, tuple(group)) for i, (key, group) in enumerate(members.items()))
+        members.setdefault((n.device_type, n.devices, n.intra_bandwidth, n.inter_bandwidth, n.nics), []).append(j)
+    return tuple(NodeClass(i, *key[:4], tuple(group), key[4]) for i, (key, group) in enumerate(members.items()))
+
+
+def ring_share(inter: float, nics: int | None, tp: int) -> float:
+    """Bytes/s one of the ``tp`` rings of a stage (one per tensor-parallel rank, reducing at once)
+    gets from a node's ``nics`` NICs of ``inter`` bytes/s each (eq. H17): all of one while there
+    are NICs enough, else an equal share; ``inter`` whole when the NICs are not stated."""
+    return inter if nics is None else inter * min(1.0, nics / tp)
 
 
 def node_classes(instance) -> tuple[NodeClass, ...]:

@@ -204,7 +204,7 @@ def _stage_report(instance, plan: Plan, costs: StageCosts, s: int, k: int, l: in
     memory, capacity = costs.tightest(s, k, l) if uneven else (float(costs.memory(s, k, l)), costs.capacity[s])
     return StageReport(
         index=s, layers=(chunks[0][0], chunks[-1][1]), groups=plan.stages[s], device_types=place.device_types,
-        nodes=tuple(dict.fromkeys(instance.nodes[j].name for j in place.nodes)),
+        nodes=tuple(dict.fromkeys(instance.nodes[j].name for j in place.all_nodes)),
         compute=float(costs.compute(s, k, l)), p2p=float(costs.p2p(s, l)), allreduce=float(costs.allreduce(s, k, l)),
         memory=memory, capacity=capacity, fits=costs.fits(s, k, l) if uneven else memory <= capacity, chunks=chunks,
         recompute=plan.recompute_of(s),
@@ -258,7 +258,7 @@ class MemoryParts:
     stage: int
     model_state: float  # weights + gradients + optimizer states
     activations: float  # kept for backward, for the micro-batches in flight (and buffers)
-    reserve: float  # training.memory_reserve
+    reserve: float  # the framework's bytes (eq. H14): reserve, NCCL buffers, fragmentation
     total: float
 
     @property
@@ -273,10 +273,10 @@ def memory_parts(instance, evaluation: Evaluation) -> tuple[MemoryParts, ...]:
     tables, chunks = Tables(instance), plan.partition if plan.virtual_stages > 1 else None
     per_stage = [CandidateTerms(tables, plan.stage_candidate(s), chunks=chunks) for s in range(plan.pp)]
     bounds = stage_bounds(plan)
-    reserve = instance.training.memory_reserve
     out = []
     for r in evaluation.stages:
         terms = per_stage[r.index]  # the stage's own tp_s and dp_s (the same for every stage of a uniform plan)
         state = float(terms.sums.params_in(bounds[r.index], bounds[r.index + 1])) * terms.state_bytes_per_param
-        out.append(MemoryParts(r.index, state, r.memory - state - reserve, reserve, r.memory))
+        activations = (r.memory - terms.framework_bytes) / terms.allocator_scale - state
+        out.append(MemoryParts(r.index, state, activations, r.memory - state - activations, r.memory))
     return tuple(out)

@@ -69,6 +69,7 @@ class DeviceType:
     memory: float  # bytes
     peak_flops: float | None  # dense fp16/bf16 FLOP/s
     price_per_hour: float | None = None  # USD per device-hour (the cost objective)
+    memory_bandwidth: float | None = None  # bytes/s of device memory (the optimizer step, eq. H15); None: unknown
     compute_scale: float = 1.0  # C1: measured / modelled layer time
     batch_exponent: float = 1.0  # C2: time grows as micro_batch ** exponent away from measured sizes
     step_overhead: float = 0.0  # C3: seconds every stage spends per micro-batch beyond its layers
@@ -89,6 +90,7 @@ class Node:
     devices: int
     intra_bandwidth: float  # bytes/s between two devices of this node
     inter_bandwidth: float  # bytes/s of this node's link to other nodes
+    nics: int | None = None  # NICs sharing it among the rings that cross at once (H17); None: each ring has it whole
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,9 @@ class Training:
     analytic_efficiency: float
     activation_factor: float = 1.0  # measured / modelled activation bytes (calibration C6)
     gradient_buffer_bytes_per_param: float = 0.0  # reduction buffers of a stage with replicas (calibration C7)
+    communicator_bytes: tuple[float, float] = (0.0, 0.0)  # NCCL buffers per communicator of 2 ranks, of more (H14)
+    fragmentation: float = 0.0  # allocator bytes lost to fragmentation, per allocated byte (H14)
+    overlap_grad_reduce: bool = False  # the engine reduces gradients during the last backward pass (H18)
     tokens_per_sample: int | None = None  # the sequence length, when the model says (presets)
 
 

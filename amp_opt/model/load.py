@@ -32,7 +32,13 @@ DEFAULT_TP = (1, 2, 4, 8)
 DEFAULT_CP = (1, 2, 4, 8, 16)  # context-parallel degrees the search may try
 DEFAULT_VIRTUAL = (1, 2, 4)  # virtual pipeline stages per device (interleaved 1F1B)
 RECOMPUTE = ("none", "selective", "full")
-DEFAULT_MEMORY_RESERVE = 2**30  # 1 GiB: CUDA context, allocator slack, workspaces
+DEFAULT_MEMORY_RESERVE = 2**30  # 1 GiB: CUDA context, kernels and library workspaces (H14)
+# H14: NCCL buffers per communicator a rank uses, of two ranks and of more.  Default none: the
+# 1 GiB reserve stands for all the framework memory unless an instance states the parts.  Measured
+# values to state: 544 MB and 688 MB, the GPU memory one communicator took after a 4 MB allreduce
+# on 4 x A100 with NVLink (NVIDIA/nccl issue 964); NCCL's buffers grow with its channels.
+DEFAULT_COMMUNICATOR_BYTES = (0.0, 0.0)
+NVLINK_A100_COMMUNICATOR_BYTES = (544e6, 688e6)
 DEFAULT_EFFICIENCY = 0.4  # fraction of peak FLOP/s the datasheet estimate assumes (device types with no profile)
 MIXED_PRECISION_ADAM = {"weights": 2.0, "gradients": 2.0, "optimizer": 12.0}
 
@@ -210,6 +216,8 @@ def _parse_model(model: Mapping, base_dir: Path, notes: list[str]) -> tuple[tupl
         if isinstance(config, str):
             config = load_json(base_dir / config, "Hugging Face config")
         preset = preset_from_hf_config(config, field="instance.model.hf_config", seq_len=model.get("seq_len"))
+        if "attention" in model:  # the kernel is the run's choice, not the config's
+            preset["attention"] = model["attention"]
         _check_length(preset, "instance.model.hf_config")
         raw_layers = expand_preset(preset, field="instance.model.hf_config")
         tokens = int(preset["seq_len"])
@@ -281,7 +289,10 @@ def _parse_device_types(raw_types) -> dict[str, DeviceType]:
             raise InputError(f"{where}.memory", f"device type {name!r} is not in the GPU catalog, so its memory must be given")
         peak = float(raw["peak_flops"]) if "peak_flops" in raw else (base.peak_flops if base else None)
         price = float(raw["price_per_hour"]) if "price_per_hour" in raw else (base.price_per_hour if base else None)
-        types[name] = DeviceType(name=name, memory=memory, peak_flops=peak, price_per_hour=price)
+        bandwidth = (parse_bandwidth(raw["memory_bandwidth"], f"{where}.memory_bandwidth") if "memory_bandwidth" in raw
+                     else (base.memory_bandwidth if base else None))
+        types[name] = DeviceType(name=name, memory=memory, peak_flops=peak, price_per_hour=price,
+                                 memory_bandwidth=bandwidth)
     return types
 
 
@@ -305,7 +316,8 @@ def _parse_nodes(raw_nodes, device_types: dict[str, DeviceType]) -> tuple[Node, 
                     f"{where}.device_type",
                     f"unknown device type {type_name!r}: not in device_types ({known}) nor in the GPU catalog",
                 )
-            device_types[type_name] = DeviceType(type_name, spec.memory_bytes, spec.peak_flops, spec.price_per_hour)
+            device_types[type_name] = DeviceType(type_name, spec.memory_bytes, spec.peak_flops, spec.price_per_hour,
+                                                 memory_bandwidth=spec.memory_bandwidth)
         intra = parse_bandwidth(raw["intra_bandwidth"], f"{where}.intra_bandwidth")
         inter = parse_bandwidth(raw["inter_bandwidth"], f"{where}.inter_bandwidth")
         count = raw.get("count", 1)
@@ -315,7 +327,7 @@ def _parse_nodes(raw_nodes, device_types: dict[str, DeviceType]) -> tuple[Node, 
             if name in names:
                 raise InputError(f"{where}.name", f"node name {name!r} is used twice")
             names.add(name)
-            nodes.append(Node(name, type_name, raw["devices"], intra, inter))
+            nodes.append(Node(name, type_name, raw["devices"], intra, inter, raw.get("nics")))
     return tuple(nodes)
 
 
@@ -350,6 +362,9 @@ def _parse_training(raw: Mapping) -> Training:
     state = dict(MIXED_PRECISION_ADAM)
     state.update(raw.get("model_state_bytes_per_param", {}))
     reserve = raw.get("memory_reserve")
+    comm = raw.get("communicator_bytes", {})
+    communicators = tuple(_bytes_or_zero(comm[k], f"instance.training.communicator_bytes.{k}") if k in comm else default
+                          for k, default in zip(("pair", "group"), DEFAULT_COMMUNICATOR_BYTES))
     return Training(
         global_batch=raw["global_batch"],
         weight_bytes=float(state["weights"]),
@@ -358,9 +373,17 @@ def _parse_training(raw: Mapping) -> Training:
         allreduce_bytes_per_param=float(raw.get("gradient_allreduce_bytes_per_param", state["gradients"]) or 0.0),
         activation_element_bytes=float(raw.get("activation_element_bytes", 2.0)),
         zero_stage=int(raw.get("zero_stage", 0)),
-        memory_reserve=DEFAULT_MEMORY_RESERVE if reserve is None else (0.0 if reserve == 0 else parse_bytes(reserve, "instance.training.memory_reserve")),
+        memory_reserve=DEFAULT_MEMORY_RESERVE if reserve is None else _bytes_or_zero(reserve, "instance.training.memory_reserve"),
         analytic_efficiency=float(raw.get("analytic_efficiency", DEFAULT_EFFICIENCY)),
+        communicator_bytes=communicators,
+        fragmentation=float(raw.get("fragmentation", 0.0)),
+        overlap_grad_reduce=bool(raw.get("overlap_grad_reduce", False)),
     )
+
+
+def _bytes_or_zero(value, field: str) -> float:
+    """Bytes from a number or a string (:func:`parse_bytes`), where 0 means none."""
+    return 0.0 if value == 0 else parse_bytes(value, field)
 
 
 def _parse_search(raw: Mapping, training: Training, num_layers: int) -> SearchSpace:

@@ -333,8 +333,9 @@ def check_plan(instance, plan: Plan, *, where: str = "plan") -> Plan:
     """Validate a plan against an instance; return it with explicit ``stages`` and ``zero_stage``.
 
     Checks the degrees against the device count, the micro-batch against the global batch,
-    the partition against the layer list, that every device is used at most once with
-    tensor-parallel groups inside one node, and the instance's engine's rules.
+    the partition against the layer list, that every device is used at most once, and the
+    instance's engine's rules.  A tensor-parallel group may span nodes (priced on the
+    inter-node links, ``formulations/hetero.md`` H16).
     """
     n_dev, n_layers = instance.num_devices, instance.num_layers
     if not plan.uniform:
@@ -379,8 +380,6 @@ def _check_stages(instance, plan: Plan, stages: Stages, where: str) -> None:
                 if device in seen:
                     raise InputError(at, f"device {device} is used twice")
                 seen.add(device)
-            if len({int(instance.device_node[d]) for d in group}) > 1:
-                raise InputError(at, f"tensor-parallel group {list(group)} spans several nodes")
 
 
 def load_plans(data: Any, *, where: str = "plan") -> tuple[list[Plan], bool]:

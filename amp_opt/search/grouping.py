@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import SearchTooLarge
 from ..model.classes import class_of_node
 from ..model.costs import HETERO, CostModel, StageCosts, hetero_link, plan_of
+from ..model.costs.terms import ring_link
 from ..model.costs.terms import stage_order
 from ..model.plan import PER_STAGE_MODES, Candidate, Plan, Stages, rank_order_stages
 from .partition import Path, StageGraph, fixed_placement_graph, make_graph, memory_ratio, range_tables
@@ -197,7 +198,7 @@ class _StateWalk:
             for y in _moves(entries, self.cand.replicas, self.tied_with_prev):
                 positions = [pos for pos in range(len(y)) if y[pos]]
                 used = tuple(order[pos] for pos in positions)
-                key = _kind_key(self.instance, used)
+                key = _kind_key(self.instance, used, self.cand.tp)
                 if key not in self.kinds:
                     self.kinds[key] = len(self.kind_costs)
                     self.kind_costs += [_kind_costs(self.model, self.tables, mode, y, order, self.chunks) for mode in self.modes]
@@ -220,11 +221,11 @@ class _StateWalk:
         return nxt, nxt_prev, step
 
 
-def _kind_key(instance, used: tuple[int, ...]):
-    """What a stage's own cost depends on: its compute classes and its ring link."""
+def _kind_key(instance, used: tuple[int, ...], tp: int):
+    """What a stage's own cost depends on: its compute classes and its ring link (H4, H17)."""
     nodes = instance.nodes
     classes = frozenset((nodes[j].device_type, nodes[j].intra_bandwidth) for j in used)
-    return classes, hetero_link(instance, used), len(set(used)) == 1
+    return classes, ring_link(instance, used, tp), len(set(used)) == 1
 
 
 def _kind_costs(model: CostModel, tables, cand, y, order, chunks) -> StageCosts:

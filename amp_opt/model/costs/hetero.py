@@ -16,7 +16,8 @@ from ..classes import node_classes
 from ..ranges import INF, grid, min_max_chain, min_max_step, min_sum_step, range_table, stage_room, start_row
 from ..ranges import weighted as _weighted
 from ..candidates import even_partition
-from .terms import CandidateTerms, CostModel, StageCosts, hetero_link, stage_order
+from .terms import (CandidateTerms, CostModel, StageCosts, hetero_link, memory_bandwidth, overlap_share, ring_link,
+                    stage_order, tp_link)
 
 LABELLED_BUDGET = 1.5e8  # cells of the labelled DP (B2) before falling back to B3
 
@@ -27,7 +28,9 @@ class HeteroCosts(StageCosts):
     def _price(self) -> None:
         nodes, v = self.instance.nodes, self.cand.virtual_stages
         for s, place in enumerate(self.placement):
-            keys = sorted({(nodes[j].device_type, nodes[j].intra_bandwidth) for j in place.nodes})
+            # Compute classes: each device's type at its group's tp link (H16: the slowest
+            # inter-node link when the group spans nodes, else its node's intra link).
+            keys = sorted({(nodes[j].device_type, tp_link(self.instance, group)) for group in place.groups for j in group})
             self._compute_prefixes.append([self._class_prefixes(t, bw, s) for t, bw in keys])
         # H3: one micro-batch's boundary activation over the slowest link of the two stages;
         # interleaved, every boundary is crossed v times (H11).
@@ -36,21 +39,31 @@ class HeteroCosts(StageCosts):
         sync = self.terms.allreduce_bytes_per_param()
         self._allreduce_factor = [sync / self.ring_bandwidth(s) for s in range(self.pp)]
         self._ring_factor = [1.0 / self.ring_bandwidth(s) for s in range(self.pp)]
+        # H15: the optimizer step, a pass over the stage's states at its slowest device memory.
+        step = self.terms.optimizer_bytes_per_param()
+        self._optimizer_factor = [step / memory_bandwidth(self.instance, place.device_types) for place in self.placement]
+        # H18: the reduction overlaps the last backward pass where the engine does it.
+        self.overlap_share = overlap_share(self.instance)
 
     def ring_bandwidth(self, s: int) -> float:
-        """Bytes/s of stage s's data-parallel ring (eq. H4)."""
-        return hetero_link(self.instance, self.placement[s].nodes)
+        """Bytes/s of stage s's data-parallel ring (eq. H4, H17)."""
+        return ring_link(self.instance, self.placement[s].all_nodes, self.tp)
 
     def boundary_bandwidth(self, s: int) -> float:
         """Bytes/s between stage s and s+1 (eq. H3)."""
-        return hetero_link(self.instance, self.placement[s].nodes + self.placement[s + 1].nodes)
+        return hetero_link(self.instance, self.placement[s].all_nodes + self.placement[s + 1].all_nodes)
 
 
 class ComputeClass:
     """Groups of one compute class (device type, intra link) at a candidate's (tp, micro-batch)."""
 
-    def __init__(self, times: np.ndarray, groups: int, capacity: float, link: float, step: float = 0.0):
+    def __init__(self, times: np.ndarray, groups: int, capacity: float, link: float, step: float = 0.0,
+                 bandwidth: float = math.inf, window: np.ndarray | None = None):
         self.times, self.groups, self.capacity, self.link, self.step = times, groups, capacity, link, step
+        self.bandwidth = bandwidth  # bytes/s of the class's device memory (H15; inf: not stated)
+        # Per layer, the most seconds a layer takes on the class (every recomputing layer
+        # recomputing): what bounds the overlap window of H18 from above.
+        self.window = times if window is None else window
 
 
 def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
@@ -61,7 +74,7 @@ def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
     inst, cand = terms.instance, terms.cand
     info: dict[tuple[str, float], list] = {}
     for c in node_classes(inst):
-        link = max(c.inter, c.intra if c.groups_per_node(cand.tp) >= cand.replicas else 0.0)
+        link = max(c.ring_inter(cand.tp), c.intra if c.groups_per_node(cand.tp) >= cand.replicas else 0.0)
         entry = info.setdefault(c.compute_key, [0, 0.0])
         entry[0] += c.groups(cand.tp)
         entry[1] = max(entry[1], link)
@@ -69,7 +82,9 @@ def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
     # Per layer, the base mode's times: exact for a whole-stage mode, a lower bound under the
     # block method (whose first layers recompute on top).
     out = [ComputeClass(terms.layer_seconds(t, bw, terms.base_mode(0)) + ring / link, g, inst.device_types[t].capacity,
-                        link, inst.device_types[t].step_overhead) for (t, bw), (g, link) in info.items()]
+                        link, inst.device_types[t].step_overhead, memory_bandwidth(inst, (t,)),
+                        terms.layer_seconds(t, bw, cand.recompute))
+           for (t, bw), (g, link) in info.items()]
     return sorted(out, key=lambda c: float(c.times.sum()))
 
 
@@ -147,7 +162,8 @@ class HeteroModel(CostModel):
         floor = max(w * speed, chain) + float(fastest.sum())
         if floor >= enough:
             return floor
-        return floor + _allreduce_floor(terms, max(c.link for c in classes))
+        return floor + _allreduce_floor(terms, max(c.link for c in classes), max(c.bandwidth for c in classes),
+                                        np.max([c.window for c in classes], axis=0))
 
 
 HETERO = HeteroModel()
@@ -240,7 +256,7 @@ def _labelled_bound(terms: CandidateTerms, classes, caps, vectors, weights) -> f
     L, C = terms.instance.num_layers, len(classes)
     g = grid(L)
     compute = [range_table(c.times) for c in classes]
-    allreduce = [_allreduce_table(terms, c.link) for c in classes]
+    allreduce = [_allreduce_table(terms, c.link, c.bandwidth, c.window) for c in classes]
     scaled: dict = {}  # (class, weight) -> the class's range times at that weight
 
     def lead(c: int, weight: float) -> np.ndarray:
@@ -310,12 +326,19 @@ def _fixed_partition_bound(tables, cand, enough: float = INF) -> float:
     for k in range(len(classes) - 1):
         if caps[k] < p:
             slowest = max(slowest, float(work[k + 1:].min()))
-    # Each stage's gradients over the fastest ring any stage can have.
-    link = max(c.link for c in classes)
-    sync = max(float(terms.sums.params_in(bounds[s], bounds[s + 1])) for s in range(p))
+    # Each stage's gradients over the fastest ring any stage can have, its optimizer step (H15)
+    # at the fastest device memory.
+    # H18: less the most its backward pass can hide (every layer at its slowest class).
+    link, bandwidth = max(c.link for c in classes), max(c.bandwidth for c in classes)
+    window = overlap_share(tables.instance) * np.max([c.window for c in classes], axis=0)
+    ends = []
+    for s in range(p):
+        params = float(terms.sums.params_in(bounds[s], bounds[s + 1]))
+        hidden = float(window[bounds[s]:bounds[s + 1]].sum())
+        ends.append(max(0.0, params * terms.allreduce_bytes_per_param() / link - hidden)
+                    + params * terms.optimizer_bytes_per_param() / bandwidth)
     v = cand.virtual_stages
-    bound = ((terms.n_micro - 1 / v) * slowest + float(fastest.sum()) / v
-             + sync * terms.allreduce_bytes_per_param() / link)
+    bound = (terms.n_micro - 1 / v) * slowest + float(fastest.sum()) / v + max(ends)
     if bound >= enough:
         return bound
     capacity = max(c.capacity for c in classes)
@@ -324,19 +347,30 @@ def _fixed_partition_bound(tables, cand, enough: float = INF) -> float:
     return bound
 
 
-def _allreduce_table(terms: CandidateTerms, link: float) -> np.ndarray:
-    """Seconds of a stage's gradient synchronisation over a ring of ``link`` bytes/s, for every
-    range of layers (tied tensors once; inf where empty): B2's and B3's allreduce terms."""
+def _allreduce_table(terms: CandidateTerms, link: float, bandwidth: float = math.inf, window=None) -> np.ndarray:
+    """Seconds of a stage's gradient synchronisation over a ring of ``link`` bytes/s and its
+    optimizer step at ``bandwidth`` bytes/s of device memory (H15), for every range of layers
+    (tied tensors once; inf where empty): B2's and B3's allreduce terms.  Where the reduction
+    overlaps the backward pass (H18), less the overlap share of ``window`` (per layer, seconds no
+    less than the stage's fastest class takes), at least 0."""
     g = grid(terms.instance.num_layers)
-    return np.where(g.nonempty, terms.sums.params_in(g.start, g.stop) * terms.allreduce_bytes_per_param() / link, INF)
+    params = terms.sums.params_in(g.start, g.stop)
+    reduction = params * (terms.allreduce_bytes_per_param() / link)
+    kappa = overlap_share(terms.instance)
+    if kappa and window is not None:
+        with np.errstate(invalid="ignore"):
+            reduction = np.maximum(0.0, reduction - kappa * range_table(window))
+    return np.where(g.nonempty, reduction + params * (terms.optimizer_bytes_per_param() / bandwidth), INF)
 
 
-def _allreduce_floor(terms: CandidateTerms, link: float) -> float:
-    """B3's allreduce term: max_s AR_s is at least the min-max partition of the stages' gradient
-    bytes over the fastest ring any stage can have, ``link`` bytes/s."""
-    if terms.allreduce_bytes_per_param() == 0.0:
+def _allreduce_floor(terms: CandidateTerms, link: float, bandwidth: float = math.inf, window=None) -> float:
+    """B3's allreduce term: max_s (AR_s + O_s) is at least the min-max partition of the stages'
+    gradient bytes over the fastest ring any stage can have, ``link`` bytes/s, with their
+    optimizer step at the fastest device memory, ``bandwidth`` bytes/s (H15), and under H18 less
+    what ``window`` (per layer, the most any class takes) lets the backward pass hide."""
+    if terms.allreduce_bytes_per_param() / link + terms.optimizer_bytes_per_param() / bandwidth == 0.0:
         return 0.0
-    return min_max_chain([_allreduce_table(terms, link)] * terms.pp)
+    return min_max_chain([_allreduce_table(terms, link, bandwidth, window)] * terms.pp)
 
 
 def _fractional_speed_bound(classes, caps, p: int) -> float:

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..classes import ring_share
 from ..plan import Candidate, Stages
 
 FORWARD_SHARE = 1.0 / 3.0  # a layer's forward share of its forward+backward time (backward = 2 forward)
+BACKWARD_SHARE = 1.0 - FORWARD_SHARE  # the share a gradient reduction can overlap (H18)
 
 
 SCHEDULES = ("closed", "1f1b")  # the iteration-time formulas a cost model may use
@@ -92,6 +94,21 @@ def iteration_time(n_micro: int, compute, p2p, allreduce, virtual_stages: int = 
     return pipeline_weights(n_micro, len(compute), virtual_stages, schedule).time(compute, p2p, allreduce)
 
 
+def tp_link(instance, nodes) -> float:
+    """Bytes/s of a tensor-parallel group's collectives (eq. H2, H16): its node's intra-node
+    bandwidth, or over the slowest inter-node link of the nodes it spans."""
+    return hetero_link(instance, nodes)
+
+
+def ring_link(instance, nodes, tp: int) -> float:
+    """Bytes/s of a stage's data-parallel ring (eq. H4, H17): its node's intra-node link when it
+    sits in one, else the slowest share of a NIC any of its nodes gives one of its tp rings."""
+    used = set(nodes)
+    if len(used) == 1:
+        return instance.nodes[next(iter(used))].intra_bandwidth
+    return min(ring_share(instance.nodes[j].inter_bandwidth, instance.nodes[j].nics, tp) for j in used)
+
+
 def hetero_link(instance, nodes) -> float:
     """The hetero model's link rule (eq. H3, H4): intra-node bandwidth when every
     group sits in one node, else the slowest inter-node link among the nodes."""
@@ -104,6 +121,35 @@ def hetero_link(instance, nodes) -> float:
 def allreduce_factor(instance, dp: int, bandwidth: float) -> float:
     """Seconds per parameter (per rank) of a ring allreduce over dp replicas (eq. H4)."""
     return 2 * (dp - 1) / dp * instance.training.allreduce_bytes_per_param / bandwidth
+
+
+def communicator_sizes(cand) -> tuple[int, ...]:
+    """The ranks of each NCCL communicator a rank of the candidate's plan uses (eq. H14): its
+    tensor-parallel group, its context-parallel ring, its gradient group (the R = dp*cp replicas)
+    and, with a pipeline, the point-to-point pair to its neighbours; groups of one rank need none."""
+    sizes = (cand.tp, cand.cp, cand.replicas, 2 if cand.pp > 1 else 1)
+    return tuple(size for size in sizes if size > 1)
+
+
+def framework_bytes(training, cand) -> float:
+    """Bytes per device the framework holds outside the caching allocator (eq. H14): the fixed
+    reserve (CUDA context, kernels, workspaces) and the NCCL buffers of every communicator used."""
+    pair, group = training.communicator_bytes
+    return training.memory_reserve + sum(pair if size == 2 else group for size in communicator_sizes(cand))
+
+
+def overlap_share(instance) -> float:
+    """The share of a stage's layer seconds its gradient reduction overlaps (eq. H18): the
+    backward share where the engine overlaps it (``training.overlap_grad_reduce``), else 0."""
+    return BACKWARD_SHARE if instance.training.overlap_grad_reduce else 0.0
+
+
+def memory_bandwidth(instance, device_types) -> float:
+    """Bytes/s of the slowest device memory among ``device_types`` (eq. H15); inf when none
+    states one (the optimizer step is then not priced)."""
+    known = [instance.device_types[t].memory_bandwidth for t in device_types]
+    known = [b for b in known if b]
+    return min(known) if known else float("inf")
 
 
 def stage_order(partition, pp: int) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -166,6 +212,9 @@ class CandidateTerms:
         tr, R, z = inst.training, cand.replicas, cand.zero_stage
         # H9: weights, gradients and optimizer states, each sharded over the R replicas from its ZeRO stage on;
         # calibration C7: the gradient reduction's buffers when the stage has replicas.
+        # H14: the framework's bytes outside the allocator, and the allocator's fragmentation.
+        self.framework_bytes = framework_bytes(tr, cand)
+        self.allocator_scale = 1.0 + tr.fragmentation
         self.state_bytes_per_param = (tr.weight_bytes / (R if z >= 3 else 1) + tr.gradient_bytes / (R if z >= 2 else 1)
                                       + tr.optimizer_bytes / (R if z >= 1 else 1)
                                       + (tr.gradient_buffer_bytes_per_param if R > 1 else 0.0))
@@ -252,19 +301,19 @@ class CandidateTerms:
 
     def _bytes(self, s: int, k, l, mid, *, rebuilt: bool):
         """Eq. H5 for layers [k, l) of stage s: model state, the layers [k, mid) kept in the stage's
-        mode and [mid, l) without recomputation, the reserve; with ``rebuilt`` the largest layer
-        rebuilt in [k, mid) (H7); under ZeRO-3 one layer's gathered weights and gradients (H9)."""
+        mode and [mid, l) without recomputation; with ``rebuilt`` the largest layer rebuilt in
+        [k, mid) (H7); under ZeRO-3 one layer's gathered weights and gradients (H9); all of it
+        through the allocator (x (1 + fragmentation)), plus the framework's own bytes (H14)."""
         kept = self._kept_prefix(self.modes[s])
         rest = self._kept_prefix("none")
         out = (self.sums.params_in(k, l) * self.state_bytes_per_param
-               + self.in_flight(s) * self.micro_batch * ((kept[mid] - kept[k]) + (rest[l] - rest[mid]))
-               + self.instance.training.memory_reserve)
+               + self.in_flight(s) * self.micro_batch * ((kept[mid] - kept[k]) + (rest[l] - rest[mid])))
         if rebuilt:  # the recomputed layer's activations while its backward runs
             out = out + self.micro_batch * self._range_max("recomputed", k, mid)
         if self.cand.zero_stage >= 3:
             tr = self.instance.training
             out = out + self._range_max("params", k, l) * (tr.weight_bytes + tr.gradient_bytes)
-        return out
+        return out * self.allocator_scale + self.framework_bytes
 
     def _kept_prefix(self, mode: str) -> np.ndarray:
         """Prefix sums of :attr:`kept` in ``mode``, computed once (every memory query reads them)."""
@@ -323,6 +372,14 @@ class CandidateTerms:
         kv, rest = _prefix(self.comm_layer_bytes(self.modes[s])), _prefix(self.comm_layer_bytes(self.base_mode(s)))
         return kv[mid] - kv[k] + rest[l] - rest[mid] + self.comm_param_bytes() * self.sums.params_in(k, l)
 
+    def optimizer_bytes_per_param(self) -> float:
+        """Bytes of device memory per parameter of a stage that its slowest rank's optimizer step
+        reads and writes (eq. H15): the optimizer states read and written (2o), the gradient read
+        (g) and the new weight written (w); over the R replicas from ZeRO stage 1 on, where each
+        rank steps its shard of the states."""
+        tr, R = self.instance.training, self.cand.replicas
+        return (2 * tr.optimizer_bytes + tr.gradient_bytes + tr.weight_bytes) / (R if self.cand.zero_stage >= 1 else 1)
+
     def allreduce_bytes_per_param(self) -> float:
         """Bytes per parameter a stage's gradient synchronisation moves once per iteration, as a ring
         over the R = dp*cp replicas (eq. H4, H9): 2 (R-1)/R times the gradient bytes (an allreduce,
@@ -341,8 +398,14 @@ def _prefix(values: np.ndarray) -> np.ndarray:
 class StagePlacement:
     """What the cost of a stage depends on, derived from its device groups."""
 
-    nodes: tuple[int, ...]  # node of each group
+    nodes: tuple[int, ...]  # node of each group (of its first device)
     device_types: tuple[str, ...]  # sorted distinct types in the stage
+    groups: tuple[tuple[int, ...], ...] = ()  # the nodes each group spans (one, unless tp spans nodes: H16)
+
+    @property
+    def all_nodes(self) -> tuple[int, ...]:
+        """Every node the stage's devices sit on."""
+        return tuple(dict.fromkeys(j for group in self.groups for j in group)) or self.nodes
 
 
 class StageCosts:
@@ -370,7 +433,8 @@ class StageCosts:
         self.placement = tuple(
             StagePlacement(
                 nodes=tuple(int(node_of[group[0]]) for group in stage),
-                device_types=tuple(sorted({instance.nodes[node_of[group[0]]].device_type for group in stage})),
+                device_types=tuple(sorted({instance.nodes[node_of[d]].device_type for group in stage for d in group})),
+                groups=tuple(tuple(dict.fromkeys(int(node_of[d]) for d in group)) for group in stage),
             )
             for stage in stages
         )
@@ -384,6 +448,8 @@ class StageCosts:
         self._p2p_factor: list[float] = []
         self._ring_factor: list[float] = [0.0] * cand.pp  # seconds per byte on each stage's ring (H10)
         self._allreduce_factor: list[float] = []
+        self._optimizer_factor: list[float] = [0.0] * cand.pp  # seconds per parameter of the step (H15)
+        self.overlap_share = 0.0  # share of a stage's layer seconds its reduction overlaps (H18; 0: none)
         self._price()
 
     def _price(self) -> None:  # pragma: no cover - every cost model defines it
@@ -441,8 +507,38 @@ class StageCosts:
         return self._volume[np.asarray(l) - 1] * self._p2p_factor[s]
 
     def allreduce(self, s: int, k, l):
-        """Seconds of stage s's gradient synchronisation for layers [k, l)."""
+        """Seconds of stage s's end of iteration for layers [k, l): its gradient synchronisation
+        that the backward pass does not hide (:meth:`exposed_reduction`, eq. H18) and then its
+        optimizer step (:meth:`optimizer_step`, eq. H15)."""
+        if not self.overlap_share:
+            return self.sums.params_in(k, l) * self.allreduce_factor(s)
+        return self.exposed_reduction(s, k, l) + self.optimizer_step(s, k, l)
+
+    def exposed_reduction(self, s: int, k, l):
+        """Seconds of stage s's gradient synchronisation left after the overlap (eq. H18):
+        max(0, reduction - overlap_window)."""
+        if not self.overlap_share:
+            return self.reduction(s, k, l)
+        return np.maximum(0.0, self.reduction(s, k, l) - self.overlap_window(s, k, l))
+
+    def overlap_window(self, s: int, k, l):
+        """Seconds of stage s's last backward pass a reduction can hide in (eq. H18): the backward
+        share of its layers' seconds (recomputation included) on its fastest compute class."""
+        k, l = np.asarray(k), np.asarray(l)
+        mid = self.split(s, k, l)
+        out = None
+        for mode, none, _ in self._compute_prefixes[s]:
+            time = (mode[mid] - mode[k]) + (none[l] - none[mid])
+            out = time if out is None else np.minimum(out, time)
+        return self.overlap_share * out
+
+    def reduction(self, s: int, k, l):
+        """Seconds of stage s's gradient synchronisation for layers [k, l) (eq. H4)."""
         return self.sums.params_in(k, l) * self._allreduce_factor[s]
+
+    def optimizer_step(self, s: int, k, l):
+        """Seconds of stage s's optimizer step for layers [k, l) (eq. H15)."""
+        return self.sums.params_in(k, l) * self._optimizer_factor[s]
 
     def memory(self, s: int, k, l):
         """Bytes per device of stage s for layers [k, l) (eq. H5)."""
@@ -481,7 +577,12 @@ class StageCosts:
         return self._ring_factor[s]
 
     def allreduce_factor(self, s: int) -> float:
-        return self._allreduce_factor[s]
+        """Seconds per parameter of stage s's end of iteration: reduction and optimizer step (H4, H15)."""
+        return self._allreduce_factor[s] + self._optimizer_factor[s]
+
+    def optimizer_factor(self, s: int) -> float:
+        """Seconds per parameter of stage s's optimizer step (H15); 0 under a model without it."""
+        return self._optimizer_factor[s]
 
 
 def plan_of(model, tables, cand: Candidate, partition, stages: Stages, *, chunks=None):

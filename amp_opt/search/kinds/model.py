@@ -26,7 +26,7 @@ import numpy as np
 
 from ...model.classes import node_classes
 from ...model.costs import HETERO, CandidateTerms, CostModel
-from ...model.costs.terms import stage_order
+from ...model.costs.terms import memory_bandwidth, overlap_share, stage_order
 from ...model.plan import PER_STAGE_MODES
 from ...model.ranges import INF, backtrack, band_min_sum_step, chain_window, grid, min_max_chain
 from ...model.ranges import weighted as _weighted
@@ -94,14 +94,14 @@ class KindModel:
         seen: dict[tuple, int] = {}
         self.representative = np.array([
             seen.setdefault((tuple(self.compute[j].tobytes() for j in self.siblings[i]), self.allreduce[i].tobytes(),
-                             self.capacity[i], self.ring(S), self.mode[i]), i)
+                             self.capacity[i], self.send(S), self.mode[i]), i)
             for i, S in enumerate(self.kinds)])
         # K3: a boundary at position k costs volume[k] over the slower of its two stages' links,
         # so the DP remembers the link level of the previous stage.
         # An interleaved boundary is crossed v times (H11); under 1F1B each boundary is paid twice (H13).
         self.volume = (cand.virtual_stages * pipe.p2p) * np.concatenate([[0.0], terms.volume[:-1], [0.0]])
-        self.links = np.array(sorted({self.ring(S) for S in self.kinds}))
-        self.link_of = np.array([int(np.searchsorted(self.links, self.ring(S))) for S in self.kinds])
+        self.links = np.array(sorted({self.send(S) for S in self.kinds}))
+        self.link_of = np.array([int(np.searchsorted(self.links, self.send(S))) for S in self.kinds])
         self._level_kinds = [np.flatnonzero(self.link_of == b) for b in range(len(self.links))]
         self.p2p_factor = 1.0 / np.minimum(self.links[:, None], self.links[None, :])  # [previous, next]
         self.ceiling = self._ceiling(params)
@@ -112,20 +112,21 @@ class KindModel:
         (eq. K1, K2), layers in stage order; returns the parameters per range."""
         L = self.L
         g = grid(L)
-        ranges, traffic = {}, {}
+        ranges, traffic, layers = {}, {}, {}
         for mode in sorted(set(self.mode)):
             # Where the recomputed layers end: every stage recomputes alike (the block method's first
             # layers), or per stage in the kind's mode (all of them, or none).
             mid = terms.split(0, g.start, g.stop) if not terms.per_stage else g.stop if mode == "full" else g.start
-            ranges[mode] = []
+            ranges[mode], layers[mode] = [], []
             for c in self.classes:
                 own, base = (np.concatenate([[0.0], np.cumsum(terms.layer_seconds(c.device_type, c.intra, m))])
                              for m in (self.cand.recompute, terms.base_mode(0)))
-                ranges[mode].append((own[mid] - own[g.start]) + (base[g.stop] - base[mid])
-                                    + self.instance.device_types[c.device_type].step_overhead)
+                layers[mode].append((own[mid] - own[g.start]) + (base[g.stop] - base[mid]))
+                ranges[mode].append(layers[mode][-1] + self.instance.device_types[c.device_type].step_overhead)
             traffic[mode] = terms.stage_comm_bytes(0, g.start, g.stop, mid)
         params = terms.sums.params_in(g.start, g.stop)
-        sync = terms.allreduce_bytes_per_param()
+        sync, step = terms.allreduce_bytes_per_param(), terms.optimizer_bytes_per_param()
+        kappa = overlap_share(self.instance)
         K = len(self.kinds)
         self.compute = np.full((K, L + 1, L + 1), INF)
         self.allreduce = np.full((K, L + 1, L + 1), INF)
@@ -136,7 +137,13 @@ class KindModel:
             mode = self.mode[i]
             self.compute[i] = np.where(g.nonempty, np.max([ranges[mode][c] for c in S], axis=0)
                                        + traffic[mode] * (1.0 / link), INF)
-            self.allreduce[i] = np.where(g.nonempty, params * (sync / link), INF)
+            # H15: and the optimizer step at the kind's slowest device memory, as StageCosts.allreduce_factor.
+            bandwidth = memory_bandwidth(self.instance, {self.classes[c].device_type for c in S})
+            if kappa:  # H18: what the fastest class's backward pass leaves exposed, then the step
+                exposed = np.maximum(0.0, params * (sync / link) - kappa * np.min([layers[mode][c] for c in S], axis=0))
+                self.allreduce[i] = np.where(g.nonempty, exposed + params * (step / bandwidth), INF)
+            else:  # the same floats as StageCosts.allreduce
+                self.allreduce[i] = np.where(g.nonempty, params * (sync / link + step / bandwidth), INF)
             self.capacity[i] = min(self.instance.device_types[self.classes[c].device_type].capacity for c in S)
         return params
 
@@ -215,11 +222,14 @@ class KindModel:
         if not usable.any():
             return 0.0  # nothing fits anywhere
         p = self.cand.pp
-        slow = min(min(c.inter, c.intra) for c in self.classes)
+        slow = min(min(c.ring_inter(self.cand.tp), c.intra) for c in self.classes)
         sync = 2 * self.instance.training.allreduce_bytes_per_param  # at least the candidate's per parameter
+        tr = self.instance.training
+        step = (2 * tr.optimizer_bytes + tr.gradient_bytes + tr.weight_bytes) / memory_bandwidth(  # H15, unsharded
+            self.instance, {c.device_type for c in self.classes})
         crude = ((self.w_top + p) * float(self.compute[self.fitting].max())
                  + (p - 1) * float(self.volume.max()) / slow
-                 + float(params[usable].max()) * sync / slow)
+                 + float(params[usable].max()) * (sync / slow + step))
         return 2.0 * crude
 
     def _cuts(self) -> None:
@@ -236,13 +246,21 @@ class KindModel:
         self.dims = C + len(sets)  # multipliers: lambda (one per class), then mu (one per cut)
 
     def ring(self, S) -> float:
-        """The fastest link a stage of kind S can reduce over and send on (eq. K1)."""
+        """The fastest link a stage of kind S can reduce over (eq. K1; across nodes, the share of
+        a NIC each of its tp rings gets, H17)."""
+        return self._link(S, lambda c: c.ring_inter(self.cand.tp))
+
+    def send(self, S) -> float:
+        """The fastest link a stage of kind S can send its boundary on (eq. K3)."""
+        return self._link(S, lambda c: c.inter)
+
+    def _link(self, S, inter) -> float:
         d = self.cand.replicas
         if len(S) == 1:
             c = self.classes[S[0]]
             if c.devices // self.cand.tp >= d:
-                return max(c.inter, c.intra)
-        return min(self.classes[c].inter for c in S)
+                return max(inter(c), c.intra)
+        return min(inter(self.classes[c]) for c in S)
 
     def prices(self, y: np.ndarray) -> np.ndarray:
         """What a stage of each kind pays under multipliers y = (lambda, mu): its cheapest groups

@@ -129,7 +129,8 @@ class Program:
         inflight = terms.in_flight(s) * terms.micro_batch
         expr = lin((terms.state_bytes_per_param, self.layers.params(s)),
                    (inflight, self.stage_sum(s, kept, terms.kept["full"] - kept)), self._peak(s))
-        rhs = capacity - self.instance.training.memory_reserve
+        expr = lin((terms.allocator_scale, expr))  # H14: fragmentation scales the allocator's bytes
+        rhs = capacity - terms.framework_bytes
         if guard:
             expr = lin(expr, (big_m, guard))  # + M * has  <=  cap + M
             rhs += big_m
@@ -177,7 +178,14 @@ class Program:
                         f"p2p[{s}]")
                 ub["P"] = max(ub["P"], float(vol.max() * phi))
             a = costs.allreduce_factor(s)
-            mdl.add(lin({self.ARmax: 1}, (-a, self.layers.params(s))), ">=", 0, "time", f"allreduce[{s}]")
+            if not costs.overlap_share:
+                mdl.add(lin({self.ARmax: 1}, (-a, self.layers.params(s))), ">=", 0, "time", f"allreduce[{s}]")
+            else:  # H18: max(0, reduction - window) + step, the window on the fastest class (a row per class)
+                o, kappa = costs.optimizer_factor(s), costs.overlap_share
+                mdl.add(lin({self.ARmax: 1}, (-o, self.layers.params(s))), ">=", 0, "time", f"step[{s}]")
+                for c, (times, extra) in enumerate(zip(costs.layer_times(s), costs.recompute_times(s))):
+                    mdl.add(lin({self.ARmax: 1}, (-a, self.layers.params(s)), (kappa, self.stage_sum(s, times, extra))),
+                            ">=", 0, "time", f"allreduce[{s},{c}]")
             ub["AR"] = max(ub["AR"], a * self.total_params)
             if self.enforce_memory:
                 self.memory_row(s, costs.capacity[s], {}, None, f"memory[{s}]")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...model.classes import NodeClass, node_classes
+from ...model.costs.terms import memory_bandwidth, overlap_share
 from ..grouping import assign_groups
 from .model import BIN, INT, TIME, lin
 
@@ -145,7 +146,7 @@ class FreeGrouping:
             if not traffic:
                 continue
             worst = sum(abs(c) for c in traffic.values())
-            self.X[s] = prog.mdl.var(f"X[{s}]", 0, worst / min(c.node_class.inter for c in self.classes), TIME)
+            self.X[s] = prog.mdl.var(f"X[{s}]", 0, worst / min(self._inter(c) for c in self.classes), TIME)
             self._link_rows(s, self.X[s], traffic, worst, f"ring[{s}")
 
     def _link_rows(self, s: int, var: int, expr: dict, worst: float, name: str) -> None:
@@ -153,7 +154,7 @@ class FreeGrouping:
         sits in one node) and one per node that can hold the stage (its intra-node link)."""
         prog = self.prog
         for c in self.classes:
-            a = 1.0 / c.node_class.inter
+            a = 1.0 / self._inter(c)
             prog.mdl.add(lin({var: 1}, (-a, expr), (-a * worst, {self.u[s, c.index]: 1}), (a * worst, self.loc_s[s])),
                          ">=", -a * worst, "time", f"{name},{c.index}]")
             if c.per_node:
@@ -198,35 +199,59 @@ class FreeGrouping:
                     prog.ub["P"] = max(prog.ub["P"], M2)
 
     def _allreduce(self) -> None:
-        """(M6) allreduce over the ring's slowest link, or the node's intra link when the stage sits in one."""
+        """(M6) allreduce over the ring's slowest link, or the node's intra link when the stage sits in
+        one; then (H15) the optimizer step at the slowest device memory of the stage: a row per pair
+        of classes the stage uses (the slowest link and the slowest memory may be in different ones).
+        (H18) Where the reduction overlaps the backward pass, each row less the window of every
+        class the stage uses (the window is its fastest class's), and a row for the step alone."""
         prog = self.prog
         sync, total = prog.terms.allreduce_bytes_per_param(), prog.total_params
+        step = {c.index: prog.terms.optimizer_bytes_per_param() / memory_bandwidth(prog.instance, (c.node_class.device_type,))
+                for c in self.classes}
+        kappa = overlap_share(prog.instance)
         for s in range(prog.cand.pp):
             pe = prog.layers.params(s)
+            windows = [(c3, prog.stage_sum(s, c3.times, c3.extra)) for c3 in self.classes] if kappa else [(None, {})]
             for c in self.classes:
-                a = sync / c.node_class.inter
-                M = a * total
-                prog.mdl.add(lin({prog.ARmax: 1}, (-a, pe), (-M, {self.u[s, c.index]: 1}), (M, self.loc_s[s])),
-                             ">=", -M, "time", f"allreduce[{s},{c.index}]")
-                prog.ub["AR"] = max(prog.ub["AR"], M)
+                for c2 in self.classes:
+                    if c2 is not c and step[c2.index] <= step[c.index]:
+                        continue  # the row of c alone, or of a pair with a slower memory, is as strong
+                    a = sync / self._inter(c) + step[c2.index]
+                    M = a * total
+                    for c3, window in windows:
+                        classes = {c.index, c2.index} | ({c3.index} if c3 is not None else set())
+                        uses = [(-M, {self.u[s, i]: 1}) for i in sorted(classes)]
+                        prog.mdl.add(lin({prog.ARmax: 1}, (-a, pe), (kappa, window), *uses, (M, self.loc_s[s])),
+                                     ">=", -M * len(uses), "time",
+                                     f"allreduce[{s},{c.index},{c2.index},{c3.index if c3 is not None else '-'}]")
+                    prog.ub["AR"] = max(prog.ub["AR"], M)
+                if kappa and step[c.index]:
+                    M = step[c.index] * total
+                    prog.mdl.add(lin({prog.ARmax: 1}, (-step[c.index], pe), (-M, {self.u[s, c.index]: 1})), ">=", -M,
+                                 "time", f"step[{s},{c.index}]")
                 if c.per_node:
-                    a2 = sync / c.node_class.intra
+                    a2 = sync / c.node_class.intra + step[c.index]
                     M2 = a2 * total
+                    own = prog.stage_sum(s, c.times, c.extra) if kappa else {}
                     for j in c.nodes:
-                        prog.mdl.add(lin({prog.ARmax: 1}, (-a2, pe), (-M2, {self.loc[s, j]: 1})), ">=", -M2, "time",
-                                     f"allreduce_local[{s},{j}]")
+                        prog.mdl.add(lin({prog.ARmax: 1}, (-a2, pe), (kappa, own), (-M2, {self.loc[s, j]: 1})), ">=",
+                                     -M2, "time", f"allreduce_local[{s},{j}]")
                     prog.ub["AR"] = max(prog.ub["AR"], M2)
+
+    def _inter(self, c) -> float:
+        """Bytes/s one data-parallel ring of a stage gets leaving a node of class c (H4, H17)."""
+        return c.node_class.ring_inter(self.prog.cand.tp)
 
     def _memory(self) -> None:
         """(M8) every device type in the stage must hold it; rows that can never bind are left out."""
         prog, terms = self.prog, self.prog.terms
         for s in range(prog.cand.pp):
             buffers = prog._peak(s)
-            worst = (prog.total_params * terms.state_bytes_per_param
-                     + terms.in_flight(s) * terms.micro_batch * float(terms.layer_bytes(s).sum())
-                     + sum(prog.mdl.vars[v].ub for v in buffers))
+            worst = terms.allocator_scale * (prog.total_params * terms.state_bytes_per_param
+                                             + terms.in_flight(s) * terms.micro_batch * float(terms.layer_bytes(s).sum())
+                                             + sum(prog.mdl.vars[v].ub for v in buffers))
             for c in self.classes:
-                room = c.capacity - prog.instance.training.memory_reserve
+                room = c.capacity - terms.framework_bytes
                 big_m = max(0.0, worst - room)
                 if big_m == 0.0 and room >= 0:
                     continue
