@@ -239,3 +239,24 @@ def test_every_search_prices_the_overlapped_reduction_as_the_brute_force(case, s
     truth = check(inst, "enumerate")
     for solver in ("cpsat", "highs"):
         check(inst, solver, truth=truth)
+
+
+def test_tensor_parallel_groups_across_nodes_are_in_the_space_only_when_the_instance_says_so():
+    """H16: evaluate prices a group that spans nodes; the plan space holds such plans only with
+    search.tp_across_nodes, and then the search, which keeps groups inside a node, says so."""
+    from amp_opt import evaluate, parse_instance, parse_plan, solve
+    from amp_opt.bench.brute import raw_plans
+    from amp_opt.model.generate import generate_instance
+
+    doc = generate_instance(3, nodes=2, devices_per_node=1, device_types=1, layers=3, global_batch=4)
+    doc["search"].update(tp=[1, 2], cp=[1], virtual_stages=[1], sequence_parallel=[False], recompute=["none"],
+                         zero_stages=[0], micro_batches=[1])
+    across = {"tp": 2, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 3], "stages": [[[0, 1]]]}
+    plain = parse_instance(doc)
+    assert evaluate(plain, parse_plan(across)).predicted_time > 0
+    assert not any(p["tp"] == 2 for p in raw_plans(plain))  # each group's two devices sit on two nodes
+    doc["search"]["tp_across_nodes"] = True
+    wide = parse_instance(doc)
+    assert any(p["tp"] == 2 for p in raw_plans(wide))
+    assert solve(plain).solver.within is None
+    assert "tensor-parallel groups sit inside one node" in solve(wide).solver.within

@@ -6,8 +6,8 @@ and micro-batch that the instance's ``search`` section lists (dp and pp over eve
 device count allows), every training setting listed there (sequence parallelism, each
 recomputation mode, per-stage modes where the section allows stages to choose, block counts,
 ZeRO stages), every partition, and every placement of the plan's tensor-parallel groups on
-any subset of the devices, each group inside one node as the search keeps them (the
-evaluator also prices groups that span nodes, ``formulations/hetero.md`` H16); it lets :func:`amp_opt.evaluate` reject what the instance or the
+any subset of the devices (groups that span nodes only where ``search.tp_across_nodes`` puts
+them in the space, ``formulations/hetero.md`` H16); it lets :func:`amp_opt.evaluate` reject what the instance or the
 engine does not allow, and keeps the best feasible plans.  Its cost grows as n! in the device
 count and as the number of partitions in the layer count: it is meant for a handful of
 devices and layers (the tests' random instances, ``benchmarks/exactness.py``).
@@ -159,8 +159,9 @@ def raw_plans(instance):
                     continue
                 settings = list(_settings(space, pp))
                 for stages in _placements(n_dev, tp, dp * cp * pp):
-                    if any(len({int(instance.device_node[d]) for d in g}) > 1 for g in stages):
-                        continue  # the search keeps tensor-parallel groups inside a node (hetero.md H16)
+                    if not space.tp_across_nodes and any(len({int(instance.device_node[d]) for d in g}) > 1
+                                                         for g in stages):
+                        continue  # outside the instance's space (search.tp_across_nodes false, hetero.md H16)
                     nested = [[list(g) for g in stages[s * dp * cp:(s + 1) * dp * cp]] for s in range(pp)]
                     for partition in _partitions(n_layers, pp * v):
                         for sp, mode, layers, zero in settings:

@@ -150,6 +150,7 @@ class SearchSpace:
     idle: str = "none"  # which devices a plan may leave idle: one of IDLE_SPACES
     per_stage_recompute: bool = False  # whether stages choose their recomputation (where the engine allows it)
     engine: str = "megatron"
+    tp_across_nodes: bool = False  # whether a tensor-parallel group may span nodes (hetero.md H16)
 
 
 @dataclass(frozen=True)

@@ -406,6 +406,7 @@ def _parse_search(raw: Mapping, training: Training, num_layers: int) -> SearchSp
         idle=_idle(raw.get("idle", True)),
         per_stage_recompute=bool(raw.get("per_stage_recompute", True)),
         engine=raw.get("engine", "megatron"),
+        tp_across_nodes=bool(raw.get("tp_across_nodes", False)),
     )
 
 

@@ -112,6 +112,9 @@ def device_sets(instance, model) -> tuple[list[DeviceSet], str | None]:
         parts[-1] += f" sets of devices, more than {MAX_SETS})"
     elif space != "devices":
         parts.append(f"{WITHIN[space]} (search.idle {asked!r})")
+    if instance.search.tp_across_nodes and len(instance.nodes) > 1:
+        parts.append("plans whose tensor-parallel groups sit inside one node (search.tp_across_nodes: the "
+                     "search does not place a group across nodes yet)")
     if interleaving_narrowed(instance, model):
         parts.append(f"plans whose interleaved chunks are the engine's even split (more than {MAX_CHUNKINGS} "
                      "chunkings of the layers)")
