@@ -1,4 +1,4 @@
-"""Plans whose stages and replicas differ (issue #40, PLAN_FORMAT.md): the record, its JSON form
+"""Plans whose stages and replicas differ (docs/hetero-plans.md): the record, its JSON form
 and its checks; the pricing of such plans by the one evaluator; the brute force and the search
 over them on tiny instances."""
 
@@ -101,6 +101,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from amp_opt.model.costs import HETERO, hetero_link  # noqa: E402
+from amp_opt.model.costs.terms import memory_bandwidth  # noqa: E402
 from amp_opt.model.costs.stages import UnevenCosts  # noqa: E402
 from amp_opt.model.tables import Tables  # noqa: E402
 
@@ -222,11 +223,14 @@ def test_each_new_term_by_hand():
     sent = tables.layer_arrays(1, False).sent[1]
     link = hetero_link(inst, [0, 1, 2])
     assert ev.stages[0].p2p == pytest.approx(4 * sent / link, rel=REL)
-    # U3: stage 0's ring over its 2 replicas, on its own slowest link
-    params = float(tables.layer_sums(1).params_in(0, 2))
+    # U3: stage 0's ring over its 2 replicas, on its own slowest link; then each stage's optimizer
+    # step (H15: a pass over 2o + g + w bytes per parameter at its slowest device memory, ZeRO 0)
+    params, rest = (float(tables.layer_sums(1).params_in(k, l)) for k, l in ((0, 2), (2, 4)))
+    step = 2 * tr.optimizer_bytes + tr.gradient_bytes + tr.weight_bytes
     assert ev.stages[0].allreduce == pytest.approx(params * 2 * (2 - 1) / 2 * tr.allreduce_bytes_per_param
-                                                   / hetero_link(inst, [0, 1]), rel=REL)
-    assert ev.stages[1].allreduce == 0.0
+                                                   / hetero_link(inst, [0, 1])
+                                                   + params * step / memory_bandwidth(inst, ["T4", "A100-80GB"]), rel=REL)
+    assert ev.stages[1].allreduce == pytest.approx(rest * step / memory_bandwidth(inst, ["A100-80GB"]), rel=REL)
     # U4: the T4 replica keeps 3 samples' activations, the A100 one 1: the difference is 2 samples
     # times the micro-batches in flight (min(pp - s, n) = 2) times the bytes kept per sample
     costs = UnevenCosts(HETERO, tables, ev.plan)

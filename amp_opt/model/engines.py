@@ -31,7 +31,7 @@ class Engine:
     per_stage_recompute: bool  # stages may recompute differently
     block_recompute: bool  # full recomputation of only each stage's first r layers (Megatron's block method)
     sharded_zero_with_pipeline: int  # the largest ZeRO stage allowed together with pp > 1
-    uneven: bool = False  # per-stage tp and dp, replicas on different types, uneven batch shares (PLAN_FORMAT.md)
+    uneven: bool = False  # per-stage tp and dp, replicas on different types, uneven batch shares (docs/hetero-plans.md)
 
     def rule(self, instance, cand) -> tuple[str, str] | None:
         """(field, rule) of the first rule the candidate breaks, or None when the engine can run it."""

@@ -10,7 +10,7 @@ device = rank.  With ``virtual_stages`` v > 1 (interleaved 1F1B) the partition h
 pp*v + 1 boundaries: chunk j runs on stage j mod pp.  A plan may use fewer devices than
 the cluster has (tp*cp*dp*pp at most the device count); the others stay idle.
 
-Stages may differ (``PLAN_FORMAT.md``, issue #40): ``tp`` and ``dp`` may list one degree per
+Stages may differ (``docs/hetero-plans.md``): ``tp`` and ``dp`` may list one degree per
 stage, and ``shares[s][r]`` gives the samples of each pipeline micro-batch that replica r of
 stage s processes.  A plan whose stages and replicas agree is normalised to the uniform form
 (int tp and dp, no shares), so every uniform plan has one record.  The per-stage fields are

@@ -1,4 +1,4 @@
-"""The per-stage fields of a plan (``PLAN_FORMAT.md``): tp and dp per stage, the batch shares.
+"""The per-stage fields of a plan (``docs/hetero-plans.md``): tp and dp per stage, the batch shares.
 
 ``tp`` and ``dp`` are an int (every stage) or a list of ``pp`` ints; ``shares[s][r]`` is the
 samples of each pipeline micro-batch that data-parallel replica r of stage s processes, every
