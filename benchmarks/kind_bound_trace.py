@@ -29,7 +29,7 @@ from amp_opt.model.candidates import candidates  # noqa: E402
 from amp_opt.model.plan import describe_candidate  # noqa: E402
 from amp_opt.search.context import Search  # noqa: E402
 from amp_opt.search.kinds.bound import KindSearch  # noqa: E402
-from amp_opt.search.kinds.model import kind_model  # noqa: E402
+from amp_opt.search.kinds.lagrangian import kind_model  # noqa: E402
 from amp_opt.search.options import solve_options  # noqa: E402
 
 

@@ -856,7 +856,7 @@ def report(results, incomplete, solves, eval_wall, args) -> None:
                 continue
             if s["error"].startswith("RecursionError"):
                 p(f"- `{rid}`, placement {placement}: the free-grouping enumerator crashed. `_moves` in "
-                  "`amp_opt/search/grouping.py` recurses once per node in the canonical order, and this cluster "
+                  "`amp_opt/search/free_grouping.py` recurses once per node in the canonical order, and this cluster "
                   f"has {by_id[rid].row['gpus'] // by_id[rid].row['gpus_per_node']} nodes, more than Python's "
                   "default recursion limit (1,000). A search bug, not a cost-model one; rank order solves the "
                   "same instance.")

@@ -6,7 +6,7 @@ from amp_opt import evaluate, parse_plan, solve
 from amp_opt.model.candidates import Candidate
 from amp_opt.model.costs import COST_MODELS
 from amp_opt.model.tables import Tables
-from amp_opt.search.grouping import candidate_graph
+from amp_opt.search.free_grouping import candidate_graph
 from amp_opt.search.partition import optimal_path
 
 AMP_BEST = {"homogeneous": 1.2443, "het_cluster": 1.0859, "het_model": 1.1502}

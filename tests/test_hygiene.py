@@ -318,7 +318,7 @@ def test_a_program_beyond_64_bit_integers_is_no_crash():
     such a program yields no plan and no proof (UNKNOWN), never a traceback."""
     from amp_opt.search.clock import Clock
     from amp_opt.search.mip.backends import Program, Settings, run_backend
-    from amp_opt.search.mip.model import BIN, LinearModel
+    from amp_opt.search.mip.linear import BIN, LinearModel
 
     lm = LinearModel()
     x = lm.var("x", 0, 1, BIN)
@@ -333,7 +333,7 @@ def _market_split(rows=5, columns=50, seed=1):
     """Cornuéjols-Dawande market split: a tiny program that branch and bound takes minutes to close."""
     import random
 
-    from amp_opt.search.mip.model import BIN, TIME, LinearModel
+    from amp_opt.search.mip.linear import BIN, TIME, LinearModel
 
     rng = random.Random(seed)
     lm = LinearModel()

@@ -11,11 +11,11 @@ from amp_opt.model.candidates import candidates, even_partition
 from amp_opt.model.evaluate import evaluate
 from amp_opt.model.costs import COST_MODELS
 from amp_opt.model.tables import Tables
-from amp_opt.search.grouping import candidate_graph
+from amp_opt.search.free_grouping import candidate_graph
 from amp_opt.model.generate import generate_instance
 from amp_opt.search.kinds.bound import KindSearch, kind_bound
 from amp_opt.search.kinds.construct import POLISH_RATE, Pace, construct, multiset_of, polish
-from amp_opt.search.kinds.model import kind_model
+from amp_opt.search.kinds.lagrangian import kind_model
 from amp_opt.search.partition import optimal_path
 
 

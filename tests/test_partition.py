@@ -10,9 +10,9 @@ from amp_opt.model.candidates import candidates, even_partition
 from amp_opt.model.costs.terms import Pipeline, pipeline_weights, stage_order
 from amp_opt.model.costs import COST_MODELS
 from amp_opt.model.tables import Tables
-from amp_opt.search.grouping import candidate_graph
+from amp_opt.search.free_grouping import candidate_graph
 from amp_opt.model.generate import generate_instance
-from amp_opt.search.grouping import free_graph, groupings, stages_of_path
+from amp_opt.search.free_grouping import free_graph, groupings, stages_of_path
 from amp_opt.search.partition import brute_force, fixed_placement_graph, make_graph, optimal_path, path_value
 
 

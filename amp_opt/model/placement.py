@@ -2,7 +2,7 @@
 
 ``rank-order`` is the Megatron/DeepSpeed layout AMP assumes.  ``free`` lets
 the search choose how many groups each node gives each stage (see
-:mod:`amp_opt.search.grouping`).  A cost model lists the placements it prices.
+:mod:`amp_opt.search.free_grouping`).  A cost model lists the placements it prices.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from ..model.load import DEFAULT_TP, RECOMPUTE
 from ..model.plan import Candidate, check_plan, rank_order_stages
 from ..model.tables import Tables
 from .context import Search
-from .grouping import candidate_graph
+from .free_grouping import candidate_graph
 from .options import solve_options
 from .partition import optimal_path
 from .solve import solve

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..model.candidates import candidates
 from ..model.plan import Plan, describe
-from .grouping import candidate_graph
+from .free_grouping import candidate_graph
 from .partition import StageGraph, min_max_path
 
 

@@ -2,7 +2,7 @@
 
 For each (tp, dp, pp, micro-batch) candidate the exact stage DP of
 :mod:`amp_opt.search.partition` finds the best layer split, on AMP's rank order or
-jointly with the free grouping of :mod:`amp_opt.search.grouping`.  Candidates are
+jointly with the free grouping of :mod:`amp_opt.search.free_grouping`.  Candidates are
 visited in order of a lower bound and skipped once the bound cannot beat the
 k-th best plan, which keeps the search exact.  Ground truth for the MIPs.
 """
@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import InfeasibleError, NoPlanFound
 from ..model.candidates import candidates, why_empty
 from .diagnose import least_overfull, verdict
-from .grouping import Stopped, candidate_graph
+from .free_grouping import Stopped, candidate_graph
 from .kbest import k_best_paths
 from .partition import optimal_path
 from .result import Incumbent, NoPlanBelow, SolverStats, SolveResult

@@ -6,7 +6,7 @@ range [k, l) that starts where stage s-1 ended.  A kind fixes the stage's
 compute C(k, l) and allreduce A(k, l) tables; a transition also fixes the p2p
 factor of the boundary before the stage.  For AMP's rank order there is one
 state and one transition per stage; for free grouping the states are the
-groups still unassigned (see :mod:`amp_opt.search.grouping`).  Minimise
+groups still unassigned (see :mod:`amp_opt.search.free_grouping`).  Minimise
 
     f = max_s w_s C_s + max_s A_s + sum_s (C_s + r P_s)
 

@@ -1,7 +1,7 @@
 """Which solver ``auto`` runs, decided from the instance's size before any search starts.
 
 The exact enumerator walks every free grouping of every candidate
-(:mod:`amp_opt.search.grouping`), which is quick on a few nodes and hopeless on many; it
+(:mod:`amp_opt.search.free_grouping`), which is quick on a few nodes and hopeless on many; it
 gives up past MAX_TRANSITIONS transitions of one candidate, but walking that far takes
 seconds per candidate.  So ``auto`` estimates the walk first, with no walking:
 

@@ -90,7 +90,7 @@ POLISH_CELLS = 3
 # (benchmarks/results/gap_1024_today.md).
 PLANS_FIRST = 0.5
 
-# ---- The kind bound and its plans (:mod:`.kinds.bound`, :mod:`.kinds.construct`, :mod:`.kinds.model`)
+# ---- The kind bound and its plans (:mod:`.kinds.bound`, :mod:`.kinds.construct`, :mod:`.kinds.lagrangian`)
 
 # Milliseconds one dual step's LP may take (a guard; it takes about one).
 LP_MS = 2000
@@ -109,7 +109,7 @@ POLISH_WORK = 2e9
 # on a 2-core AMD EPYC it ran at 0.6-2.7e8, so this rate is only a start: Pace measures it).
 POLISH_RATE = 5e8
 
-# ---- The enumerator and auto's choice (:mod:`.grouping`, :mod:`.route`) ----------------------
+# ---- The enumerator and auto's choice (:mod:`.free_grouping`, :mod:`.route`) ----------------------
 
 # Transitions of one candidate's free-grouping walk past which the enumerator gives up.
 MAX_TRANSITIONS = 50_000

@@ -22,7 +22,7 @@ import numpy as np
 from ...model.ranges import INF
 from ..clock import NO_LIMIT, Clock
 from ..tuning import FINEST, LP_MS, REACH, WAVE
-from .model import KindModel, KindPath, min_max
+from .lagrangian import KindModel, KindPath, min_max
 
 
 @dataclass

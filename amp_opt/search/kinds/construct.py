@@ -18,12 +18,12 @@ import numpy as np
 from ...model.costs import plan_of
 from ...model.evaluate import evaluate
 from ...model.ranges import INF, backtrack, band_min_sum_step
-from ..grouping import assign_groups
+from ..free_grouping import assign_groups
 from ..result import Incumbent
 from .bound import Cell
 from ...model.ranges import weighted as _weighted
 from ..tuning import POLISH_RATE, POLISH_WORK
-from .model import KindModel, KindPath, band_layout
+from .lagrangian import KindModel, KindPath, band_layout
 
 
 @dataclass

@@ -22,7 +22,7 @@ from ..tuning import (BOUND_SHARE, KIND_MIN_NODES, KIND_PROGRESS, KIND_ROUNDS, K
                       POLISH_CELLS, POLISH_WORK, POLISHED, QUICK_SHARE, QUICK_SWEEPS)
 from .bound import KindSearch
 from .construct import Pace, construct, polish
-from .model import kind_model
+from .lagrangian import kind_model
 
 
 @dataclass(frozen=True)

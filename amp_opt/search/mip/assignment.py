@@ -16,7 +16,7 @@ The interface (``z``, ``e``, ``before``, ``params``, ``bounds``, ``hint``) is :c
 from __future__ import annotations
 
 from .layers import _StageParams
-from .model import BIN, LinearModel, lin
+from .linear import BIN, LinearModel, lin
 
 
 class AssignmentLayers(_StageParams):

@@ -23,7 +23,7 @@ import warnings
 from .. import stop
 from ..clock import Clock
 from ..tuning import CBC_FLOOR, CBC_WRITE_S
-from .model import BIN, INT, LinearModel
+from .linear import BIN, INT, LinearModel
 from .protocol import Outcome, Program, Settings, scaled_rows, unit_of
 
 

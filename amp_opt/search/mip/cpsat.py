@@ -21,7 +21,7 @@ import time
 from .. import stop
 from ..clock import Clock
 from ..tuning import SOLVER_FLOOR
-from .model import TIME, LinearModel
+from .linear import TIME, LinearModel
 from .protocol import Outcome, Program, Settings
 
 

@@ -3,7 +3,7 @@
 The equations are stated in ``formulations/mip.md``; names here follow it.  The
 program is assembled from its parts: the layer assignment (:mod:`.layers`, eq.
 M1-M4, or the second formulation :mod:`.assignment`, eq. A1-A4), the stage times E[s], Emax, P[s], ARmax with their rows for a fixed placement
-(M5-M8, here) or for free grouping (:mod:`.grouping`, M5-M8 and M10-M14), and the
+(M5-M8, here) or for free grouping (:mod:`.grouping_rows`, M5-M8 and M10-M12), and the
 objective (M9).
 
 Every coefficient comes from the cost model's
@@ -23,10 +23,10 @@ import numpy as np
 
 from ...model.costs import CandidateTerms
 from ...model.costs.terms import stage_order
-from .grouping import FreeGrouping, class_terms
+from .grouping_rows import FreeGrouping, class_terms
 from .assignment import AssignmentLayers
 from .layers import PrefixLayers
-from .model import BIN, BYTES, TIME, LinearModel, lin
+from .linear import BIN, BYTES, TIME, LinearModel, lin
 
 
 @dataclass

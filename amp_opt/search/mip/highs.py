@@ -30,7 +30,7 @@ from ...errors import InputError
 from .. import stop
 from ..clock import NO_LIMIT, Clock
 from ..tuning import GRACE, SOLVER_FLOOR
-from .model import BIN, INT, LinearModel
+from .linear import BIN, INT, LinearModel
 from .protocol import Outcome, Program, Settings, scaled_rows
 
 ABS_GAP = 1e-8  # HiGHS's absolute MIP gap, in units of the scale (the objective is about 1)

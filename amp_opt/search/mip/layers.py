@@ -8,7 +8,7 @@ count a tied tensor once (M4) through any[s,t] (stage s holds a layer of tie gro
 
 from __future__ import annotations
 
-from .model import BIN, CONST, LinearModel, lin
+from .linear import BIN, CONST, LinearModel, lin
 
 
 class _StageParams:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..clock import Clock
-from .model import BYTES, TIME, LinearModel
+from .linear import BYTES, TIME, LinearModel
 
 
 @dataclass(frozen=True)

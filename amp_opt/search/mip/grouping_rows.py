@@ -1,4 +1,4 @@
-"""Free device grouping in the programs (``formulations/mip.md`` eq. M5-M8 free, M10-M14).
+"""Free device grouping in the programs (``formulations/mip.md`` eq. M5-M8 free, M10-M12).
 
 Node classes (identical nodes, eq. M10) give groups by count; a class whose nodes can
 hold a whole stage (g_c >= d) is modelled node by node (M11), so that the program knows
@@ -15,8 +15,8 @@ import numpy as np
 
 from ...model.classes import NodeClass, node_classes
 from ...model.costs.terms import memory_bandwidth, overlap_share
-from ..grouping import assign_groups
-from .model import BIN, INT, TIME, lin
+from ..free_grouping import assign_groups
+from .linear import BIN, INT, TIME, lin
 
 
 @dataclass(frozen=True)
