@@ -145,6 +145,8 @@ def solve_with_uneven(instance, options, run, clock) -> SolveResult:
     if not merged:
         raise InfeasibleError(f"{why_none} (nor does any plan whose stages or replicas differ)")
     best = _value(merged[0], obj)
+    if options.top_k > 1:  # the uneven search keeps one plan per configuration and setting
+        within = (within + "; " if within else "") + "one plan per configuration of stages and replicas that differ (--top-k)"
     u_bound = uniform.solver.bound if uniform is not None else INF
     bound = min(u_bound, best) if done else 0.0
     extra = {**(uniform.solver.extra if uniform is not None else {}),
