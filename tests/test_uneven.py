@@ -422,3 +422,13 @@ def test_the_search_graph_prices_each_configuration_as_the_evaluator_does():
             assert found[0] == pytest.approx(ev.predicted_time, rel=1e-9)
             compared += 1
     assert compared >= 10
+
+
+def test_top_k_with_uneven_plans_says_it_keeps_one_plan_per_configuration():
+    """The uneven search keeps each configuration's best plan: with --top-k its list is not the K
+    best plans of the whole space, and the result says so."""
+    inst = tiny_uneven(5)
+    one = amp_opt.solve(inst)
+    assert one.solver.within is None or "per configuration" not in one.solver.within
+    two = amp_opt.solve(inst, top_k=2)
+    assert "one plan per configuration of stages and replicas that differ" in (two.solver.within or "")
