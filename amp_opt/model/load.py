@@ -3,6 +3,9 @@
 All validation happens here, at the boundary: the JSON Schema checks the
 shape (``schema/instance.schema.json``), then the cross-references and the
 semantics are checked field by field.  Units are converted to SI once.
+
+The module is a little over 400 lines because it is the instance format's one boundary: each
+section's checks sit together, so that a field is validated in exactly one place.
 """
 
 from __future__ import annotations
