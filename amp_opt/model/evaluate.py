@@ -156,37 +156,22 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
     bounds = stage_bounds(plan)
     reports = [_stage_report(instance, plan, costs, s, bounds[s], bounds[s + 1]) for s in range(plan.pp)]
     compute, p2p = [r.compute for r in reports], [r.p2p for r in reports]
-    n, v, pipe = costs.n_micro, plan.virtual_stages, costs.pipeline
-    breakdown = {
-        "pipeline_bottleneck": max(w * e for w, e in zip(pipe.bottleneck, compute)),
-        "stage_compute": sum(compute) / v,
-        "p2p": pipe.p2p * sum(p2p),
-        "allreduce": max(r.allreduce for r in reports),
-    }
-    total = pipe.time(compute, p2p, [r.allreduce for r in reports])
+    total = costs.pipeline.time(compute, p2p, [r.allreduce for r in reports])
     over = [r for r in reports if not r.fits]
     violations = tuple(
         f"stage {r.index} ({', '.join(r.device_types)}) needs {r.memory / GIB:.2f} GiB per device, "
         f"capacity {r.capacity / GIB:.2f} GiB"
         for r in over
     )
-    notes = []
-    sources = {r.compute_source for r in reports}
-    if "datasheet" in sources:
-        notes.append("some compute times were estimated from FLOPs and the datasheet peak (nothing measured on a "
-                     "device type)")
-    if "derived" in sources:
-        notes.append("some compute times were derived from measurements at another tp degree or micro-batch size")
-    if not model.enforces_memory and over:
-        notes.append(f"the {model.name} cost model does not enforce memory; the plan would not fit: " + "; ".join(violations))
+    notes = _notes(model, reports, violations)
     devices = [d for stage in plan.stages for group in stage for d in group]
     return Evaluation(
         plan=plan,
         cost_model=model.name,
         predicted_time=total,
         feasible=not over if model.enforces_memory else True,
-        breakdown=breakdown,
-        n_micro=n,
+        breakdown=_breakdown(costs.pipeline, reports, plan.virtual_stages),
+        n_micro=costs.n_micro,
         stages=tuple(reports),
         violations=violations if model.enforces_memory else (),
         notes=tuple(notes),
@@ -194,6 +179,33 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
         cost=_price(instance, devices, total),
         mfu=_mfu(instance, devices, total),
     )
+
+
+def _breakdown(pipe, reports, v: int) -> dict[str, float]:
+    """The iteration time's terms (eq. H13): the weighted bottleneck stage, the stages' sum
+    (fill and drain), the p2p transfers and the slowest gradient synchronisation."""
+    compute = [r.compute for r in reports]
+    return {
+        "pipeline_bottleneck": max(w * e for w, e in zip(pipe.bottleneck, compute)),
+        "stage_compute": sum(compute) / v,
+        "p2p": pipe.p2p * sum(r.p2p for r in reports),
+        "allreduce": max(r.allreduce for r in reports),
+    }
+
+
+def _notes(model, reports, violations) -> list[str]:
+    """What a reader of the score should know: where compute times came from, and a memory
+    overflow the cost model does not enforce."""
+    notes = []
+    sources = {r.compute_source for r in reports}
+    if "datasheet" in sources:
+        notes.append("some compute times were estimated from FLOPs and the datasheet peak (nothing measured on a "
+                     "device type)")
+    if "derived" in sources:
+        notes.append("some compute times were derived from measurements at another tp degree or micro-batch size")
+    if not model.enforces_memory and violations:
+        notes.append(f"the {model.name} cost model does not enforce memory; the plan would not fit: " + "; ".join(violations))
+    return notes
 
 
 def _stage_report(instance, plan: Plan, costs: StageCosts, s: int, k: int, l: int) -> StageReport:
