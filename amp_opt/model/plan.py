@@ -304,17 +304,7 @@ def parse_plan(data: Any, *, where: str = "plan") -> Plan:
                                                      f"got {data['micro_batch']}")
     cp = number_field(data, "cp", where, default=1)
     v = number_field(data, "virtual_stages", where, default=1)
-    partition = data.get("partition")
-    if partition is None:
-        raise InputError(f"{where}.partition", "required: the layer boundaries of the stages, "
-                         "[0, ..., number of layers] (pp*virtual_stages+1 integers)")
-    if not isinstance(partition, Sequence) or isinstance(partition, str) or not all(
-        isinstance(b, int) and not isinstance(b, bool) for b in partition
-    ):
-        raise InputError(f"{where}.partition", "must be a list of integers (layer boundaries)")
-    if len(partition) != pp * v + 1:
-        raise InputError(f"{where}.partition",
-                         f"must hold pp*virtual_stages+1 = {pp * v + 1} boundaries, got {len(partition)}")
+    partition = _partition(data, pp * v, where)
     recompute = _recompute(data, where, pp)
     layers = data.get("recompute_layers")
     if layers is not None:
@@ -327,6 +317,22 @@ def parse_plan(data: Any, *, where: str = "plan") -> Plan:
     return Plan(tp, dp, pp, mb, tuple(partition), parse_stages(data, where), cp=cp,
                 sequence_parallel=_flag(data, "sequence_parallel", where, False), recompute=recompute,
                 recompute_layers=layers, zero_stage=zero, virtual_stages=v, shares=shares)
+
+
+def _partition(data: Mapping, parts: int, where: str) -> list[int]:
+    """The plan's layer boundaries, checked for shape: ``parts`` + 1 integers."""
+    partition = data.get("partition")
+    if partition is None:
+        raise InputError(f"{where}.partition", "required: the layer boundaries of the stages, "
+                         "[0, ..., number of layers] (pp*virtual_stages+1 integers)")
+    if not isinstance(partition, Sequence) or isinstance(partition, str) or not all(
+        isinstance(b, int) and not isinstance(b, bool) for b in partition
+    ):
+        raise InputError(f"{where}.partition", "must be a list of integers (layer boundaries)")
+    if len(partition) != parts + 1:
+        raise InputError(f"{where}.partition",
+                         f"must hold pp*virtual_stages+1 = {parts + 1} boundaries, got {len(partition)}")
+    return partition
 
 
 def check_plan(instance, plan: Plan, *, where: str = "plan") -> Plan:
