@@ -160,6 +160,21 @@ def _misses(predictor: Predictor, failed: Sequence[RunRecord], section) -> tuple
     return tuple(r.index for r, rooms in zip(failed, predictor.rooms(failed, section)) if min(rooms.values()) >= 0)
 
 
+def _failure_notes(runs: RunSet) -> list[str]:
+    """What the report says of failed runs: out-of-memory runs compared with the device memory,
+    runs that failed with an error (no parameter is fitted to them)."""
+    notes = []
+    unlimited = [r.index for r in runs.records if r.failed == "oom" and r.memory_limit is None]
+    if unlimited:
+        notes.append(f"out-of-memory runs {unlimited} carry no memory_limit: compared with the instance's device "
+                     "memory")
+    skipped = [r.index for r in runs.records if r.failed == "error"]
+    if skipped:
+        notes.append(f"runs that failed with an error fit no parameter (their cause is unknown); the model's "
+                     f"verdict on them is reported: {skipped}")
+    return notes
+
+
 def fit_calibration(runs: RunSet, *, cv: bool = True, max_parameters: int | None = None) -> Calibration:
     """Fit the calibration section to measured runs (time F1-F4, memory F5, out of memory F6),
     with the parameter counts cross-validation across groups keeps (F8), each step kept only
@@ -222,16 +237,9 @@ def fit_calibration(runs: RunSet, *, cv: bool = True, max_parameters: int | None
         time = time.with_after(predictor.times(finished, section))
     if memory:
         memory = memory.with_after(predictor.peaks(peaks, section))
-    unlimited = [r.index for r in runs.records if r.failed == "oom" and r.memory_limit is None]
-    if unlimited:
-        notes.append(f"out-of-memory runs {unlimited} carry no memory_limit: compared with the instance's device "
-                     "memory")
-    skipped = [r.index for r in runs.records if r.failed == "error"]
-    if skipped:
-        notes.append(f"runs that failed with an error fit no parameter (their cause is unknown); the model's "
-                     f"verdict on them is reported: {skipped}")
+    notes += _failure_notes(runs)
     summary = {"finished": len(finished), "out_of_memory": sum(r.failed == "oom" for r in runs.records),
-               "error": len(skipped), "with_peak_memory": len(peaks),
+               "error": sum(r.failed == "error" for r in runs.records), "with_peak_memory": len(peaks),
                "instances": sorted(k for k in runs.instances if k is not None),
                "groups": list(dict.fromkeys(group_names(runs, runs.records)))}
     return Calibration(section, time, memory, headroom, summary, tuple(notes),
