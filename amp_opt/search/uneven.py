@@ -1,4 +1,4 @@
-"""The search over plans whose stages and replicas differ (engine ``"amp_opt"``, issue #40).
+"""The search over plans whose stages and replicas differ (engine ``"amp_opt"``).
 
 A first, exact but exhaustive version (``formulations/uneven-search.md``): every
 configuration of :mod:`.uneven_space` (stages' tp, replicas on nodes, shares, M), one per
