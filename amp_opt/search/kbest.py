@@ -36,8 +36,20 @@ def k_best_paths(g: StageGraph, *, limit: Callable[[], float] = lambda: INF,
 
     Examples
     --------
-    >>> from amp_opt.search.partition import brute_force  # doctest: +SKIP
-    >>> [v for v, _ in k_best_paths(graph)][:3]  # doctest: +SKIP
+    Three layers of 1, 2 and 3 s on two stages, 4 micro-batches, AMP's closed form (3 x the
+    slowest stage + the sum of the stages):
+
+    >>> import numpy as np
+    >>> from amp_opt.model.costs.terms import pipeline_weights
+    >>> from amp_opt.search.partition import make_graph
+    >>> k, l = np.meshgrid(np.arange(4), np.arange(4), indexing="ij")
+    >>> prefix = np.array([0.0, 1.0, 3.0, 6.0])
+    >>> compute = np.where(k < l, prefix[l] - prefix[k], np.inf)[None]
+    >>> sync = np.where(k < l, 0.0, np.inf)[None]
+    >>> g = make_graph(4, compute, sync, np.zeros((2, 1, 4, 4)), True, np.zeros(4), [((0, 0, 0.0, 0),)] * 2,
+    ...                pipeline=pipeline_weights(4, 2, 1, "closed"))
+    >>> [(float(v), p.bounds) for v, p in k_best_paths(g)]
+    [(15.0, (0, 2, 3)), (21.0, (0, 1, 3))]
     """
     # Heap entries: (key, tie, path, fixed, banned, parent).  A solved subspace has its best path
     # (key: its value); an unsolved one is the parent path's subspace at stage ``fixed`` (key: the
