@@ -7,31 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amp_opt.search.kbest import k_best_paths
-from amp_opt.search.partition import Path, path_value
+from amp_opt.search.partition import every_path as listed, path_value
 from tests.test_partition import random_graph
 
 
 def every_path(g):
-    """Every feasible path of g with its value, by listing them all."""
-    p, L = g.stages, g.layers
-
-    def walks(s, state, chosen):
-        if s == p:
-            yield tuple(chosen)
-            return
-        for t, (src, _, _, dst) in enumerate(g.transitions[s]):
-            if src == state:
-                yield from walks(s + 1, dst, chosen + [t])
-
-    out = []
-    for chosen in walks(0, 0, []):
-        kinds = [g.transitions[s][t][1] for s, t in enumerate(chosen)]
-        for cuts in itertools.combinations(range(1, L), p - 1):
-            bounds = (0, *cuts, L)
-            if all(g.feasible[s, kinds[s], bounds[s], bounds[s + 1]] for s in range(p)):
-                path = Path(chosen, bounds)
-                out.append((path_value(g, path), path))
-    return sorted(out, key=lambda vp: vp[0])
+    """Every feasible path of g with its value, by listing them all, best first."""
+    return sorted(listed(g), key=lambda vp: vp[0])
 
 
 @settings(max_examples=120, deadline=None)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from test_brute import check, tiny
+from test_brute import cases, check, tiny
 from test_strategies import plan, preset_doc, single_stage, stage_params, times
 
 from amp_opt import InputError, evaluate, parse_instance
@@ -65,13 +65,6 @@ def _with_framework_parts(inst, fraction):
     return dataclasses.replace(inst, training=tr)
 
 
-cases = st.fixed_dictionaries({
-    "seed": st.integers(0, 2**31 - 1),
-    "devices": st.integers(2, 3),
-    "layers": st.integers(3, 4),
-    "engine": st.sampled_from(["megatron", "deepspeed"]),
-    "idle": st.booleans(),
-})
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from amp_opt import InfeasibleError, solve
 from amp_opt.bench.brute import brute_top
-from tests.test_brute import REL, tiny
+from tests.test_brute import REL, cases, tiny
 
 
 def listed(inst, k, objective="time", solver="enumerate"):
@@ -28,13 +28,6 @@ def check_top(inst, k, objective="time"):
         assert len({str(ev.plan.to_json()) for ev in result.top}) == len(values)  # distinct plans
 
 
-cases = st.fixed_dictionaries({
-    "seed": st.integers(0, 2**31 - 1),
-    "devices": st.integers(2, 3),
-    "layers": st.integers(3, 4),
-    "engine": st.sampled_from(["megatron", "deepspeed"]),
-    "idle": st.booleans(),
-})
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])

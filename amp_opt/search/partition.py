@@ -396,10 +396,10 @@ def _better(g: StageGraph, best: float, best_path: Path, candidates) -> tuple[fl
     return best, best_path
 
 
-def brute_force(g: StageGraph) -> tuple[float, Path] | None:
-    """Try every path and partition; for tests on small cases only."""
+def every_path(g: StageGraph):
+    """Every feasible path of ``g`` with its value, (value, path) pairs in walk order; for tests
+    on small cases only."""
     p, L = g.stages, g.layers
-    best = None
 
     def walks(s, state, chosen):
         if s == p:
@@ -413,10 +413,15 @@ def brute_force(g: StageGraph) -> tuple[float, Path] | None:
         kinds = [g.transitions[s][t][1] for s, t in enumerate(chosen)]
         for cuts in itertools.combinations(range(1, L), p - 1):
             bounds = (0, *cuts, L)
-            if not all(g.feasible[s, kinds[s], bounds[s], bounds[s + 1]] for s in range(p)):
-                continue
-            path = Path(chosen, bounds)
-            value = path_value(g, path)
-            if best is None or value < best[0]:
-                best = (value, path)
+            if all(g.feasible[s, kinds[s], bounds[s], bounds[s + 1]] for s in range(p)):
+                path = Path(chosen, bounds)
+                yield path_value(g, path), path
+
+
+def brute_force(g: StageGraph) -> tuple[float, Path] | None:
+    """Try every path and partition; for tests on small cases only."""
+    best = None
+    for value, path in every_path(g):
+        if best is None or value < best[0]:
+            best = (value, path)
     return best
