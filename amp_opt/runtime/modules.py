@@ -30,6 +30,11 @@ column-parallel part and g after each row-parallel one.  Norms and row-parallel
 biases are replicated.  Embedding and head are NOT vocab-parallel: under tp > 1
 every rank holds and computes them whole (replicated).
 
+Activation recomputation (:func:`set_recompute`; ``torch.utils.checkpoint``, reentrant, as
+Megatron-LM's own checkpoint function): ``"full"`` keeps a block's input and runs the whole block
+again during backward; ``"selective"`` keeps Q, K and V and runs the attention core (Q K^T, softmax,
+dropout, x V) again, freeing its s x s tensors -- what ``formulations/hetero.md`` (H7, H8) prices.
+
 Weights are drawn from a generator seeded per layer (``seed``, layer index), full
 size, and each tensor-parallel rank keeps its slice: any stage split or tp degree
 builds the same model.
@@ -39,19 +44,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import InputError
-from ..model.hf_config import preset_from_hf_config
-from ..model.load import load_json
-from ..model.presets import ModelShape, build_layers, parse_model
+from ..model.presets import ModelShape
 
 from ._torch import require_torch
+from .shape import DTYPES, layer_names, model_shape, torch_dtype  # noqa: F401 - the runtime's entry points
 
 torch = require_torch()
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 from .functions import (  # noqa: E402
     CopyToTensorParallel, ReduceFromTensorParallel, RMSNormFunction, RotaryFunction, SwiGLUFunction, rotary_tables,
@@ -60,7 +64,6 @@ from .functions import (  # noqa: E402
 ATTENTION_KERNELS = ("eager", "flash")
 DROPOUT_P = 0.1
 INIT_STD = 0.02
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -71,68 +74,6 @@ class TensorParallel:
     rank: int = 0
     group: Any = None
     timer: Any = None
-
-
-# ---------------------------------------------------------------- the model's shape
-
-def model_shape(model: ModelShape | Mapping, *, base_dir: str | Path = ".") -> ModelShape:
-    """The :class:`ModelShape` of a model spec, of an instance document, or itself.
-
-    Parameters
-    ----------
-    model : ModelShape, or dict
-        A ``{"preset": ...}`` or ``{"hf_config": ...}`` model spec, or a whole
-        instance document (its ``model`` field is used).
-    base_dir : path
-        Where a relative ``hf_config`` path is looked up.
-
-    Raises
-    ------
-    InputError
-        For a model given as an explicit ``layers`` list: it has no dimensions.
-
-    Examples
-    --------
-    >>> model_shape({"preset": "gpt", "hidden": 64, "layers": 2, "heads": 4, "seq_len": 16, "vocab": 100}).ffn
-    256
-    """
-    if isinstance(model, ModelShape):
-        return model
-    field = "model"
-    if isinstance(model, Mapping) and "model" in model and "preset" not in model:
-        model, field = model["model"], "instance.model"
-    if not isinstance(model, Mapping):
-        raise InputError(field, f"must be an object, got {type(model).__name__}")
-    if "preset" in model:
-        return parse_model(dict(model), field)
-    if "hf_config" in model:
-        config = model["hf_config"]
-        if isinstance(config, str):
-            config = load_json(Path(base_dir) / config, "Hugging Face config")
-        preset = preset_from_hf_config(config, field=f"{field}.hf_config", seq_len=model.get("seq_len"))
-        return parse_model(preset, f"{field}.hf_config")
-    raise InputError(f"{field}.layers", "an explicit layer list has no dimensions, so no modules can be built from it: "
-                     "the runtime needs model.preset or model.hf_config")
-
-
-def layer_names(shape: ModelShape) -> list[str]:
-    """The amp_opt layer names of a model, in order."""
-    return [layer["name"] for layer in build_layers(shape)]
-
-
-def torch_dtype(dtype, shape: ModelShape | None = None):
-    """A torch dtype from a name, a dtype, or ``None`` (the model's ``dtype_bytes``: 4 fp32, 2 bf16)."""
-    if dtype is None:
-        if shape is None or shape.dtype_bytes == 4:
-            return torch.float32
-        if shape.dtype_bytes == 2:
-            return torch.bfloat16
-        raise InputError("model.dtype_bytes", f"no torch dtype of {shape.dtype_bytes} bytes (use 2 or 4)")
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise InputError("dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    return DTYPES[dtype]
 
 
 # ---------------------------------------------------------------- building blocks
@@ -212,6 +153,7 @@ class Attention(nn.Module):
             self.v = ParallelLinear(h, g, bias=shape.qkv_bias, mode="column", **common)
         self.out = ParallelLinear(h, h, bias=shape.preset == "gpt", mode="row", **common)
         self._tables: dict = {}
+        self.recompute_core = False  # selective recomputation (set by :func:`set_recompute`)
 
     def _cached(self, key, make):
         if key not in self._tables:
@@ -233,6 +175,14 @@ class Attention(nn.Module):
             cos, sin = self._cached(("rope", s, x.dtype, x.device),
                                     lambda: rotary_tables(s, d, x.dtype, x.device))
             q, kk = RotaryFunction.apply(q, cos, sin), RotaryFunction.apply(kk, cos, sin)
+        if self.recompute_core and torch.is_grad_enabled():  # selective recomputation: Q, K, V kept
+            return self.out(checkpoint(self._core, q, kk, v, use_reentrant=True))
+        return self.out(self._core(q, kk, v))
+
+    def _core(self, q, kk, v):
+        """The attention core, softmax(Q K^T / sqrt(d)) V: what selective recomputation runs again."""
+        batch, s, a, d = q.shape
+        k = kk.shape[2]
         dropout = self.dropout_p if self.training else 0.0
         if self.kernel == "flash":
             y = F.scaled_dot_product_attention(q.transpose(1, 2), kk.transpose(1, 2), v.transpose(1, 2),
@@ -243,14 +193,14 @@ class Attention(nn.Module):
             # Queries of one K/V group stacked along the sequence: (batch, k, rep*s, d).
             qg = q.view(batch, s, k, rep, d).permute(0, 2, 3, 1, 4).reshape(batch, k, rep * s, d)
             scores = torch.matmul(qg, kk.transpose(1, 2).transpose(-1, -2)) * (1.0 / math.sqrt(d))
-            mask = self._cached(("mask", s, rep, x.dtype, x.device), lambda: torch.full(
-                (s, s), float("-inf"), dtype=x.dtype, device=x.device).triu(1).repeat(rep, 1))
+            mask = self._cached(("mask", s, rep, q.dtype, q.device), lambda: torch.full(
+                (s, s), float("-inf"), dtype=q.dtype, device=q.device).triu(1).repeat(rep, 1))
             probs = torch.softmax(scores + mask, dim=-1)
             if dropout:
                 probs = F.dropout(probs, dropout)
             y = torch.matmul(probs, v.transpose(1, 2))  # (batch, k, rep*s, d)
             y = y.view(batch, k, rep, s, d).permute(0, 3, 1, 2, 4).reshape(batch, s, a * d)
-        return self.out(y)
+        return y
 
 
 class MLP(nn.Module):
@@ -287,6 +237,7 @@ class TransformerBlock(nn.Module):
         self.norm2 = _norm(shape, dtype, device)
         self.mlp = MLP(shape, gen=gen, tp=tp, dtype=dtype, device=device)
         self.drop = nn.Dropout(DROPOUT_P) if shape.dropout else nn.Identity()
+        self.recompute = False  # full recomputation (set by :func:`set_recompute`)
 
     def _f(self, x):
         if self.tp.size == 1:
@@ -294,6 +245,11 @@ class TransformerBlock(nn.Module):
         return CopyToTensorParallel.apply(x, self.tp.group, self.tp.timer)
 
     def forward(self, x):
+        if self.recompute and torch.is_grad_enabled():  # full recomputation: the input kept
+            return checkpoint(self._forward, x, use_reentrant=True)
+        return self._forward(x)
+
+    def _forward(self, x):
         x = x + self.drop(self.attn(self._f(self.norm1(x))))
         return x + self.drop(self.mlp(self._f(self.norm2(x))))
 
@@ -381,6 +337,19 @@ def build_model(shape: ModelShape, *, layers: range | None = None, attention: st
         out[names[i]] = build_layer(shape, i, attention=attention, dtype=dtype, device=device, seed=seed, tp=tp,
                                     word=word)
     return out
+
+
+def set_recompute(layers, mode: str, *, first: int = 0) -> list[str]:
+    """Make the transformer blocks of ``layers`` recompute in ``mode`` ("none", "selective": the
+    attention core, "full": the whole block) on backward, the first ``first`` blocks only when it
+    is > 0 with "full" (Megatron's block method); embedding and head never recompute.  Returns the
+    names of the blocks that recompute."""
+    blocks = [name for name, module in layers.items() if isinstance(module, TransformerBlock)]
+    chosen = blocks[:first] if mode == "full" and first > 0 else blocks if mode != "none" else []
+    for name in blocks:
+        layers[name].recompute = mode == "full" and name in chosen
+        layers[name].attn.recompute_core = mode == "selective"
+    return chosen
 
 
 def run_layers(layers, x, targets=None):

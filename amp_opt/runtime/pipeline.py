@@ -6,7 +6,9 @@ when the plan is uniform).  Per iteration (synthetic tokens from a generator see
 iteration)) the global batch B is cut into n = B/M pipeline micro-batches of M samples; replica r
 of stage s processes its share shares[s][r] of every one of them (``Layout.samples``), through a
 non-interleaved 1F1B schedule (Narayanan et al. 2021): stage s runs min(pp-s-1, n) forwards, then
-alternates one forward and one backward, then drains the remaining backwards.
+alternates one forward and one backward, then drains the remaining backwards.  The stage's
+transformer blocks recompute as the plan says (its mode, or stage s's; the first
+``recompute_layers`` of them under the block method): :func:`.modules.set_recompute`.
 
 Stage boundaries reshard: tensor-parallel rank j' of replica q of stage s+1 receives its samples,
 piece by piece, from the replicas r of stage s whose sample ranges overlap its own (from their
@@ -17,23 +19,28 @@ j mod tp_{s+1} = j'.  A uniform plan exchanges with one peer, as Megatron does. 
 comes back, a gradient's sends before the next ones (one micro-batch in flight).
 
 Each micro-batch's loss (mean over its tokens) is weighted by share/B, so the gradients summed
-over a stage's replicas are those of the mean loss over the batch: after the schedule each stage
-sums its gradients over its dp_s replicas (one flat buffer), then the tied word-embedding gradient
-is summed between the first and last stage (Megatron-LM), then Adam steps.
+over a stage's replicas are those of the mean loss over the batch: after the schedule the tied
+word-embedding gradient is summed between the first and last stage (Megatron-LM; each replica then
+keeps 1/dp_s of it), then each stage sums its gradients over its dp_s replicas and Adam steps
+(:mod:`.zero`: one flat all-reduce and Adam on every parameter, or under ZeRO-1 a reduce-scatter,
+Adam on the rank's shard and an all-gather of the shards).
 
 Timed per rank and iteration (seconds, ``time.perf_counter``): the iteration (after a barrier, to
 the end of the optimizer step), compute (forward + backward of the stage's layers), p2p (time
 blocked in recv and in waiting for sends -- this includes pipeline bubbles), allreduce (dp
-gradients, with the flattening copies), tie allreduce, tensor-parallel all-reduce inside the
-blocks, optimizer.
+gradients, with the flattening copies; under ZeRO-1 the reduce-scatter and the all-gather of the
+parameters), tie allreduce, tensor-parallel all-reduce inside the blocks (recomputed forwards'
+included), optimizer.
 
 Memory: on CUDA ``torch.cuda.max_memory_allocated``.  On CPU there is no allocator counter, so it
-is TRACKED: parameters + gradients + Adam's two moments (element bytes of the model dtype) + the dp
-flat buffer + the peak over the schedule of live saved activations (saved_tensors_hooks) plus
-pipeline buffers (stage outputs held for backward, gradients received or being sent).  Each part's
+is TRACKED: parameters + gradients + Adam's two moments (element bytes of the model dtype; of the
+rank's shard under ZeRO-1) + the dp reduction buffers + the peak over the schedule of live saved
+activations (saved_tensors_hooks, during forward and backward, so what recomputation rebuilds
+counts while its backward runs) plus pipeline buffers (stage outputs held for backward, gradients
+received or being sent).  Each part's
 peak is added: an upper bound on what is live at once, not an allocator figure.  A task's
 ``memory_limit`` (bytes, a stand-in for the device's memory) raises an out-of-memory error once
-the tracked total exceeds it: the model state, the flat buffer and the instance's memory reserve
+the tracked total exceeds it: the model state, the reduction buffers and the instance's memory reserve
 count first, then the activations and pipeline buffers as they come.
 """
 
@@ -48,10 +55,11 @@ from ..model.schedule import pipeline_order
 
 from ._torch import require_torch
 from .layout import Layout
-from .memory import SavedTensorTracker, tensor_bytes
-from .modules import TensorParallel, build_model, run_layers, torch_dtype
+from .memory import SavedTensorTracker
+from .modules import TensorParallel, build_model, run_layers, set_recompute, torch_dtype
 from .profile import Timer
 from .provenance import device_memory, provenance, set_threads
+from .zero import make_optimizer
 
 torch = require_torch()
 import torch.distributed as dist  # noqa: E402
@@ -171,16 +179,13 @@ class _Rank:
     lay: Layout
     groups: _Groups
     layers: Any
-    params: list
-    optimizer: Any
+    optimizer: Any  # a .zero optimizer: reduce, step, and the model state's memory parts
     tracker: Any
     buffers: _Buffers
     tp_timer: Timer
     dtype: Any
     device: str
     threads: int
-    state: int
-    flat_bytes: int
     word: Any = None
     schedule: list = field(default_factory=list)
 
@@ -209,16 +214,18 @@ def _setup(task: dict, rank: int) -> _Rank:
     layers = build_model(shape, layers=range(plan["partition"][s], plan["partition"][s + 1]),
                          attention=task["attention"], dtype=dtype, device=device, seed=task["seed"],
                          tp=TensorParallel(lay.tp[s], groups.tp_rank, groups.tp, tp_timer))
+    mode = plan["recompute"] if isinstance(plan["recompute"], str) else plan["recompute"][s]
+    set_recompute(layers, mode, first=plan.get("recompute_layers") or 0)
     params = list({id(p): p for p in layers.parameters()}.values())
-    state = sum(tensor_bytes(p) for p in params)
-    flat_bytes = state if lay.dp[s] > 1 else 0
-    # --memory-limit stands for the device's memory: parameters, gradients, two Adam moments, the
-    # reduction buffer and the instance's reserve count toward it before any activation.
+    optimizer = make_optimizer(params, zero_stage=plan.get("zero_stage") or 0, replicas=lay.dp[s],
+                               index=groups.dp_rank, group=groups.dp, lr=task["lr"])
+    # --memory-limit stands for the device's memory: parameters, gradients, Adam's moments, the
+    # reduction buffers and the instance's reserve count toward it before any activation.
     tracker = SavedTensorTracker(exclude=[layers], limit=task.get("memory_limit"),
-                                 reserved=4 * state + flat_bytes + int(task.get("memory_reserve", 0)))
+                                 reserved=sum(optimizer.memory.values()) + int(task.get("memory_reserve", 0)))
     tracker.add_extra(0)  # the model state alone may exceed the limit
-    return _Rank(task, shape, lay, groups, layers, params, torch.optim.Adam(params, lr=task["lr"]), tracker,
-                 _Buffers(tracker), tp_timer, dtype, device, threads, state, flat_bytes,
+    return _Rank(task, shape, lay, groups, layers, optimizer, tracker, _Buffers(tracker), tp_timer, dtype, device,
+                 threads,
                  word=_word_grad(layers, s, lay.pp) if groups.tie is not None else None,
                  schedule=[(kind, j) for kind, j, _ in pipeline_order(s, lay.pp, lay.n_micro)])  # Megatron's 1F1B
 
@@ -283,7 +290,8 @@ def _backward(me: _Rank, j: int, run: dict, clock: _Clock) -> None:
     x, out = run["kept"].pop(j)
     grad = _recv(me, g.next[1], j, clock, track=True) if g.next is not None else None
     t0 = time.perf_counter()
-    torch.autograd.backward(out, grad)
+    with me.tracker:  # what recomputation rebuilds is saved during backward
+        torch.autograd.backward(out, grad)
     clock.add("compute", time.perf_counter() - t0)
     t0 = time.perf_counter()
     if grad is not None:
@@ -299,26 +307,20 @@ def _backward(me: _Rank, j: int, run: dict, clock: _Clock) -> None:
 
 
 def _reduce(me: _Rank, clock: _Clock) -> None:
-    """Sum the gradients over the stage's replicas, then the tied word embedding's between the ends."""
-    dp = me.lay.dp[me.groups.stage]
-    if dp > 1:
-        t0 = time.perf_counter()
-        flat = torch.cat([p.grad.reshape(-1) for p in me.params])
-        dist.all_reduce(flat, group=me.groups.dp)
-        offset = 0
-        for p in me.params:
-            p.grad.copy_(flat[offset: offset + p.numel()].view_as(p.grad))
-            offset += p.numel()
-        del flat
-        clock.add("allreduce", time.perf_counter() - t0)
+    """The tied word embedding's gradient summed between the ends, then every gradient over the
+    stage's replicas (all-reduced, or reduce-scattered under ZeRO-1: :mod:`.zero`)."""
     if me.word is not None:
         t0 = time.perf_counter()
         s = me.groups.stage
-        copies = me.lay.tp[s] * dp  # every rank of the stage holds the stage's summed gradient
-        if copies > 1:
-            me.word.grad /= copies
+        # Every tensor-parallel rank holds its replica's gradient whole: the sum over the ends' ranks,
+        # each over its tp, is the whole gradient; each replica keeps 1/dp of it for the replicas' sum.
+        if me.lay.tp[s] > 1:
+            me.word.grad /= me.lay.tp[s]
         dist.all_reduce(me.word.grad, group=me.groups.tie)
+        if me.lay.dp[s] > 1:
+            me.word.grad /= me.lay.dp[s]
         clock.add("tie_allreduce", time.perf_counter() - t0)
+    me.optimizer.reduce(clock)
 
 
 def _iteration(me: _Rank, it: int) -> tuple[dict, float | None, dict | None]:
@@ -341,12 +343,10 @@ def _iteration(me: _Rank, it: int) -> tuple[dict, float | None, dict | None]:
     _reduce(me, clock)
     dump = None
     if me.task.get("dump_grads") and it == 0:
-        dump = {f"{name}.{pname}": p.grad.detach().cpu().clone()
+        grads = me.optimizer.reduced_grads()
+        dump = {f"{name}.{pname}": grads[id(p)].detach().cpu().clone()
                 for name, module in me.layers.items() for pname, p in module.named_parameters()}
-    t0 = time.perf_counter()
-    me.optimizer.step()
-    me.optimizer.zero_grad(set_to_none=True)
-    clock.add("optimizer", time.perf_counter() - t0)
+    me.optimizer.step(clock)
     elapsed = time.perf_counter() - start
     clock.add("tp_comm", me.tp_timer.total - tp_before)
     return {"iteration": elapsed, **clock.totals}, (run["loss"] if "head" in me.layers else None), dump
@@ -369,9 +369,8 @@ def run_worker(task: dict, rank: int, world: int) -> dict:
 
 def _gather(me: _Rank, rank: int, world: int, records: list, losses: list) -> dict:
     """Every rank's measurements to rank 0, which assembles the run record."""
-    g, plan, state = me.groups, me.task["plan"], me.state
-    memory = {"parameters": state, "gradients": state, "optimizer": 2 * state,
-              "communication_buffers": me.flat_bytes, "activations_peak": me.tracker.peak}
+    g, plan = me.groups, me.task["plan"]
+    memory = {**me.optimizer.memory, "activations_peak": me.tracker.peak}
     if me.device == "cuda":
         peak, kind = int(torch.cuda.max_memory_allocated()), "allocator"
     else:

@@ -65,31 +65,32 @@ def _world_formula(lay: Layout) -> str:
 
 def refuse_unsupported(plan: Plan) -> None:
     """The runtime runs what :data:`~amp_opt.runtime.layout.RUNNABLE` states: tensor, data and pipeline
-    parallelism (per stage, with uneven batch shares) with plain 1F1B; a plan asking for anything
-    else is refused (InputError naming the field and how to get a runnable plan) rather than run
-    without it.
+    parallelism (per stage, with uneven batch shares) with plain 1F1B, activation recomputation
+    (none, selective, full, per stage, the block method) and ZeRO stages 0 and 1; a plan asking for
+    anything else is refused (InputError naming the field, what runs, and how to get a runnable
+    plan) rather than run without it.
 
     Examples
     --------
     >>> refuse_unsupported(parse_plan({"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4],
-    ...                                "recompute": "full"}))
+    ...                                "zero_stage": 2}))
     Traceback (most recent call last):
     ...
-    amp_opt.errors.InputError: plan.recompute: the runtime runs no activation recomputation (got 'full'; use "none"); ...
+    amp_opt.errors.InputError: plan.zero_stage: the runtime does not run ZeRO stage 2 (it runs 0, 1); ...
     """
     modes = (plan.recompute,) if isinstance(plan.recompute, str) else tuple(plan.recompute)
     asked = {"cp": (plan.cp,), "sequence_parallel": (plan.sequence_parallel,), "recompute": modes,
              "zero_stages": (plan.zero_stage or 0,), "virtual_stages": (plan.virtual_stages,)}
     what = {"cp": ("plan.cp", "context parallelism", f"cp {plan.cp}"),
-            "sequence_parallel": ("plan.sequence_parallel", "sequence parallelism", "true"),
+            "sequence_parallel": ("plan.sequence_parallel", "sequence parallelism", ""),
             "recompute": ("plan.recompute", "activation recomputation", repr(plan.recompute)),
-            "zero_stages": ("plan.zero_stage", "ZeRO sharding", f"stage {plan.zero_stage}"),
-            "virtual_stages": ("plan.virtual_stages", "interleaved schedule", str(plan.virtual_stages))}
+            "zero_stages": ("plan.zero_stage", "ZeRO stage", str(plan.zero_stage)),
+            "virtual_stages": ("plan.virtual_stages", "interleaved schedule", f"of {plan.virtual_stages} virtual stages")}
     for key, allowed in RUNNABLE.items():
         if any(value not in allowed for value in asked[key]):
             field, name, got = what[key]
-            use = json_value(allowed[0])
-            raise InputError(field, f"the runtime runs no {name} (got {got}; use {use}); {RUNNABLE_HINT}")
+            runs = ", ".join(json_value(v) for v in allowed)
+            raise InputError(field, f"the runtime does not run {name} {got}".rstrip() + f" (it runs {runs}); {RUNNABLE_HINT}")
 
 
 def json_value(value) -> str:
