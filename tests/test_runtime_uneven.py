@@ -136,11 +136,21 @@ def _refused(instance, bad_plan, match, **kw):
     assert not started
 
 
+def test_every_runnable_setting_passes_the_refusal():
+    from amp_opt.model.plan import parse_plan
+    from amp_opt.runtime.run import refuse_unsupported
+
+    field = {"zero_stages": "zero_stage"}
+    for key, values in RUNNABLE.items():
+        for value in values:
+            refuse_unsupported(parse_plan(plan() | {field.get(key, key): value}))
+
+
 def test_what_run_cannot_execute_is_refused_with_the_way_to_a_runnable_plan(monkeypatch):
-    _refused(doc(), plan(mb=1, dp=2) | {"recompute": "full"},
-             r"plan\.recompute: the runtime runs no activation recomputation .*profile --runnable")
+    _refused(doc(), plan(mb=1, dp=2) | {"zero_stage": 2},
+             r"plan\.zero_stage: the runtime does not run ZeRO stage 2 \(it runs 0, 1\); .*profile --runnable")
     _refused(doc(), plan(tp=2) | {"sequence_parallel": True}, r"plan\.sequence_parallel: .*\"search\" restricted to")
-    assert RUNNABLE["recompute"] == ["none"]
+    _refused(doc(), plan(pp=2, partition=[0, 1, 2, 3, 4]) | {"virtual_stages": 2}, r"plan\.virtual_stages")
     # a stage's tensor-parallel degree must divide the model's heads, named per stage
     _refused(amp_doc(devices=6, model=dict(MODEL, heads=2, hidden=64)), dict(UNEVEN, tp=[1, 4], dp=[2, 1]),
              r"plan\.tp\[1\]", oversubscribe=True)

@@ -2,12 +2,13 @@
 
 The plan runs on one local process per device it uses (:func:`amp_opt.runtime.run_plan`:
 gloo on CPU, NCCL on GPUs; 1F1B pipeline, data-parallel gradient allreduce,
-Megatron tensor parallelism; each stage with its own tp and dp and each replica with its
-share of every micro-batch when the plan says so).  A plan over several device types runs on
+Megatron tensor parallelism, full or selective activation recomputation, ZeRO-1; each stage
+with its own tp and dp and each replica with its share of every micro-batch when the plan says
+so).  A plan over several device types runs on
 CPU with each type's processes at the thread count its profiles were measured with (a stand-in
 for types of different speeds).  Everything is checked before any process starts:
-the plan against the instance, what the runtime runs (no recomputation, ZeRO,
-context or sequence parallelism, interleaving), that the plan's device types are
+the plan against the instance, what the runtime runs (ZeRO stage 0 or 1, no context or
+sequence parallelism, no interleaving: :data:`amp_opt.runtime.layout.RUNNABLE`), that the plan's device types are
 this machine's, the model's dimensions, and the process count against the usable
 cores.  ``--repeats`` launches the run several times and keeps the one with the
 median iteration time (a loaded machine is noisy).
