@@ -90,7 +90,8 @@ def test_profile_writes_a_solvable_instance(workflow):
         assert p["provenance"]["warmup"] == 0  # --warmup 0 is accepted, as by run
         assert len(p["activation_memory_bytes"]) == 4
     assert doc["training"]["model_state_bytes_per_param"] == {"weights": 4, "gradients": 4, "optimizer": 8}
-    assert doc["search"]["recompute"] == ["none"] and doc["search"]["virtual_stages"] == [1]
+    assert doc["search"]["recompute"] == ["none", "selective", "full"] and doc["search"]["zero_stages"] == [0, 1]
+    assert doc["search"]["virtual_stages"] == [1] and doc["search"]["sequence_parallel"] == [False]
     instance = load_instance(tmp / "profiled.json")  # the schema takes what profile writes
     assert not any(p.device_type != "cpu" for p in instance.profiles)
     assert steps["solve"].returncode == 0, steps["solve"].stderr
@@ -161,8 +162,8 @@ def test_a_run_out_of_memory_is_a_record(workflow):
     (lambda d: d.update(model={"layers": [{"name": "a", "params": 10, "activation_bytes": 4},
                                           {"name": "b", "params": 10, "activation_bytes": 4}]}),
      {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 2]}, "has no dimensions"),
-    (lambda d: None, {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4], "recompute": "full"},
-     "plan.recompute"),
+    (lambda d: None, {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4], "zero_stage": 3},
+     "plan.zero_stage: the runtime does not run ZeRO stage 3 (it runs 0, 1)"),
     (lambda d: None, {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 3, "partition": [0, 4]}, "plan.micro_batch"),
     (lambda d: None, {"plan": {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4]},
                       "predicted_time": 0.1, "breakdown": {}, "feasible": True},
