@@ -6,7 +6,8 @@ torch = pytest.importorskip("torch")
 
 from amp_opt.runtime.accounting import expected_saved_bytes  # noqa: E402
 from amp_opt.runtime.modules import model_shape  # noqa: E402
-from amp_opt.runtime.profile import merge_profiles, profile_model  # noqa: E402
+from amp_opt.runtime.merge import merge_profiles  # noqa: E402
+from amp_opt.runtime.profile import profile_model  # noqa: E402
 from amp_opt.errors import InputError  # noqa: E402
 from amp_opt.model.load import load_instance  # noqa: E402
 

@@ -107,7 +107,8 @@ def run(args) -> int:
 
     torch = require_torch()
     from ..runtime.modules import model_shape, torch_dtype
-    from ..runtime.profile import merge_profiles, profile_model
+    from ..runtime.merge import merge_profiles
+    from ..runtime.profile import profile_model
     from ..runtime.provenance import catalog_fields, check_local, resolve_device, usable_cores
 
     if args.warmup < 0:

@@ -19,7 +19,7 @@ _EXPORTS = {
     "build_layer": "modules",
     "ProfileResult": "profile",
     "profile_model": "profile",
-    "merge_profiles": "profile",
+    "merge_profiles": "merge",
     "saved_activation_bytes": "memory",
     "run_plan": "run",
     "build_run_task": "run",

@@ -147,6 +147,73 @@ def _summaries(times: np.ndarray, statistic: str = "median"):
     return tuple(float(t) for t in kept), {k: tuple(float(x) for x in v) for k, v in spread.items()}
 
 
+@dataclass
+class _Sizes:
+    """The micro-batch sizes of one profiling pass: those still running (``alive``), their inputs and
+    saved bytes, and those that ran out of memory (``failed``: size -> error)."""
+
+    sizes: tuple
+    device: str
+    failed: dict = field(default_factory=dict)
+    inputs: dict = field(default_factory=dict)
+    saved: dict = field(default_factory=dict)
+    alive: list = field(default_factory=list)
+
+    def fail(self, b: int, exc: BaseException) -> None:
+        """Record size b, and every larger one, as out of memory (any other error is raised)."""
+        if not is_oom(exc):
+            raise exc
+        self.failed[b] = str(exc).splitlines()[0][:300]
+        for later in self.sizes:
+            if later > b and later not in self.failed:
+                self.failed[later] = f"not run: micro_batch {b} already ran out of memory"
+        self.alive[:] = [x for x in self.alive if x not in self.failed]
+        self.inputs.pop(b, None)
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _memory_pass(run: _Sizes, model, modules, shape, *, dtype, memory_limit, seed) -> None:
+    """The untimed first warm-up round, size by size in increasing order: each layer's saved bytes."""
+    for b in run.sizes:
+        if b in run.failed:
+            continue
+        try:
+            run.inputs[b] = _inputs(shape, b, dtype, run.device, seed)
+            row = []
+            for i, module in enumerate(modules):
+                tracker = SavedTensorTracker(exclude=[model], limit=memory_limit)
+                row.append(_step(module, i, *run.inputs[b], run.device, tracker)[1])
+            run.saved[b] = row
+            run.alive.append(b)
+        except Exception as exc:  # noqa: BLE001 - only out-of-memory is recorded, the rest re-raised
+            run.fail(b, exc)
+
+
+def _timed_rounds(run: _Sizes, modules, timers, *, warmup: int, repeats: int) -> tuple[dict, dict]:
+    """(times, tp all-reduce seconds) per size: per kept round, each layer's; every round times every
+    layer once at every size still running."""
+    times = {b: [] for b in run.alive}
+    comm = {b: [] for b in run.alive}
+    skip = max(warmup - 1, 0)
+    for r in range(skip + repeats):
+        for b in list(run.alive):
+            try:
+                row, comm_row = [], []
+                for i, module in enumerate(modules):
+                    before = timers[i].total if timers else 0.0
+                    row.append(_step(module, i, *run.inputs[b], run.device)[0])
+                    comm_row.append(timers[i].total - before if timers else 0.0)
+            except Exception as exc:  # noqa: BLE001
+                run.fail(b, exc)
+                continue
+            if r >= skip:
+                times[b].append(row)
+                comm[b].append(comm_row)
+    return times, comm
+
+
 def _profile_sizes(shape, sizes, *, device, device_type, dtype, attention, warmup, repeats, memory_limit,
                    seed, tp: TensorParallel, prov, reduce_max=None, statistic: str = "median") -> list[ProfileResult]:
     """Profile every size in this process (rank of a tp group when tp.size > 1).
@@ -162,73 +229,28 @@ def _profile_sizes(shape, sizes, *, device, device_type, dtype, attention, warmu
              build_model(shape, attention=attention, dtype=dtype, device=device, seed=seed))
     names = tuple(model.keys())
     modules = list(model.values())
-    base = {b: dict(device_type=device_type, tp=tp.size, micro_batch=b, provenance=prov, notes=notes) for b in sizes}
-    failed: dict[int, str] = {}
-    inputs, saved, alive = {}, {}, []
-
-    def fail(b: int, exc: BaseException) -> None:
-        if not is_oom(exc):
-            raise exc
-        failed[b] = str(exc).splitlines()[0][:300]
-        for later in sizes:
-            if later > b and later not in failed:
-                failed[later] = f"not run: micro_batch {b} already ran out of memory"
-        alive[:] = [x for x in alive if x not in failed]
-        inputs.pop(b, None)
-        gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
-
+    run = _Sizes(tuple(sizes), device)
     try:
-        for b in sizes:  # memory pass (the first warm-up round), untimed
-            if b in failed:
-                continue
-            try:
-                inputs[b] = _inputs(shape, b, dtype, device, seed)
-                row = []
-                for i, module in enumerate(modules):
-                    tracker = SavedTensorTracker(exclude=[model], limit=memory_limit)
-                    row.append(_step(module, i, *inputs[b], device, tracker)[1])
-                saved[b] = row
-                alive.append(b)
-            except Exception as exc:  # noqa: BLE001 - only out-of-memory is recorded, the rest re-raised
-                fail(b, exc)
-        times = {b: [] for b in alive}
-        comm = {b: [] for b in alive}
-        skip = max(warmup - 1, 0)
-        for r in range(skip + repeats):
-            for b in list(alive):
-                try:
-                    row, comm_row = [], []
-                    for i, module in enumerate(modules):
-                        before = timers[i].total if timers else 0.0
-                        row.append(_step(module, i, *inputs[b], device)[0])
-                        comm_row.append(timers[i].total - before if timers else 0.0)
-                except Exception as exc:  # noqa: BLE001
-                    fail(b, exc)
-                    continue
-                if r >= skip:
-                    times[b].append(row)
-                    comm[b].append(comm_row)
+        _memory_pass(run, model, modules, shape, dtype=dtype, memory_limit=memory_limit, seed=seed)
+        times, comm = _timed_rounds(run, modules, timers, warmup=warmup, repeats=repeats)
     finally:
         del model, modules
-        inputs.clear()
+        run.inputs.clear()
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
     results = []
     for b in sizes:
-        if b in failed:
-            results.append(_oom_result(base[b], names, failed[b]))
+        base = dict(device_type=device_type, tp=tp.size, micro_batch=b, provenance=prov, notes=notes)
+        if b in run.failed:
+            results.append(_oom_result(base, names, run.failed[b]))
             continue
-        measured = np.array(times[b])
-        if reduce_max is not None:
-            measured = reduce_max(measured)
+        measured = np.array(times[b]) if reduce_max is None else reduce_max(np.array(times[b]))
         medians, spread = _summaries(measured, statistic)
         comm_medians = tuple(float(c) for c in np.median(np.array(comm[b]), axis=0)) if timers else None
         results.append(ProfileResult(layer_names=names, layer_times=medians, spread=spread,
-                                     activation_memory_bytes=tuple(int(x) for x in saved[b]),
-                                     tp_comm_seconds=comm_medians, **base[b]))
+                                     activation_memory_bytes=tuple(int(x) for x in run.saved[b]),
+                                     tp_comm_seconds=comm_medians, **base))
     return results
 
 
@@ -360,35 +382,3 @@ def profile_worker(task: dict, rank: int, world: int) -> dict:
     return {"profiles": [
         {f: (dict(getattr(r, f)) if f in ("spread", "provenance") and getattr(r, f) is not None else getattr(r, f))
          for f in ProfileResult.__dataclass_fields__} for r in results]}
-
-
-def merge_profiles(document: Mapping, results: Sequence[ProfileResult | Mapping], *, extras: bool = False) -> dict:
-    """A copy of an instance document whose ``profiles`` hold the new measurements.
-
-    Entries with the same (device_type, tp, micro_batch) are replaced; out-of-memory
-    results are not entries (nothing was measured) and are skipped.  With
-    ``extras=False`` only the schema's fields are written (device_type, tp,
-    micro_batch, layer_times), so the document loads with the current schema.
-
-    Examples
-    --------
-    >>> doc = {"profiles": [{"device_type": "cpu", "tp": 1, "micro_batch": 1, "layer_times": [1.0]}]}
-    >>> new = {"device_type": "cpu", "tp": 1, "micro_batch": 1, "layer_times": [0.5]}
-    >>> merge_profiles(doc, [new])["profiles"][0]["layer_times"]
-    [0.5]
-    """
-    import copy
-
-    out = copy.deepcopy(dict(document))
-    entries = []
-    for r in results:
-        entry = r.to_json() if isinstance(r, ProfileResult) else dict(r)
-        if entry.get("oom"):
-            continue
-        if not extras:
-            entry = {k: entry[k] for k in ("device_type", "tp", "micro_batch", "layer_times")}
-        entries.append(entry)
-    keys = {(e["device_type"], e["tp"], e.get("micro_batch", 1)) for e in entries}
-    kept = [p for p in out.get("profiles", []) if (p["device_type"], p["tp"], p.get("micro_batch", 1)) not in keys]
-    out["profiles"] = kept + entries
-    return out

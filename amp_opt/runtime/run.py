@@ -210,13 +210,16 @@ def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: st
     task = build_run_task(instance, plan, iterations=iterations, warmup=warmup, device=device, dtype=dtype,
                           attention=attention, threads=threads, seed=seed, lr=lr, timeout=timeout,
                           oversubscribe=oversubscribe, memory_limit=memory_limit, dump_grads=dump_grads, fault=fault)
-    plan = parse_plan(task["plan"])
     world = Layout.of(task["plan"], global_batch=task["global_batch"]).world
-    threads = task["threads"]
-    result = launch(task, world, timeout=timeout, on_start=on_start, threads=threads)
-    plan_json = plan.to_json()
+    result = launch(task, world, timeout=timeout, on_start=on_start, threads=task["threads"])
     if result.status == "ok" and result.results[0] and "record" in result.results[0]:
         return result.results[0]["record"]
+    return failed_record(result, parse_plan(task["plan"]).to_json(), memory_limit=memory_limit, timeout=timeout)
+
+
+def failed_record(result, plan_json: dict, *, memory_limit: int | None, timeout: float) -> dict:
+    """The record of a run that did not finish: ``failed`` "oom" when a rank ran out of memory, else
+    "error" (a rank's error, the timeout, or how the workers exited), with the memory limit if one applied."""
     failures = [r for r in result.results if r and r.get("failed")]
     limit = run_memory_limit(memory_limit, failures)
     if any(r["failed"] == "oom" for r in failures):
