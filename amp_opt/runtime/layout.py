@@ -22,8 +22,8 @@ from ..errors import InputError
 from ..model.plan import Plan, parse_plan
 
 # The plan settings the runtime executes: a search restricted to these finds runnable plans.
-RUNNABLE: dict[str, list] = {"cp": [1], "sequence_parallel": [False], "recompute": ["none", "selective", "full"],
-                             "zero_stages": [0, 1], "virtual_stages": [1]}
+RUNNABLE: dict[str, list] = {"cp": [1], "sequence_parallel": [False, True],
+                             "recompute": ["none", "selective", "full"], "zero_stages": [0, 1], "virtual_stages": [1]}
 RUNNABLE_HINT = ("for a plan `run` executes, solve with the instance's \"search\" restricted to "
                  + json.dumps(RUNNABLE) + " (`profile --runnable` writes it)")
 

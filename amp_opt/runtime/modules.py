@@ -27,7 +27,10 @@ Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): with ``TensorParallel(siz
 > 1)`` a block holds 1/size of every matrix -- column-parallel QKV / fc1 (gate,
 up), row-parallel output / fc2 (down) -- with Megatron's f before each
 column-parallel part and g after each row-parallel one.  Norms and row-parallel
-biases are replicated.  Embedding and head are NOT vocab-parallel: under tp > 1
+biases are replicated.  With ``sequence_parallel`` (Megatron's, :mod:`.sequence`) the norms,
+dropout and residual adds of a block hold 1/size of the sequence: f becomes an all-gather and g a
+reduce-scatter along the sequence, and :func:`run_layers` scatters a stage's input to its first
+block and gathers its last block's output.  Embedding and head are NOT vocab-parallel: under tp > 1
 every rank holds and computes them whole (replicated).
 
 Activation recomputation (:func:`set_recompute`; ``torch.utils.checkpoint``, reentrant, as
@@ -60,6 +63,7 @@ from torch.utils.checkpoint import checkpoint  # noqa: E402
 from .functions import (  # noqa: E402
     CopyToTensorParallel, ReduceFromTensorParallel, RMSNormFunction, RotaryFunction, SwiGLUFunction, rotary_tables,
 )
+from .sequence import GatherFromSequence, GatherToWhole, ReduceScatterToSequence, ScatterToSequence  # noqa: E402
 
 ATTENTION_KERNELS = ("eager", "flash")
 DROPOUT_P = 0.1
@@ -68,12 +72,19 @@ INIT_STD = 0.02
 
 @dataclass(frozen=True)
 class TensorParallel:
-    """This rank's place in its tensor-parallel group; ``timer.add(s)`` gets all-reduce seconds."""
+    """This rank's place in its tensor-parallel group; ``timer.add(s)`` gets all-reduce seconds;
+    ``sequence_parallel``: the blocks' norms and dropout hold 1/size of the sequence (:mod:`.sequence`)."""
 
     size: int = 1
     rank: int = 0
     group: Any = None
     timer: Any = None
+    sequence_parallel: bool = False
+
+    @property
+    def sharded(self) -> bool:
+        """Whether blocks run sequence parallel (a degree above 1 and sequence parallelism)."""
+        return self.sequence_parallel and self.size > 1
 
 
 # ---------------------------------------------------------------- building blocks
@@ -113,7 +124,9 @@ class ParallelLinear(nn.Module):
         if self.mode == "column":
             return F.linear(x, self.weight, self.bias)
         y = F.linear(x, self.weight)
-        if self.tp.size > 1:
+        if self.tp.sharded:
+            y = ReduceScatterToSequence.apply(y, self.tp)
+        elif self.tp.size > 1:
             y = ReduceFromTensorParallel.apply(y, self.tp.group, self.tp.timer)
         return y if self.bias is None else y + self.bias
 
@@ -238,10 +251,17 @@ class TransformerBlock(nn.Module):
         self.mlp = MLP(shape, gen=gen, tp=tp, dtype=dtype, device=device)
         self.drop = nn.Dropout(DROPOUT_P) if shape.dropout else nn.Identity()
         self.recompute = False  # full recomputation (set by :func:`set_recompute`)
+        if tp.sharded:  # replicated, but each rank sees its part of the sequence: gradients summed over tp
+            for p in [*self.norm1.parameters(), *self.norm2.parameters(), *(
+                    m.bias for m in self.modules() if isinstance(m, ParallelLinear) and m.mode == "row" and m.bias
+                    is not None)]:
+                p.sequence_parallel = True
 
     def _f(self, x):
         if self.tp.size == 1:
             return x
+        if self.tp.sharded:
+            return GatherFromSequence.apply(x, self.tp)
         return CopyToTensorParallel.apply(x, self.tp.group, self.tp.timer)
 
     def forward(self, x):
@@ -353,10 +373,17 @@ def set_recompute(layers, mode: str, *, first: int = 0) -> list[str]:
 
 
 def run_layers(layers, x, targets=None):
-    """Run an ordered slice of layers; the head (if present) consumes ``targets`` and returns the loss."""
+    """Run an ordered slice of layers; the head (if present) consumes ``targets`` and returns the loss.
+    Sequence-parallel blocks get their shard of the sequence, and the whole is gathered after them."""
+    sharded = None
     for module in layers.values():
+        tp = module.tp if isinstance(module, TransformerBlock) and module.tp.sharded else None
+        if tp is not None and sharded is None:
+            x, sharded = ScatterToSequence.apply(x, tp), tp
+        elif tp is None and sharded is not None:
+            x, sharded = GatherToWhole.apply(x, sharded), None
         x = module(x, targets) if isinstance(module, Head) else module(x)
-    return x
+    return x if sharded is None else GatherToWhole.apply(x, sharded)
 
 
 def parameter_count(module) -> int:

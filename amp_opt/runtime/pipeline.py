@@ -59,7 +59,7 @@ from .memory import SavedTensorTracker
 from .modules import TensorParallel, build_model, run_layers, set_recompute, torch_dtype
 from .profile import Timer
 from .provenance import device_memory, provenance, set_threads
-from .zero import make_optimizer
+from .zero import make_optimizer, sum_gradients
 
 torch = require_torch()
 import torch.distributed as dist  # noqa: E402
@@ -213,7 +213,8 @@ def _setup(task: dict, rank: int) -> _Rank:
     tp_timer = Timer()
     layers = build_model(shape, layers=range(plan["partition"][s], plan["partition"][s + 1]),
                          attention=task["attention"], dtype=dtype, device=device, seed=task["seed"],
-                         tp=TensorParallel(lay.tp[s], groups.tp_rank, groups.tp, tp_timer))
+                         tp=TensorParallel(lay.tp[s], groups.tp_rank, groups.tp, tp_timer,
+                                           sequence_parallel=bool(plan.get("sequence_parallel"))))
     mode = plan["recompute"] if isinstance(plan["recompute"], str) else plan["recompute"][s]
     set_recompute(layers, mode, first=plan.get("recompute_layers") or 0)
     params = list({id(p): p for p in layers.parameters()}.values())
@@ -308,7 +309,13 @@ def _backward(me: _Rank, j: int, run: dict, clock: _Clock) -> None:
 
 def _reduce(me: _Rank, clock: _Clock) -> None:
     """The tied word embedding's gradient summed between the ends, then every gradient over the
-    stage's replicas (all-reduced, or reduce-scattered under ZeRO-1: :mod:`.zero`)."""
+    stage's replicas (all-reduced, or reduce-scattered under ZeRO-1: :mod:`.zero`); first, under
+    sequence parallelism, the replicated parameters' gradients over the tensor-parallel group."""
+    shared = [p for p in me.layers.parameters() if getattr(p, "sequence_parallel", False)]
+    if shared:
+        t0 = time.perf_counter()
+        sum_gradients(shared, me.groups.tp)
+        me.tp_timer.add(time.perf_counter() - t0)
     if me.word is not None:
         t0 = time.perf_counter()
         s = me.groups.stage

@@ -51,6 +51,9 @@ def prepare(instance, plan, *, oversubscribe: bool = False, base_dir=None):
             if count % tp:
                 at = "plan.tp" if lay.uniform else f"plan.tp[{s}]"
                 raise InputError(at, f"tensor-parallel degree {tp} must divide model.{what} ({count})")
+        if plan.sequence_parallel and shape.seq_len % tp:
+            raise InputError("plan.sequence_parallel", f"needs every tensor-parallel degree to divide model.seq_len "
+                                                       f"({shape.seq_len}); stage {s} has tp {tp}")
     world, cores = lay.world, usable_cores()
     if world > cores and not oversubscribe:
         raise InputError("plan", f"needs {_world_formula(lay)} = {world} processes, this machine has {cores} "
@@ -66,7 +69,8 @@ def _world_formula(lay: Layout) -> str:
 def refuse_unsupported(plan: Plan) -> None:
     """The runtime runs what :data:`~amp_opt.runtime.layout.RUNNABLE` states: tensor, data and pipeline
     parallelism (per stage, with uneven batch shares) with plain 1F1B, activation recomputation
-    (none, selective, full, per stage, the block method) and ZeRO stages 0 and 1; a plan asking for
+    (none, selective, full, per stage, the block method), ZeRO stages 0 and 1 and sequence
+    parallelism; a plan asking for
     anything else is refused (InputError naming the field, what runs, and how to get a runnable
     plan) rather than run without it.
 

@@ -46,6 +46,16 @@ def _flat_grads(params, size: int):
     return flat
 
 
+def sum_gradients(params: list, group) -> None:
+    """All-reduce (sum) the gradients of ``params`` over ``group``, as one flat buffer."""
+    flat = _flat_grads(params, sum(p.numel() for p in params))
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset: offset + p.numel()].view_as(p.grad))
+        offset += p.numel()
+
+
 class ReplicatedAdam:
     """ZeRO stage 0: all-reduce the flat gradients over the replicas, Adam on every parameter."""
 
@@ -61,12 +71,7 @@ class ReplicatedAdam:
         if self.replicas == 1:
             return
         t0 = time.perf_counter()
-        flat = _flat_grads(self.params, sum(p.numel() for p in self.params))
-        dist.all_reduce(flat, group=self.group)
-        offset = 0
-        for p in self.params:
-            p.grad.copy_(flat[offset: offset + p.numel()].view_as(p.grad))
-            offset += p.numel()
+        sum_gradients(self.params, self.group)
         clock.add("allreduce", time.perf_counter() - t0)
 
     def reduced_grads(self) -> dict:
