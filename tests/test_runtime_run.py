@@ -121,8 +121,12 @@ def test_data_parallel_gradients_equal_a_single_process(grads_one, dp2):
     assert dp2["measured"]["losses"] == pytest.approx(ref["measured"]["losses"], rel=1e-4)
 
 
-def test_tensor_parallel_run_computes_the_same_model(single):
-    tp2 = run_plan(doc(), plan(tp=2), **RUN)
+@pytest.fixture(scope="module")
+def tp2():
+    return run_plan(doc(), plan(tp=2), **RUN)
+
+
+def test_tensor_parallel_run_computes_the_same_model(single, tp2):
     _consistent(tp2, 4)
     assert tp2["measured"]["stages"][0]["tp_comm"] > 0
     assert any("replicated" in note for note in tp2["measured"]["notes"])
@@ -321,14 +325,42 @@ def test_zero1_with_a_pipeline_and_a_tied_embedding(single):
     assert record["measured"]["losses"] == pytest.approx(single["measured"]["losses"], rel=1e-5)
 
 
-def test_the_prediction_moves_with_what_runs(single, recomputed, dp2, zero1):
-    """Recomputation and ZeRO-1 lower the measured and the predicted peak alike (the runs use the eager
-    attention kernel, whose s x s probabilities selective recomputation frees: the instance says so)."""
+@pytest.fixture(scope="module")
+def sequence_parallel():
+    return run_plan(doc(), plan(tp=2) | {"sequence_parallel": True}, **RUN)
+
+
+def test_sequence_parallel_computes_the_same_model_on_half_the_norms(single, tp2, sequence_parallel):
+    _consistent(sequence_parallel, 4)
+    assert sequence_parallel["measured"]["losses"] == pytest.approx(single["measured"]["losses"], rel=1e-5)
+    # each block's two LayerNorms keep their input (b*s*h) and mean and 1/std (2*b*s) on half the sequence
+    hidden, stats = 2 * 32 * 64 * 4, 2 * 2 * 32 * 4
+    kept = [r["measured"]["stages"][0]["memory"]["activations_peak"] for r in (tp2, sequence_parallel)]
+    assert kept[1] == kept[0] - 2 * (2 * hidden + 2 * stats) // 2
+    stage = sequence_parallel["measured"]["stages"][0]
+    assert stage["tp_comm"] > 0 and stage["memory"]["parameters"] == tp2["measured"]["stages"][0]["memory"][
+        "parameters"]
+
+
+def test_sequence_parallel_needs_the_sequence_to_split():
+    started = []
+    with pytest.raises(InputError, match=r"plan\.sequence_parallel: needs every tensor-parallel degree to divide "
+                                         r"model\.seq_len \(30\); stage 0 has tp 4"):
+        run_plan(doc(devices=4, model=dict(MODEL, seq_len=30)), plan(tp=4) | {"sequence_parallel": True},
+                 on_start=started.append, oversubscribe=True)
+    assert not started
+
+
+def test_the_prediction_moves_with_what_runs(single, recomputed, dp2, zero1, tp2, sequence_parallel):
+    """Recomputation, ZeRO-1 and sequence parallelism lower the measured and the predicted peak alike
+    (the runs use the eager attention kernel, whose s x s probabilities selective recomputation
+    frees: the instance says so)."""
     instance = load_instance(doc(devices=4, model=dict(MODEL, attention="eager")))
 
     def peaks(record):
         evaluation = evaluate(instance, parse_plan(record["plan"]), "hetero")
         return compare_run(record, evaluation, instance).stages[0].memory
 
-    for base, lower in ((single, recomputed["full"]), (single, recomputed["selective"]), (dp2[0], zero1[0])):
+    for base, lower in ((single, recomputed["full"]), (single, recomputed["selective"]), (dp2[0], zero1[0]),
+                        (tp2, sequence_parallel)):
         assert peaks(lower).measured < peaks(base).measured and peaks(lower).predicted < peaks(base).predicted

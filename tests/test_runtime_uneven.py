@@ -149,7 +149,7 @@ def test_every_runnable_setting_passes_the_refusal():
 def test_what_run_cannot_execute_is_refused_with_the_way_to_a_runnable_plan(monkeypatch):
     _refused(doc(), plan(mb=1, dp=2) | {"zero_stage": 2},
              r"plan\.zero_stage: the runtime does not run ZeRO stage 2 \(it runs 0, 1\); .*profile --runnable")
-    _refused(doc(), plan(tp=2) | {"sequence_parallel": True}, r"plan\.sequence_parallel: .*\"search\" restricted to")
+    _refused(doc(), plan() | {"cp": 2}, r"plan\.cp: .*\"search\" restricted to")
     _refused(doc(), plan(pp=2, partition=[0, 1, 2, 3, 4]) | {"virtual_stages": 2}, r"plan\.virtual_stages")
     # a stage's tensor-parallel degree must divide the model's heads, named per stage
     _refused(amp_doc(devices=6, model=dict(MODEL, heads=2, hidden=64)), dict(UNEVEN, tp=[1, 4], dp=[2, 1]),
@@ -167,6 +167,11 @@ def test_what_run_cannot_execute_is_refused_with_the_way_to_a_runnable_plan(monk
     (5, {"tp": [2, 1, 1], "dp": [1, 2, 1], "pp": 3, "shares": [[4], [1, 3], [4]], "partition": [0, 1, 2, 4]}),
     # the same dp on both stages, opposite shares: every replica exchanges with both of the other stage
     (4, {"tp": 1, "dp": [2, 2], "pp": 2, "shares": [[3, 1], [1, 3]], "partition": [0, 2, 4]}),
+    # ... under ZeRO-1: each stage's replicas reduce-scatter and step their shards
+    (4, {"tp": 1, "dp": [2, 2], "pp": 2, "shares": [[3, 1], [1, 3]], "partition": [0, 2, 4], "zero_stage": 1}),
+    # sequence parallelism at tp 2 then 4 (the boundary carries the whole sequence), selective recomputation
+    (6, {"tp": [2, 4], "dp": 1, "pp": 2, "shares": [[4], [4]], "partition": [0, 2, 4], "sequence_parallel": True,
+         "recompute": "selective"}),
 ])
 def test_other_uneven_plans_run_the_same_training_step(single, devices, other):
     record = run_plan(amp_doc(devices=devices), other, oversubscribe=True, **RUN)

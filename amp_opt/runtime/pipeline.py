@@ -6,9 +6,8 @@ when the plan is uniform).  Per iteration (synthetic tokens from a generator see
 iteration)) the global batch B is cut into n = B/M pipeline micro-batches of M samples; replica r
 of stage s processes its share shares[s][r] of every one of them (``Layout.samples``), through a
 non-interleaved 1F1B schedule (Narayanan et al. 2021): stage s runs min(pp-s-1, n) forwards, then
-alternates one forward and one backward, then drains the remaining backwards.  The stage's
-transformer blocks recompute as the plan says (its mode, or stage s's; the first
-``recompute_layers`` of them under the block method): :func:`.modules.set_recompute`.
+alternates one forward and one backward, then drains the remaining backwards.  The stage's blocks
+recompute as the plan says (:func:`.modules.set_recompute`) and run sequence parallel if it says so.
 
 Stage boundaries reshard: tensor-parallel rank j' of replica q of stage s+1 receives its samples,
 piece by piece, from the replicas r of stage s whose sample ranges overlap its own (from their
@@ -28,20 +27,18 @@ Adam on the rank's shard and an all-gather of the shards).
 Timed per rank and iteration (seconds, ``time.perf_counter``): the iteration (after a barrier, to
 the end of the optimizer step), compute (forward + backward of the stage's layers), p2p (time
 blocked in recv and in waiting for sends -- this includes pipeline bubbles), allreduce (dp
-gradients, with the flattening copies; under ZeRO-1 the reduce-scatter and the all-gather of the
-parameters), tie allreduce, tensor-parallel all-reduce inside the blocks (recomputed forwards'
-included), optimizer.
+gradients, with the flattening copies; under ZeRO-1 the reduce-scatter and the parameters'
+all-gather), tie allreduce, tp_comm (the tensor-parallel collectives inside the blocks, recomputed
+forwards' included, and the sequence-parallel parameters' gradient sum), optimizer.
 
 Memory: on CUDA ``torch.cuda.max_memory_allocated``.  On CPU there is no allocator counter, so it
-is TRACKED: parameters + gradients + Adam's two moments (element bytes of the model dtype; of the
-rank's shard under ZeRO-1) + the dp reduction buffers + the peak over the schedule of live saved
-activations (saved_tensors_hooks, during forward and backward, so what recomputation rebuilds
+is TRACKED: the model state and reduction buffers (:mod:`.zero`) + the peak over the schedule of
+live saved activations (saved_tensors_hooks, in forward and backward: what recomputation rebuilds
 counts while its backward runs) plus pipeline buffers (stage outputs held for backward, gradients
-received or being sent).  Each part's
-peak is added: an upper bound on what is live at once, not an allocator figure.  A task's
-``memory_limit`` (bytes, a stand-in for the device's memory) raises an out-of-memory error once
-the tracked total exceeds it: the model state, the reduction buffers and the instance's memory reserve
-count first, then the activations and pipeline buffers as they come.
+received or being sent).  Each part's peak is added: an upper bound on what is live at once, not
+an allocator figure.  A task's ``memory_limit`` (bytes, a stand-in for the device's memory) raises
+an out-of-memory error once the tracked total exceeds it: the model state, the reduction buffers
+and the instance's memory reserve count first, then the activations and buffers as they come.
 """
 
 from __future__ import annotations

@@ -86,15 +86,16 @@ def refuse_unsupported(plan: Plan) -> None:
     asked = {"cp": (plan.cp,), "sequence_parallel": (plan.sequence_parallel,), "recompute": modes,
              "zero_stages": (plan.zero_stage or 0,), "virtual_stages": (plan.virtual_stages,)}
     what = {"cp": ("plan.cp", "context parallelism", f"cp {plan.cp}"),
-            "sequence_parallel": ("plan.sequence_parallel", "sequence parallelism", ""),
+            "sequence_parallel": ("plan.sequence_parallel", "sequence parallelism", "true"),
             "recompute": ("plan.recompute", "activation recomputation", repr(plan.recompute)),
             "zero_stages": ("plan.zero_stage", "ZeRO stage", str(plan.zero_stage)),
-            "virtual_stages": ("plan.virtual_stages", "interleaved schedule", f"of {plan.virtual_stages} virtual stages")}
+            "virtual_stages": ("plan.virtual_stages", "interleaved schedule",
+                               f"of {plan.virtual_stages} virtual stages")}
     for key, allowed in RUNNABLE.items():
         if any(value not in allowed for value in asked[key]):
             field, name, got = what[key]
             runs = ", ".join(json_value(v) for v in allowed)
-            raise InputError(field, f"the runtime does not run {name} {got}".rstrip() + f" (it runs {runs}); {RUNNABLE_HINT}")
+            raise InputError(field, f"the runtime does not run {name} {got} (it runs {runs}); {RUNNABLE_HINT}")
 
 
 def json_value(value) -> str:
