@@ -7,19 +7,21 @@ the stage's R replicas, copied back, and every rank steps Adam on all of its par
 Stage 1 (:class:`ShardedAdam`; Rajbhandari et al. 2020, Megatron-LM's distributed optimizer): the
 parameters live in one flat buffer, padded to a multiple of R and cut into R equal shards; rank r
 of the replicas owns shard r.  The gradients, copied into a flat buffer of that size, are
-reduce-scattered (each rank receives the sum over the replicas of its own shard), each rank steps
-Adam on its shard alone (its two moments are 1/R of the stage's), and the updated shards are
-all-gathered (into the gradient buffer, no longer needed) and copied into the parameters.  Adam is
-elementwise, so this is stage 0's step, element for element.  The shard steps in place on the
-flat parameter buffer: there is no separate master copy (the runtime trains in the model's dtype).
+reduce-scattered in place (rank r's shard of the buffer receives the sum over the replicas of
+shard r), each rank steps Adam on its shard alone (its two moments are 1/R of the stage's), and
+the shards are all-gathered in place, each from its part of the flat parameter buffer into the
+whole of it.  Adam is elementwise, so this is stage 0's step, element for element.  The shard
+steps in place on the flat parameter buffer: there is no separate master copy (the runtime trains
+in the model's dtype), and no buffer besides the flat gradients (Megatron-LM does the same).
 
 Collectives: ``torch.distributed.reduce_scatter_single`` and ``all_gather_single``
-(``reduce_scatter_tensor`` / ``all_gather_into_tensor`` in torch before 2.13); gloo runs both on
-CPU, so no fallback is needed.
+(``reduce_scatter_tensor`` / ``all_gather_into_tensor`` in torch before 2.13), which gloo runs
+on CPU, in place as NCCL does (``tests/test_runtime_run.py`` checks the reduced gradients and
+the losses against one process), so no fallback is needed.
 
 Memory (bytes, as the run record's ``memory`` parts): parameters (the flat buffer, padding
 included, under stage 1), gradients, optimizer (two Adam moments, of the shard under stage 1),
-communication_buffers (the flat gradient buffer when R > 1, plus the reduced shard under stage 1).
+communication_buffers (the flat gradient buffer when R > 1).
 """
 
 from __future__ import annotations
@@ -104,8 +106,7 @@ class ShardedAdam:
         self.buffer = None
         element = self.flat.element_size()
         self.memory = {"parameters": tensor_bytes(self.flat), "gradients": sum(tensor_bytes(p) for p in params),
-                       "optimizer": 2 * self.shard * element,
-                       "communication_buffers": tensor_bytes(self.flat) + self.shard * element}
+                       "optimizer": 2 * self.shard * element, "communication_buffers": tensor_bytes(self.flat)}
 
     def reduce(self, clock) -> None:
         """Reduce-scatter the flat gradients: this rank's shard of their sum (time as "allreduce")."""
@@ -113,7 +114,7 @@ class ShardedAdam:
         self.buffer = _flat_grads(self.params, self.flat.numel())
         for p in self.params:
             p.grad = None  # what remains of the gradients is the buffer
-        self.mine.grad = torch.empty_like(self.mine)
+        self.mine.grad = self.buffer[self.index * self.shard: (self.index + 1) * self.shard]
         _reduce_scatter(self.mine.grad, self.buffer, group=self.group)
         clock.add("allreduce", time.perf_counter() - t0)
 
@@ -134,9 +135,8 @@ class ShardedAdam:
         self.mine.grad = None
         t1 = time.perf_counter()
         clock.add("optimizer", t1 - t0)
-        _all_gather(self.buffer, self.mine, group=self.group)
-        self.flat.copy_(self.buffer)
         self.buffer = None
+        _all_gather(self.flat, self.mine, group=self.group)
         clock.add("allreduce", time.perf_counter() - t1)
 
 
