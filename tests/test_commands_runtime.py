@@ -91,7 +91,7 @@ def test_profile_writes_a_solvable_instance(workflow):
         assert len(p["activation_memory_bytes"]) == 4
     assert doc["training"]["model_state_bytes_per_param"] == {"weights": 4, "gradients": 4, "optimizer": 8}
     assert doc["search"]["recompute"] == ["none", "selective", "full"] and doc["search"]["zero_stages"] == [0, 1]
-    assert doc["search"]["virtual_stages"] == [1] and doc["search"]["sequence_parallel"] == [False]
+    assert doc["search"]["virtual_stages"] == [1] and doc["search"]["sequence_parallel"] == [False, True]
     instance = load_instance(tmp / "profiled.json")  # the schema takes what profile writes
     assert not any(p.device_type != "cpu" for p in instance.profiles)
     assert steps["solve"].returncode == 0, steps["solve"].stderr

@@ -71,7 +71,7 @@ def add_arguments(p) -> None:
                         "becomes the intra-node bandwidth of the device type's nodes")
     p.add_argument("--runnable", action="store_true",
                    help="restrict the written instance's search to plans run executes (ZeRO stage 0 or 1, no "
-                        "context or sequence parallelism, no interleaving), for the profile -> solve -> run loop")
+                        "context parallelism, no interleaving), for the profile -> solve -> run loop")
     p.add_argument("--timeout", type=positive_int, default=1800, metavar="S",
                    help="seconds for the tensor-parallel or link processes (default 1800)")
 

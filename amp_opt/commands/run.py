@@ -1,17 +1,16 @@
 """``run``: execute a plan for real on local processes and put the measurements next to the prediction.
 
 The plan runs on one local process per device it uses (:func:`amp_opt.runtime.run_plan`:
-gloo on CPU, NCCL on GPUs; 1F1B pipeline, data-parallel gradient allreduce,
-Megatron tensor parallelism, full or selective activation recomputation, ZeRO-1; each stage
-with its own tp and dp and each replica with its share of every micro-batch when the plan says
-so).  A plan over several device types runs on
-CPU with each type's processes at the thread count its profiles were measured with (a stand-in
-for types of different speeds).  Everything is checked before any process starts:
-the plan against the instance, what the runtime runs (ZeRO stage 0 or 1, no context or
-sequence parallelism, no interleaving: :data:`amp_opt.runtime.layout.RUNNABLE`), that the plan's device types are
-this machine's, the model's dimensions, and the process count against the usable
-cores.  ``--repeats`` launches the run several times and keeps the one with the
-median iteration time (a loaded machine is noisy).
+gloo on CPU, NCCL on GPUs; 1F1B pipeline, data-parallel gradient allreduce, Megatron tensor and
+sequence parallelism, full or selective activation recomputation, ZeRO-1; each stage with its
+own tp and dp and each replica with its share of every micro-batch when the plan says so).  A
+plan over several device types runs on CPU with each type's processes at the thread count its
+profiles were measured with (a stand-in for types of different speeds).  Everything is checked
+before any process starts: the plan against the instance, what the runtime runs
+(:data:`amp_opt.runtime.layout.RUNNABLE`: ZeRO stage 0 or 1, no context parallelism, no
+interleaving), that the plan's device types are this machine's, the model's dimensions, and the
+process count against the usable cores.  ``--repeats`` launches the run several times and keeps
+the one with the median iteration time (a loaded machine is noisy).
 
 The report pairs each term of the hetero cost model with what was measured for
 it (:mod:`amp_opt.runtime.compare`).  ``-o`` writes the run record as a one-element

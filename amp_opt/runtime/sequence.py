@@ -33,6 +33,7 @@ def _timed(tp, start: float) -> None:
 
 
 def _gather(x, tp):
+    """All-gather along the sequence"""
     start = time.perf_counter()
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(tp.size)]
@@ -42,6 +43,7 @@ def _gather(x, tp):
 
 
 def _reduce_scatter(x, tp):
+    """Reduce-scatter along the sequence"""
     start = time.perf_counter()
     chunks = [c.contiguous() for c in x.chunk(tp.size, dim=1)]
     out = torch.empty_like(chunks[0])
@@ -51,56 +53,26 @@ def _reduce_scatter(x, tp):
 
 
 def _split(x, tp):
+    """Keep this rank's shard"""
     return x.chunk(tp.size, dim=1)[tp.rank].contiguous()
 
 
-class GatherFromSequence(torch.autograd.Function):
-    """All-gather forward, reduce-scatter backward."""
+def _function(name: str, forward, backward):
+    """An autograd function of (x, tp): ``forward(x, tp)``, and ``backward(grad, tp)`` for x."""
 
-    @staticmethod
-    def forward(ctx, x, tp):
+    def fwd(ctx, x, tp):
         ctx.tp = tp
-        return _gather(x, tp)
+        return forward(x, tp)
 
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter(grad, ctx.tp), None
+    def bwd(ctx, grad):
+        return backward(grad, ctx.tp), None
 
-
-class ReduceScatterToSequence(torch.autograd.Function):
-    """Reduce-scatter forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, tp):
-        ctx.tp = tp
-        return _reduce_scatter(x, tp)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather(grad, ctx.tp), None
+    doc = f"{forward.__doc__} forward, {backward.__doc__} backward (see the module docstring)."
+    return type(name, (torch.autograd.Function,), {"__doc__": doc, "forward": staticmethod(fwd),
+                                                   "backward": staticmethod(bwd)})
 
 
-class ScatterToSequence(torch.autograd.Function):
-    """Keep this rank's shard forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, tp):
-        ctx.tp = tp
-        return _split(x, tp)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather(grad, ctx.tp), None
-
-
-class GatherToWhole(torch.autograd.Function):
-    """All-gather forward, keep this rank's shard of the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, tp):
-        ctx.tp = tp
-        return _gather(x, tp)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _split(grad, ctx.tp), None
+GatherFromSequence = _function("GatherFromSequence", _gather, _reduce_scatter)
+ReduceScatterToSequence = _function("ReduceScatterToSequence", _reduce_scatter, _gather)
+ScatterToSequence = _function("ScatterToSequence", _split, _gather)
+GatherToWhole = _function("GatherToWhole", _gather, _split)
