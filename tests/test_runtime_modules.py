@@ -193,3 +193,31 @@ def test_import_amp_opt_engine_does_not_import_torch_and_missing_torch_is_an_inp
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == 'PyTorch is not installed: pip install "amp_opt[torch]"'
+
+
+@pytest.mark.parametrize("name", ["gpt_untied_rotary", "gpt_long_positions", "llama_gqa_qkv_bias"])
+@pytest.mark.parametrize("attention", ["eager", "flash"])
+def test_recomputation_gives_the_same_gradients_and_keeps_less(name, attention):
+    """Selective and full recomputation (dropout included: the RNG state is replayed) change what is
+    kept for backward, never the loss or the gradients; the eager kernel's selective frees b*a*s^2."""
+    from amp_opt.runtime.modules import run_layers, set_recompute
+
+    shape = model_shape(SHAPES[name])
+    tokens = torch.randint(0, shape.vocab, (2, shape.seq_len), generator=torch.Generator().manual_seed(1))
+    kept, grads = {}, {}
+    for mode in ("none", "selective", "full"):
+        model = build_model(shape, attention=attention)
+        assert set_recompute(model, mode) == ([] if mode == "none" else [f"layer_{i}" for i in range(shape.layers)])
+        torch.manual_seed(0)
+        with SavedTensorTracker(exclude=[model]) as tracker:
+            loss = run_layers(model, tokens, tokens)
+            kept[mode] = tracker.live
+        loss.backward()
+        grads[mode] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    for mode in ("selective", "full"):
+        torch.testing.assert_close(grads[mode], grads["none"], rtol=0, atol=0)
+    assert kept["full"] < kept["selective"] <= kept["none"]
+    if attention == "eager":  # the probabilities; with dropout its noise and output too (CPU: the input's dtype)
+        element = DTYPES["bfloat16" if shape.dtype_bytes == 2 else "float32"].itemsize
+        per_score = element * (3 if shape.dropout else 1)
+        assert kept["none"] - kept["selective"] == shape.layers * 2 * shape.heads * shape.seq_len ** 2 * per_score
