@@ -20,8 +20,9 @@ them.  The names below are imported on first use, so ``import amp_opt`` stays li
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -63,15 +64,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from .search.solve import solve
 
 
-def __dir__() -> list[str]:
-    """The public API (imported on first use) beside the module's own names."""
-    return sorted(set(globals()) | set(_EXPORTS))
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        module = importlib.import_module(f".{_EXPORTS[name]}", __name__)
-        value = getattr(module, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'amp_opt' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -65,6 +65,20 @@ def fitted(instance, records, **kw):
     return fit_calibration(bind_runs(parse_runs(records), instance), **kw)
 
 
+@pytest.fixture
+def two_instances(tmp_path):
+    """Two clusters of the same device type: "one" (one node, returned parsed, with its plans) and
+    "two" (two nodes, written to ``tmp_path / "two.json"`` for the runs that name it, with its plans).
+    Returns (the instance "one", its plans, the plans run on "two")."""
+    (tmp_path / "two.json").write_text(json.dumps(document(nodes=2, devices=2, global_batch=16, name="two")))
+    small = parse_instance(document(nodes=1, devices=2, global_batch=8, name="one"))
+    local = [{"tp": 1, "dp": dp, "pp": pp, "micro_batch": mb, "partition": part}
+             for mb in (1, 2, 4) for dp, pp, part in ((1, 2, [0, 3, 6]), (2, 1, [0, 6]), (1, 2, [0, 2, 6]))]
+    remote = [{"tp": 1, "dp": dp, "pp": pp, "micro_batch": mb, "partition": part}
+              for mb in (1, 2) for dp, pp, part in ((4, 1, [0, 6]), (2, 2, [0, 3, 6]), (1, 4, [0, 2, 3, 4, 6]))]
+    return small, local, remote
+
+
 # ---------------------------------------------------------------- the time fit
 
 def test_fit_recovers_known_corrections(base):
@@ -146,16 +160,10 @@ def test_fit_is_deterministic(base):
     assert a.section == b.section
 
 
-def test_joint_fit_across_instances_sharing_a_device_type(tmp_path, base):
+def test_joint_fit_across_instances_sharing_a_device_type(tmp_path, base, two_instances):
     """Small runs on one node say nothing about inter-node links; runs on a second instance (two
     nodes, another batch) do.  Both feed one fit through the records' "instance" paths."""
-    one = document(nodes=1, devices=2, global_batch=8, name="one")
-    (tmp_path / "two.json").write_text(json.dumps(document(nodes=2, devices=2, global_batch=16, name="two")))
-    small = parse_instance(one)
-    local = [{"tp": 1, "dp": dp, "pp": pp, "micro_batch": mb, "partition": part}
-             for mb in (1, 2, 4) for dp, pp, part in ((1, 2, [0, 3, 6]), (2, 1, [0, 6]), (1, 2, [0, 2, 6]))]
-    remote = [{"tp": 1, "dp": dp, "pp": pp, "micro_batch": mb, "partition": part}
-              for mb in (1, 2) for dp, pp, part in ((4, 1, [0, 6]), (2, 2, [0, 3, 6]), (1, 4, [0, 2, 3, 4, 6]))]
+    small, local, remote = two_instances
     records = timed(small, TRUTH, local) + [dict(r, instance="two.json") for r in timed(base, TRUTH, remote)]
     (tmp_path / "RUNS.json").write_text(json.dumps(records))
     runs = bind_runs(load_runs(tmp_path / "RUNS.json"), small)
@@ -475,16 +483,10 @@ def test_held_out_ranking_never_worse_than_uncalibrated():
     assert cv.ranking_ok == (True, True) and cv.chosen == 1
 
 
-def test_groups_are_held_out_whole_and_reported(tmp_path, base):
+def test_groups_are_held_out_whole_and_reported(tmp_path, base, two_instances):
     """Runs on two instances: each fold holds one instance's runs out; the report gives each group's
     held-out error and rank correlation next to the uncalibrated model's."""
-    one = document(nodes=1, devices=2, global_batch=8, name="one")
-    (tmp_path / "two.json").write_text(json.dumps(document(nodes=2, devices=2, global_batch=16, name="two")))
-    small = parse_instance(one)
-    local = [{"tp": 1, "dp": dp, "pp": pp, "micro_batch": mb, "partition": part}
-             for mb in (1, 2, 4) for dp, pp, part in ((1, 2, [0, 3, 6]), (2, 1, [0, 6]), (1, 2, [0, 2, 6]))]
-    remote = [{"tp": 1, "dp": dp, "pp": pp, "micro_batch": mb, "partition": part}
-              for mb in (1, 2) for dp, pp, part in ((4, 1, [0, 6]), (2, 2, [0, 3, 6]), (1, 4, [0, 2, 3, 4, 6]))]
+    small, local, remote = two_instances
     records = (timed(small, TRUTH, local, noise=0.02, seed=4)
                + [dict(r, instance="two.json") for r in timed(base, TRUTH, remote, noise=0.02, seed=5)])
     (tmp_path / "RUNS.json").write_text(json.dumps(records))

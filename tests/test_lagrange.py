@@ -336,3 +336,34 @@ def test_every_cut_a_cell_keeps_lies_above_its_dual_function(monkeypatch, seed):
                     assert dual <= rhs + g @ y + 1e-12 * scale, (cand, cell.T_hi, cell.U_hi)
     assert sum(kept) > 0  # cells did start from kept cuts
     assert steps and max(steps) <= REACH * (1 + 1e-9)
+
+
+def test_a_better_plan_lets_go_of_the_kind_searches_it_rules_out():
+    """A candidate whose kind bound was raised below the best plan of the time and which a better
+    plan found since rules out lets its kind search go too (KindPhase.release), keeping its bound;
+    one bounded just below the new best keeps its search; with top_k 2 only the cutoff rules out."""
+    from amp_opt.search.clock import NO_LIMIT
+    from amp_opt.search.context import Search
+    from amp_opt.search.kinds.bound import KindSearch
+    from amp_opt.search.kinds.refine import KindPhase, RuledOut
+    from amp_opt.search.options import solve_options
+
+    inst = small_instance(11, 4, 2, 3, 6, 8)
+    cands = [c for c in candidates(inst, COST_MODELS["hetero"]) if c.virtual_stages == 1]
+    worst = 2 * max(exact(inst, c)[0] for c in cands)  # a first plan that rules nothing out
+    for top_k in (1, 2):
+        phase = KindPhase(Search(inst, solve_options(solver="cpsat", top_k=top_k)))
+        lower = dict.fromkeys(cands, 0.0)
+        phase.raise_bounds(cands, lower, worst, NO_LIMIT)
+        kept = sorted({lower[c] for c in cands if isinstance(phase.searches.get(c), KindSearch)})
+        assert len(kept) >= 3
+        best = kept[len(kept) // 2]  # a better plan, at the median bound of those kept
+        before = dict(phase.searches)
+        phase.release(lower, best)
+        for c in cands:
+            if top_k == 1 and isinstance(before[c], KindSearch) and lower[c] >= best:
+                assert isinstance(phase.searches[c], RuledOut) and phase.searches[c].bound == lower[c]
+            else:
+                assert phase.searches[c] is before[c]
+        below = kept[len(kept) // 2 - 1]  # bounded just below the new best: kept
+        assert any(isinstance(phase.searches[c], KindSearch) and lower[c] == below for c in cands)

@@ -49,6 +49,17 @@ def add_plugins(parser: argparse.ArgumentParser) -> None:
                              "first: it registers solvers with amp_opt.register_solver (repeatable; default: none)")
 
 
+def add_torch_options(parser: argparse.ArgumentParser) -> None:
+    """``--threads``, ``--dtype`` and ``--attention``: how the PyTorch processes run (``profile`` and
+    ``run``, the same on both)."""
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch threads per process (CPU default: usable cores / devices per node)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                        help="default: the model's dtype_bytes (4: float32, 2: bfloat16)")
+    parser.add_argument("--attention", choices=("eager", "flash"), default=None,
+                        help="attention kernel (default: the model's attention setting)")
+
+
 def load_plugins(modules) -> list[str]:
     """Import every ``--plugin`` module; return the solver names they registered (InputError on failure)."""
     from ..search.registry import load_plugin

@@ -23,7 +23,7 @@ from ..errors import InputError
 from ..model.load import load_instance, load_json, parse_instance
 from ..runtime.layout import RUNNABLE
 from ..model.profile_instance import profiled_instance
-from .common import positive_int, write_json_document
+from .common import add_torch_options, positive_int, write_json_document
 
 
 
@@ -57,12 +57,7 @@ def add_arguments(p) -> None:
     p.add_argument("--statistic", choices=("median", "q1", "min"), default="median",
                    help="what of the repeats becomes a layer's time (default median; q1 or min on a shared "
                         "machine whose load comes and goes: interference only adds time)")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch threads per process (CPU default: usable cores / devices per node)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                   help="default: the model's dtype_bytes (4: float32, 2: bfloat16)")
-    p.add_argument("--attention", choices=("eager", "flash"), default=None,
-                   help="attention kernel (default: the model's attention setting)")
+    add_torch_options(p)
     p.add_argument("--memory-limit", type=positive_int, default=None, metavar="BYTES",
                    help="bytes one layer may keep for backward before the size counts as out of memory "
                         "(a CPU stand-in for a device's capacity)")

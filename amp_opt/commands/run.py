@@ -33,7 +33,7 @@ from ..model.costs.terms import pipeline_weights
 from ..model.evaluate import evaluate
 from ..model.load import load_instance, load_json
 from ..model.plan import check_plan, describe
-from .common import load_single_plan, positive_float, positive_int, write_text
+from .common import add_torch_options, load_single_plan, positive_float, positive_int, write_text
 
 EXIT_RUN_FAILED = 6
 
@@ -50,12 +50,7 @@ def add_arguments(p) -> None:
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="launch the run this many times and keep the median one (default 1)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch threads per process (CPU default: usable cores / devices per node)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                   help="default: the model's dtype_bytes")
-    p.add_argument("--attention", choices=("eager", "flash"), default=None,
-                   help="attention kernel (default: the model's attention setting)")
+    add_torch_options(p)
     p.add_argument("--memory-limit", type=positive_int, default=None, metavar="BYTES",
                    help="memory of each device, a CPU stand-in for a GPU's: a simulated out-of-memory once the "
                         "tracked total (model state, reduction buffer, the instance's memory_reserve, activations "

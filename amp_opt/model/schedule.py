@@ -81,74 +81,95 @@ def simulate(chunk_compute, p2p, allreduce, n: int) -> Schedule:
 
     F of chunk c on stage s needs F of the virtual stage before it plus one transfer; B needs B of
     the virtual stage after it (the last one's own F); each stage runs :func:`pipeline_order` one
-    pass at a time, then its allreduce.
+    pass at a time (:class:`_Simulation`), then its allreduce.
 
     Examples
     --------
     >>> round(simulate([[3.0], [3.0]], [0.0, 0.0], [0.0, 0.0], 4).makespan, 6)  # (n-1) max E + sum E
     15.0
     """
-    pp, v = len(chunk_compute), len(chunk_compute[0])
-    orders = [pipeline_order(s, pp, n, v) for s in range(pp)]
-    pos, free, last = [0] * pp, [0.0] * pp, [None] * pp  # next pass, when the stage is free, its last op
-    done: dict[tuple, Op] = {}
+    sim = _Simulation(chunk_compute, p2p, n)
+    sim.run()
+    for s in range(sim.pp):
+        sim.add(Op("allreduce", s, -1, sim.free[s], sim.free[s] + allreduce[s], sim.last[s]))
+    ops = tuple(sim.done.values())
+    end = max(ops, key=lambda o: o.end)
+    return Schedule(ops, end.end, _critical_path(sim.done, ("allreduce", end.stage, -1, 0)))
 
-    def add(op: Op) -> Op:
-        done[op.key] = op
+
+class _Simulation:
+    """The state of :func:`simulate` while the passes run: per stage its next pass (``pos``), when
+    it is free and its last op; every op so far by key (``done``, in the order they were added)."""
+
+    def __init__(self, chunk_compute, p2p, n: int):
+        self.compute, self.p2p = chunk_compute, p2p
+        self.pp, self.v = len(chunk_compute), len(chunk_compute[0])
+        self.orders = [pipeline_order(s, self.pp, n, self.v) for s in range(self.pp)]
+        self.pos, self.free, self.last = [0] * self.pp, [0.0] * self.pp, [None] * self.pp
+        self.done: dict[tuple, Op] = {}
+
+    def add(self, op: Op) -> Op:
+        self.done[op.key] = op
         return op
 
-    def source(kind: str, s: int, c: int):
+    def run(self) -> None:
+        """Every stage's passes, sweeping the stages while any of them can go on."""
+        while any([self.advance(s) for s in range(self.pp)]):
+            pass
+        if any(self.pos[s] < len(self.orders[s]) for s in range(self.pp)):
+            raise RuntimeError("pipeline simulation deadlocked")  # cannot happen for Megatron's orders
+
+    def advance(self, s: int) -> bool:
+        """Run stage ``s``'s passes in its order until one waits for an input; whether any ran."""
+        ran = False
+        while self.pos[s] < len(self.orders[s]):
+            kind, i, c = self.orders[s][self.pos[s]]
+            got = self.inputs(kind, s, i, c)
+            if got is None:
+                break
+            t_in, via = got
+            start = max(self.free[s], t_in)
+            dur = self.compute[s][c] * (FORWARD_SHARE if kind == "F" else 1 - FORWARD_SHARE)
+            op = self.add(Op(kind, s, i, start, start + dur, via if t_in >= self.free[s] else self.last[s], c))
+            self.free[s], self.last[s] = op.end, op.key
+            self.pos[s] += 1
+            ran = True
+        return ran
+
+    def source(self, kind: str, s: int, c: int):
         """(stage, chunk) whose pass feeds this one and the link it crosses, or None for the start."""
+        pp, p2p = self.pp, self.p2p
         if kind == "F":
             if s > 0:
                 return s - 1, c, p2p[s - 1]
             return (pp - 1, c - 1, p2p[pp - 1]) if c > 0 else None
         if s < pp - 1:
             return s + 1, c, p2p[s]
-        return (0, c + 1, p2p[pp - 1]) if c < v - 1 else None
+        return (0, c + 1, p2p[pp - 1]) if c < self.v - 1 else None
 
-    def inputs(kind: str, s: int, i: int, c: int):
+    def inputs(self, kind: str, s: int, i: int, c: int):
         """(arrival time, key of the op that delivers the input), or None if that op has not run yet."""
-        src = source(kind, s, c)
+        src = self.source(kind, s, c)
         if src is None:
             if kind == "F":
                 return 0.0, None
-            own = done.get(("F", s, i, c))
+            own = self.done.get(("F", s, i, c))
             return None if own is None else (own.end, own.key)
         t, tc, link = src
-        got = done.get((kind, t, i, tc))
+        got = self.done.get((kind, t, i, tc))
         if got is None:
             return None
-        arrival = add(Op("p2p" + kind, s, i, got.end, got.end + link, got.key, c))
+        arrival = self.add(Op("p2p" + kind, s, i, got.end, got.end + link, got.key, c))
         return arrival.end, arrival.key
 
-    progress = True
-    while progress:
-        progress = False
-        for s in range(pp):
-            while pos[s] < len(orders[s]):
-                kind, i, c = orders[s][pos[s]]
-                got = inputs(kind, s, i, c)
-                if got is None:
-                    break
-                t_in, via = got
-                start = max(free[s], t_in)
-                dur = chunk_compute[s][c] * (FORWARD_SHARE if kind == "F" else 1 - FORWARD_SHARE)
-                op = add(Op(kind, s, i, start, start + dur, via if t_in >= free[s] else last[s], c))
-                free[s], last[s] = op.end, op.key
-                pos[s] += 1
-                progress = True
-    if any(pos[s] < len(orders[s]) for s in range(pp)):
-        raise RuntimeError("pipeline simulation deadlocked")  # cannot happen for Megatron's orders
-    for s in range(pp):
-        add(Op("allreduce", s, -1, free[s], free[s] + allreduce[s], last[s]))
-    ops = tuple(done.values())
-    end = max(ops, key=lambda o: o.end)
-    critical, key = set(), ("allreduce", end.stage, -1, 0)
+
+def _critical_path(done: dict, key) -> frozenset:
+    """The keys of the ops on the path that ends at ``key``, following each op's ``after``."""
+    critical = set()
     while key is not None:
         critical.add(key)
         key = done[key].after
-    return Schedule(ops, end.end, frozenset(critical))
+    return frozenset(critical)
 
 
 def path_bound(compute, p2p, n: int) -> float:

@@ -10,7 +10,7 @@ The names below are imported on first use::
 
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     "require_torch": "_torch",
@@ -30,10 +30,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        module = importlib.import_module(f".{_EXPORTS[name]}", __name__)
-        value = getattr(module, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'amp_opt.runtime' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -17,7 +17,7 @@ from .registry import lookup, run_plugin
 from .result import SolveResult
 from .route import enumerator_fits
 from .subsets import solve_subsets
-from . import uneven
+from . import uneven  # at the top: every solve asks uneven.applies; `import amp_opt` loads solve on first use
 
 
 def solve(instance, *, started: float | None = None, **options) -> SolveResult:

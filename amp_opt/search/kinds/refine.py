@@ -135,6 +135,7 @@ class KindPhase:
                     if found is not None and (c not in incumbents or found.value < incumbents[c].value):
                         incumbents[c] = found
                         best = min(best, found.value)
+            self.release(lower, best)  # a better plan rules out more than the bounds raised so far
             if focus is not None and not focus.out_of_time() and (round_ == 0 or best < before[0] * (1 - KIND_PROGRESS)):
                 # Plans first: while the leading candidates' plans improve, the others' bounds wait.
                 # Raised towards a plan about to be beaten, they seldom rule a candidate out
@@ -163,6 +164,21 @@ class KindPhase:
                 lower[c] = max(lower[c], self.raise_bound(c, best, KIND_SWEEPS, clock))
             if lower[c] >= best and isinstance(self.searches[c], KindSearch):
                 # Ruled out: its tables (megabytes on 1024 GPUs, hundreds of candidates) are let go.
+                self.searches[c] = RuledOut(lower[c])
+
+    def release(self, lower: dict, best: float) -> None:
+        """Let go of the kind searches of every candidate bounded at ``best`` or above, the best plan
+        so far, as :meth:`raise_bounds` does for those it raises: those that a better plan, found
+        since their bound was raised, rules out keep their tables too otherwise (megabytes each on
+        1024 GPUs, for hundreds of candidates: most of a solve's peak memory).  Nothing uses them
+        again: the best plan only gets better (:class:`RuledOut`), and each later use of a kind
+        search is for a candidate bounded below it.  With ``top_k`` K > 1 a candidate must beat the
+        K-th best plan (the MIP's phase 2), which may lie above the best: then only those bounded
+        at the cutoff are let go."""
+        if self.search.options.top_k > 1:
+            best = self.search.options.cutoff
+        for c, search in self.searches.items():
+            if isinstance(search, KindSearch) and lower.get(c, -np.inf) >= best:
                 self.searches[c] = RuledOut(lower[c])
 
     def _plans(self, c, inc, clock: Clock) -> list:

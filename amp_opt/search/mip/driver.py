@@ -113,6 +113,8 @@ def solve_mip(search) -> SolveResult:
             # (a candidate without its first bound keeps what phase 1b proved of it, if anything)
             carry.lower = {c: max(lower[c], proofs.bound.get(c, 0.0)) for c in cands
                            if c not in unbounded or lower[c] > 0}
+            if phase is not None:  # the next run starts at most at these (its cutoff falls, it keeps the incumbents)
+                phase.release(lower, min([opts.cutoff] + [x.value for x in incumbents.values()]))
             carry.kinds = phase
             carry.build_rate = max(carry.build_rate, proofs.build_rate)
     proofs.results = [r for r in proofs.results if r.value < opts.cutoff]
