@@ -10,11 +10,12 @@ import importlib.util
 
 import pytest
 
-from amp_opt import InfeasibleError, InputError, solve
+from amp_opt import InfeasibleError, InputError, evaluate, solve
 from amp_opt.bench.brute import brute_force
 from amp_opt.model.costs.amp import AmpModel
 from amp_opt.model.costs.hetero import HeteroCosts, HeteroModel
 from amp_opt.model.costs.terms import CandidateTerms, bound_holds, library_priced, rows_price
+from amp_opt.model.evaluate import memory_parts
 from amp_opt.model.tables import Tables
 from amp_opt.model.candidates import candidates
 from amp_opt.search.context import Search
@@ -234,3 +235,20 @@ def test_a_subclass_of_the_amp_model_keeps_every_path(solver):
     mine = solve(inst, solver=solver, cost_model=MyAmp())
     assert mine.best.cost_model == "my-amp" and mine.solver.status == "OPTIMAL"
     assert mine.best.predicted_time == pytest.approx(brute_force(inst, cost_model="amp").value, rel=REL)
+
+
+def test_the_memory_split_reads_the_model():
+    """memory_parts (explain, plot) splits a stage's bytes by the model's terms: a model that
+    doubles the bytes of model state per parameter shows twice the state and the same activations."""
+    class HeavyState(HeteroModel):
+        def candidate_terms(self, tables, cand, *, chunks=None, modes=None):
+            terms = super().candidate_terms(tables, cand, chunks=chunks, modes=modes)
+            terms.state_bytes_per_param *= 2
+            return terms
+
+    inst = instance(0)
+    plan = truth(0, None).evaluations[0].plan
+    plain, heavy = (memory_parts(inst, evaluate(inst, plan, m), m) for m in ("hetero", HeavyState()))
+    for a, b in zip(plain, heavy):
+        assert a.model_state > 0 and b.model_state == pytest.approx(2 * a.model_state, rel=1e-12)
+        assert b.activations == pytest.approx(a.activations, rel=1e-9, abs=1.0)
