@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .costs import CandidateTerms, CostModel, StageCosts, cost_model as get_cost_model
+from .costs import CostModel, StageCosts, cost_model as get_cost_model
 from .costs.stages import UnevenCosts
 from .costs.terms import stage_order
 from .plan import Plan, check_plan, parse_plan
@@ -279,11 +279,12 @@ class MemoryParts:
         return max(parts, key=parts.get)
 
 
-def memory_parts(instance, evaluation: Evaluation) -> tuple[MemoryParts, ...]:
-    """An evaluation's per-stage memory split into model state, activations and reserve (eq. H5)."""
-    plan = evaluation.plan
+def memory_parts(instance, evaluation: Evaluation, cost_model: str | CostModel = "hetero") -> tuple[MemoryParts, ...]:
+    """An evaluation's per-stage memory split into model state, activations and reserve (eq. H5),
+    by the terms of ``cost_model`` (the one the evaluation was made with)."""
+    plan, model = evaluation.plan, get_cost_model(cost_model)
     tables, chunks = Tables(instance), plan.partition if plan.virtual_stages > 1 else None
-    per_stage = [CandidateTerms(tables, plan.stage_candidate(s), chunks=chunks) for s in range(plan.pp)]
+    per_stage = [model.candidate_terms(tables, plan.stage_candidate(s), chunks=chunks) for s in range(plan.pp)]
     bounds = stage_bounds(plan)
     out = []
     for r in evaluation.stages:

@@ -199,7 +199,7 @@ def explain_plan(instance, plan, cost_model: str = "hetero") -> dict[str, Any]:
     """Why a plan does (not) fit, per stage, and which concrete alternatives fit."""
     plan = check_plan(instance, plan)
     ev = evaluate(instance, plan, cost_model)
-    parts = memory_parts(instance, ev)
+    parts = memory_parts(instance, ev, cost_model)
     over = overflows(instance, ev, parts)
     stages = [
         {"stage": r.index, "tp": ev.plan.tp_at(r.index), "dp": ev.plan.dp_at(r.index),

@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import InfeasibleError, NoPlanFound
 from ..model.candidates import candidates
 from ..model.costs import cost_model
-from ..model.costs.terms import pipeline_weights
+from ..model.costs.terms import library_priced, pipeline_weights
 from ..model.costs.amp import blended_times
 from ..model.evaluate import evaluate
 from ..model.profiles import layer_times
@@ -65,6 +65,8 @@ def layer_bound(instance, model) -> float:
     """A lower bound on every plan of the original model (module doc) under ``model`` (a name
     or a :class:`~amp_opt.model.costs.CostModel`)."""
     model = cost_model(model)
+    if not library_priced(model):  # the bound reads the layer tables, which a caller's model may not
+        return 0.0
     sums: dict[tuple[int, int], tuple[float, float]] = {}
     keys = sorted({(n.device_type, n.intra_bandwidth) for n in instance.nodes})
     schedule = model.schedule

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..model.candidates import even_partition
-from ..model.costs.terms import plan_of, stage_order
+from ..model.costs.terms import bound_holds, plan_of, stage_order
 from ..model.evaluate import Evaluation, evaluate
 from ..model.plan import Candidate, Plan
 from ..model.tables import Tables
@@ -78,6 +78,8 @@ class Search:
         stop at the search's cutoff (``enough``): a bound that reaches it rules the candidate out
         as well as a higher one would, and still does when a later run's cutoff is lower."""
         key = (cand, labelled)
+        if not bound_holds(self.model):  # a caller's stage_costs under amp_opt's bound: nothing proven
+            return 0.0
         if key not in self._bounds:
             left = self.clock.remaining()
             if labelled and left is not None and left < self._slowest_labelled:

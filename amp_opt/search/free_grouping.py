@@ -167,7 +167,9 @@ class _StateWalk:
     every move comes once per mode, and the DP takes each stage's faster mode that fits."""
 
     def __init__(self, tables, cand: Candidate, chunks=None, model: CostModel = HETERO):
-        instance = tables.instance
+        # The instance as the model prices it (its candidate_terms, terms.py): the boundary links
+        # and the ties between nodes below are its, so a model's slower link is seen here too.
+        instance = model.candidate_terms(tables, cand, chunks=chunks).instance
         self.tables, self.cand, self.instance, self.chunks = tables, cand, instance, chunks
         self.model = model
         cls = class_of_node(instance)

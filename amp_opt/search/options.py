@@ -15,12 +15,14 @@ from typing import Callable
 
 from ..errors import InputError
 from ..model.costs import CostModel, cost_model as get_cost_model
+from ..model.costs.terms import check_rows_price
 from ..model.fields import whole_number
 from ..model.placement import check_placement
 from .registry import lookup
 
 OBJECTIVES = ("time", "cost")
 BACKENDS = ("auto", "enumerate", "cpsat", "cbc", "highs", "plugin")
+ROW_BACKENDS = ("cpsat", "cbc", "highs")  # the backends whose programs read candidate_terms (terms.py)
 LAYER_FORMULATIONS = ("prefix", "assignment")
 
 
@@ -168,6 +170,8 @@ def solve_options(**given) -> SolveOptions:
     if budget is not None and objective == "cost":
         raise InputError("--budget", "applies with --objective time (the cost objective already minimises cost)")
     settings = dict(entry.settings) if entry.builtin else {"backend": "plugin"}
+    if settings.get("backend") in ROW_BACKENDS:  # a model the rows cannot price: refused up front
+        check_rows_price(model, f"--solver {o['solver']}")
     checked = dict(o, cost_model=o["cost_model"] if isinstance(o["cost_model"], CostModel) else model.name,
                    placement=check_placement(o["placement"], model),
                    time_limit=None if time_limit is None else float(time_limit),

@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 
 from ..errors import SearchTooLarge
+from ..model.costs.terms import check_rows_price
 from ..model.coarsen import coarsen
 from .blocks import solve_blocks
 from .clock import Clock
@@ -37,7 +38,9 @@ def solve(instance, *, started: float | None = None, **options) -> SolveResult:
         (:func:`amp_opt.register_solver`).
     cost_model : {"hetero", "amp"} or CostModel
         hetero (default): per-device speeds, slowest links, memory limits; amp: the
-        AMP paper's model.
+        AMP paper's model.  An object of the caller's prices every path through its
+        ``candidate_terms``; one that overrides ``stage_costs`` or ``lower_bound`` instead is
+        searched by the enumerator only (``formulations/hetero.md``, "One source of terms").
     placement : {"free", "rank-order"}, optional
         Default: free under hetero, rank-order under amp.
     top_k : int
@@ -122,6 +125,7 @@ def run_builtin(instance, options: SolveOptions, clock: Clock | None = None) -> 
     if options.backend == "auto":
         fits, why = enumerator_fits(instance, options.placement)
         if not fits:
+            check_rows_price(options.model, f"CP-SAT (auto's choice: {why})")
             return _noting(_as_cpsat(search), f"CP-SAT chosen up front: {why}")
     try:
         return solve_enumerate(search)
@@ -129,6 +133,7 @@ def run_builtin(instance, options: SolveOptions, clock: Clock | None = None) -> 
         if options.backend == "enumerate":
             raise
         spent, why = search.elapsed(), exc.problem
+        check_rows_price(options.model, f"CP-SAT (auto's choice: {why})")
     # The estimate let the enumerator start, but a candidate was larger than estimated.
     return _noting(_as_cpsat(search), f"enumerator gave up after {spent:.1f} s: {why}")
 

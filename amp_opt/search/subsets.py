@@ -25,6 +25,7 @@ import time
 from collections import Counter
 
 from ..errors import InfeasibleError, InputError, NoPlanFound
+from ..model.costs.terms import library_priced
 from ..model.plan import Plan, describe
 from . import sidecar, stop
 from .clock import Clock
@@ -78,7 +79,9 @@ class SubsetSearch:
         self.instance, self.options, self.run, self.clock = instance, options, run, clock
         self.cost = options.objective == "cost"
         self.whole = Search(instance, options, clock)
-        shares = throughput_bound(instance, self.whole.tables) if len(allowed) > 1 else {}
+        # B6 reads the layer tables, not the model: it holds only under amp_opt's own pricing.
+        shares = (throughput_bound(instance, self.whole.tables)
+                  if len(allowed) > 1 and library_priced(options.model) else {})
         floor = {part.key: set_bound(part, shares) * self.scale_of(part) for part in allowed}
         self.allowed = allowed[:1] + sorted(allowed[1:], key=lambda p: (floor[p.key], p.key))
         self.by_key = {part.key: part for part in self.allowed}

@@ -128,17 +128,24 @@ class HeteroModel(CostModel):
         cutoff: nothing at or above it matters to it) that part is returned, a valid bound.
         """
         v, p = cand.virtual_stages, cand.pp
+        chunks = None
+        if v > 1:  # B5: the chunks fix every stage's layers (Megatron's even ones by default)
+            chunks = cand.chunks or even_partition(tables.instance, p * v, exact=True)
+            if chunks is None:
+                return INF
+        terms = self.candidate_terms(tables, cand, chunks=chunks)  # the one source (terms.py)
         weight = self.pipeline(tables, cand).least
         # Every stage pays at least the smallest calibrated step overhead (C3) per micro-batch.
-        step = min(tables.instance.device_types[c.device_type].step_overhead for c in node_classes(tables.instance))
+        inst = terms.instance
+        step = min(inst.device_types[c.device_type].step_overhead for c in node_classes(inst))
         overhead = weight * step + p * step / v
-        return overhead + self._bound(tables, cand, labelled, enough - overhead)
+        if v > 1:
+            return overhead + _fixed_partition_bound(terms, chunks, enough - overhead)
+        return overhead + self._bound(terms, labelled, enough - overhead)
 
-    def _bound(self, tables, cand, labelled: bool, enough: float) -> float:
-        if cand.virtual_stages > 1:
-            return _fixed_partition_bound(tables, cand, enough)
-        terms = CandidateTerms(tables, cand)
-        classes = compute_classes(terms)
+    def _bound(self, terms: CandidateTerms, labelled: bool, enough: float) -> float:
+        tables, cand = terms.tables, terms.cand
+        classes = compute_classes(terms)  # on the instance as priced (terms.instance)
         caps = _caps(classes, cand.replicas, cand.pp)
         pipe = self.pipeline(tables, cand)
         w, p, L = pipe.least, cand.pp, tables.instance.num_layers
@@ -299,22 +306,19 @@ def _labelled_bound(terms: CandidateTerms, classes, caps, vectors, weights) -> f
     return float(t_lb + s_lb + u_lb)
 
 
-def _fixed_partition_bound(tables, cand, enough: float = INF) -> float:
-    """B5, with interleaving (the candidate's chunks, Megatron's even ones by default, fix every
-    stage's layers, eq. H11):
+def _fixed_partition_bound(terms: CandidateTerms, chunks, enough: float = INF) -> float:
+    """B5, with interleaving (``chunks``, the candidate's or Megatron's even ones, fix every stage's
+    layers, eq. H11; ``terms`` the model's at those chunks):
 
         (n - 1/v) max_s E_s + (1/v) sum_s E_s + max_s AR_s
 
     with each stage's E_s no less than on the fastest compute class and its AR_s no less than
     over the fastest ring; and since at most caps[k] stages hold only groups of the k+1
     fastest classes (B2's nesting), when caps[k] < p some stage runs on a class slower than
-    k, so max_s E_s is at least the least time any stage takes on such a class.  inf when
-    the layers do not split evenly or a stage fits no device's memory.  The time terms come
-    first: once they reach ``enough`` they are returned without the memory check."""
-    chunks = cand.chunks or even_partition(tables.instance, cand.pp * cand.virtual_stages, exact=True)
-    if chunks is None:
-        return INF
-    terms = CandidateTerms(tables, cand, chunks=chunks)
+    k, so max_s E_s is at least the least time any stage takes on such a class.  inf when a
+    stage fits no device's memory.  The time terms come first: once they reach ``enough`` they
+    are returned without the memory check."""
+    cand = terms.cand
     classes = compute_classes(terms)
     bounds = stage_order(chunks, cand.pp)[1]
     p = cand.pp
@@ -330,7 +334,7 @@ def _fixed_partition_bound(tables, cand, enough: float = INF) -> float:
     # at the fastest device memory.
     # H18: less the most its backward pass can hide (every layer at its slowest class).
     link, bandwidth = max(c.link for c in classes), max(c.bandwidth for c in classes)
-    window = overlap_share(tables.instance) * np.max([c.window for c in classes], axis=0)
+    window = overlap_share(terms.instance) * np.max([c.window for c in classes], axis=0)
     ends = []
     for s in range(p):
         params = float(terms.sums.params_in(bounds[s], bounds[s + 1]))

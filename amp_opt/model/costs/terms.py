@@ -15,6 +15,15 @@ numbers from one place; and it knows a lower bound on every plan of a candidate.
 does not depend on the devices (memory, eq. H5, H7-H10; per-layer effective times;
 volumes) is :class:`CandidateTerms`.
 
+The contract (``formulations/hetero.md``, "One source of terms"): the per-candidate terms every
+search reads come from ONE model method, :meth:`CostModel.candidate_terms`.  The model's own
+:class:`StageCosts` is built from it, and so are its bound, the stage-kind search's tables and the
+MIP rows; so a caller's model that overrides ``candidate_terms`` (returning a
+:class:`CandidateTerms` subclass: layer seconds of a device type scaled, the links of the instance
+it prices slower) changes every path at once.  A model that overrides ``stage_costs`` or
+``lower_bound`` instead cannot be priced by the rows: :func:`rows_price` says so, and the row-based
+solvers refuse it (:func:`check_rows_price`).
+
 The module is over 400 lines because every term of ``formulations/hetero.md`` (H1-H18) is a
 method of these two records, which share one set of per-layer prefix arrays; split by term, each
 part would rebuild those arrays or reach into the other's.
@@ -26,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import InputError
 from ..classes import ring_share
 from ..plan import Candidate, Stages
 
@@ -179,6 +189,14 @@ class CandidateTerms:
     without interleaving).  ``modes`` overrides the recomputation of each stage.  A
     ``per_stage`` candidate's stages each recompute in full or not at all: which one is
     decided by the search (per range, the faster mode that fits: ``capacity`` arguments).
+
+    What a subclass may change (a cost model's :meth:`CostModel.candidate_terms` returns it, and
+    every search reads it): :meth:`layer_seconds` (a layer's effective seconds on a device type),
+    and :attr:`instance`, the instance as priced: the links, capacities, step overheads and memory
+    bandwidths every row reads come from it, so a subclass may set it to a copy with other numbers
+    there: the same nodes, devices and layers, nodes identical in the caller's instance identical
+    in it (:func:`priced_instance` checks); layer times are looked up by each node's intra link in
+    it, so a copy keeps those, or overrides :meth:`layer_seconds` to match.
     """
 
     def __init__(self, tables, cand: Candidate, *, chunks=None, modes: tuple[str, ...] | None = None):
@@ -394,6 +412,20 @@ class CandidateTerms:
         return 2 * (R - 1) / R * self.instance.training.allreduce_bytes_per_param
 
 
+def priced_instance(terms: CandidateTerms, instance):
+    """``terms.instance``, the instance as a model prices it, checked against the caller's
+    ``instance``: the same nodes and devices, and nodes identical there identical in it (the
+    searches tie identical nodes by the caller's node classes); InputError naming cost_model else."""
+    priced = terms.instance
+    if priced is instance:
+        return priced
+    same = [n.devices for n in priced.nodes] == [n.devices for n in instance.nodes]
+    if not same or [c.nodes for c in priced.node_classes] != [c.nodes for c in instance.node_classes]:
+        raise InputError("cost_model", "candidate_terms priced an instance with other nodes, or identical nodes "
+                                       "differently: change the instance itself to price one node apart")
+    return priced
+
+
 def _prefix(values: np.ndarray) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(values)])
 
@@ -423,9 +455,10 @@ class StageCosts:
     """
 
     def __init__(self, model, tables, cand, stages: Stages, *, chunks=None, modes=None):
-        instance = tables.instance
+        # Every term from the model's one source (module doc): links and devices as it prices them.
+        self.terms = model.candidate_terms(tables, cand, chunks=chunks, modes=modes)
+        instance = priced_instance(self.terms, tables.instance)
         self.model, self.tables, self.instance = model, tables, instance
-        self.terms = CandidateTerms(tables, cand, chunks=chunks, modes=modes)
         self.cand = cand
         self.tp, self.dp, self.pp, self.micro_batch = cand.tp, cand.dp, cand.pp, cand.micro_batch
         self.n_micro = self.terms.n_micro
@@ -607,8 +640,11 @@ class CostModel:
     ``placements`` lists the placements the model prices, the default first; ``idle`` says
     whether the model prices a plan by the devices it uses alone, so that some may stay idle.
     ``prices(cand)`` says whether the model prices a candidate's decisions.
-    ``stage_costs(tables, cand, stages, chunks=..., modes=...)`` returns the
-    :class:`StageCosts` of a candidate on a placement; ``lower_bound(tables, cand,
+    ``candidate_terms(tables, cand, chunks=..., modes=...)`` returns the :class:`CandidateTerms`
+    of a candidate: the one source of per-candidate terms (module doc) that the model's stage
+    terms, its bound and every row-based search read; a caller's model changes its pricing by
+    overriding it.  ``stage_costs(tables, cand, stages, chunks=..., modes=...)`` returns the
+    :class:`StageCosts` of a candidate on a placement, built from ``candidate_terms``; ``lower_bound(tables, cand,
     labelled=..., enough=...)`` a time no plan of the candidate beats (``inf`` when none
     fits).  A cheap ``labelled=False`` bound is enough for callers that refine it
     themselves; ``enough`` (default inf) says that any bound at or above it will do, so a
@@ -625,6 +661,10 @@ class CostModel:
     def prices(self, cand: Candidate) -> bool:  # pragma: no cover
         raise NotImplementedError
 
+    def candidate_terms(self, tables, cand: Candidate, *, chunks=None, modes=None) -> CandidateTerms:
+        """The candidate's terms whatever its devices, read by every path (the contract above)."""
+        return CandidateTerms(tables, cand, chunks=chunks, modes=modes)
+
     def stage_costs(self, tables, cand, stages: Stages, *, chunks=None, modes=None) -> StageCosts:  # pragma: no cover
         raise NotImplementedError
 
@@ -637,3 +677,47 @@ class CostModel:
 
     def __repr__(self) -> str:
         return f"<cost model {self.name}>"
+
+
+PRICING = ("candidate_terms", "stage_costs", "lower_bound")  # the methods a cost model prices with
+
+
+def _callers(model) -> set[str]:
+    """Which of :data:`PRICING` a model takes from a class of the caller's (not amp_opt's own)."""
+    out = set()
+    for name in PRICING:
+        owner = next((k for k in type(model).__mro__ if name in vars(k)), CostModel)
+        if not owner.__module__.startswith("amp_opt."):
+            out.add(name)
+    return out
+
+
+def rows_price(model) -> bool:
+    """Whether the row-based searches (the MIP rows, the stage-kind search) price plans as the
+    model does: its ``stage_costs`` and ``lower_bound`` are amp_opt's own, built from its
+    ``candidate_terms`` (which may be the caller's), the one source the rows read."""
+    return not _callers(model) & {"stage_costs", "lower_bound"}
+
+
+def library_priced(model) -> bool:
+    """Whether the model prices with amp_opt's own methods only, so that the bounds computed from
+    the layer tables without the model (the throughput bound B6, the block search's layer bound)
+    hold under it."""
+    return not _callers(model)
+
+
+def bound_holds(model) -> bool:
+    """Whether the model's ``lower_bound`` bounds its ``stage_costs``: both amp_opt's, or the
+    bound the caller's own (the caller vouches for it).  A model that overrides ``stage_costs``
+    alone keeps amp_opt's bound, which prices other terms: the searches then bound nothing."""
+    callers = _callers(model)
+    return "stage_costs" not in callers or "lower_bound" in callers
+
+
+def check_rows_price(model, solver: str) -> None:
+    """InputError naming ``cost_model`` when a row-based solver would price other terms than the
+    model's (:func:`rows_price`): the MIP could then say OPTIMAL of a plan that is not."""
+    if not rows_price(model):
+        raise InputError("cost_model", f"{model.name or type(model).__name__} overrides stage_costs or lower_bound, "
+                                       f"which {solver} cannot price (its rows read candidate_terms): override "
+                                       "candidate_terms instead, or use --solver enumerate")

@@ -165,7 +165,7 @@ def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float
         placed = realise(model, counts)
         partition = model.chunks or found[1].bounds
         plan = plan_of(model.cost_model, model.tables, c, partition, placed, chunks=model.chunks)
-        ev = evaluate(model.instance, plan, model.cost_model, tables=model.tables)
+        ev = evaluate(model.tables.instance, plan, model.cost_model, tables=model.tables)
         if ev.feasible and (best is None or ev.predicted_time < best.value):
             best = Incumbent.of_plan(ev.predicted_time, c, plan)
     return best

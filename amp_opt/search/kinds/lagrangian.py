@@ -63,7 +63,10 @@ class KindModel:
     """
 
     def __init__(self, tables, cand, chunks=None, cost_model: CostModel = HETERO):
-        instance = tables.instance
+        # The model's one source of terms (terms.py): its layer seconds, and the instance as it
+        # prices it (links, capacities, step overheads), which every table below reads.
+        terms = cost_model.candidate_terms(tables, cand, chunks=chunks)
+        instance = terms.instance
         self.tables, self.instance, self.cand, self.chunks = tables, instance, cand, chunks
         self.cost_model = cost_model  # a hetero model: its stage terms, its schedule's weights
         m, d = cand.tp, cand.replicas
@@ -86,7 +89,6 @@ class KindModel:
         self.mode = [m for _ in sets for m in modes]
         self.canonical = np.array([i - i % len(modes) for i in range(len(self.kinds))])
         self.siblings = [list(range(int(c), int(c) + len(modes))) for c in self.canonical]
-        terms = CandidateTerms(tables, cand, chunks=chunks)
         params = self._tables(terms)
         self._memory(terms)
         # Kinds that behave the same (tables, capacity, link) share a representative: the

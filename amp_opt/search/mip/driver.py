@@ -34,6 +34,7 @@ import numpy as np
 
 from ...errors import InfeasibleError, NoPlanFound
 from ...model.candidates import candidates, why_empty
+from ...model.costs.terms import check_rows_price
 from ...model.plan import Candidate, describe_candidate, rank_order_stages
 from ..clock import Clock
 from ..diagnose import verdict
@@ -71,6 +72,7 @@ def _dual(cands, lower: dict, proofs: Proofs | None = None, skip=None) -> float:
 def solve_mip(search) -> SolveResult:
     """Solve every promising candidate's program with CP-SAT, CBC or HiGHS; exact unless stopped by time."""
     instance, opts = search.instance, search.options
+    check_rows_price(search.model, opts.solver)  # the rows price by candidate_terms (terms.py)
     cands = candidates(instance, search.model)
     if not cands:
         raise InfeasibleError(why_empty(instance))

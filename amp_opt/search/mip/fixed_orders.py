@@ -15,9 +15,9 @@ def node_orders(search, cand: Candidate) -> list[list[int]]:
     under free placement, the nodes fastest first and slowest first."""
     instance = search.instance
     orders = [list(range(len(instance.nodes)))]
-    if search.options.placement == "free":
-        speed = [float(search.tables.layer_times(n.device_type, n.intra_bandwidth, cand.tp, cand.micro_batch)
-                       .seconds.sum()) for n in instance.nodes]
+    if search.options.placement == "free":  # speeds as the model prices them (its candidate_terms)
+        terms = search.model.candidate_terms(search.tables, cand, chunks=search.chunks(cand))
+        speed = [float(terms.layer_seconds(n.device_type, n.intra_bandwidth, "none").sum()) for n in instance.nodes]
         fast_first = sorted(range(len(speed)), key=lambda j: (speed[j], j))
         orders += [fast_first, fast_first[::-1]]
     return [o for i, o in enumerate(orders) if o not in orders[:i]]

@@ -8,9 +8,10 @@ objective (M9).
 
 Every coefficient comes from the cost model's
 :class:`~amp_opt.model.costs.StageCosts` (or, for what does not depend on the
-devices, :class:`~amp_opt.model.costs.CandidateTerms`), so the program prices a plan
-exactly as the evaluator does (up to the integer resolution of CP-SAT, see
-``backends.py``).
+devices, its ``candidate_terms``, with the instance as the model prices it), so the program
+prices a plan exactly as the evaluator does (up to the integer resolution of CP-SAT, see
+``backends.py``); a model whose ``stage_costs`` is not built from ``candidate_terms`` is refused
+before a program is built (:func:`~amp_opt.model.costs.terms.check_rows_price`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Callable
 
 import numpy as np
 
-from ...model.costs import CandidateTerms
 from ...model.costs.terms import stage_order
 from .grouping_rows import FreeGrouping, class_terms
 from .assignment import AssignmentLayers
@@ -44,10 +44,11 @@ class Program:
     order; with interleaving the (fixed) chunks make each stage one range (eq. H11)."""
 
     def __init__(self, search, cand):
-        self.search, self.cand, self.instance = search, cand, search.instance
-        self.L, p = search.instance.num_layers, cand.pp
         chunks = search.chunks(cand)
-        self.terms = CandidateTerms(search.tables, cand, chunks=chunks)
+        # The model's one source of terms; its instance (links, capacities) is the one the rows price.
+        self.terms = search.model.candidate_terms(search.tables, cand, chunks=chunks)
+        self.search, self.cand, self.instance = search, cand, self.terms.instance
+        self.L, p = search.instance.num_layers, cand.pp
         self.pipeline = search.model.pipeline(search.tables, cand)  # the objective's weights (H6, H11, H13)
         self.enforce_memory = search.model.enforces_memory
         self.total_params = float(self.terms.sums.params.sum())
