@@ -16,8 +16,8 @@ from ..classes import node_classes
 from ..ranges import INF, grid, min_max_chain, min_max_step, min_sum_step, range_table, stage_room, start_row
 from ..ranges import weighted as _weighted
 from ..candidates import even_partition
-from .terms import (CandidateTerms, CostModel, StageCosts, hetero_link, memory_bandwidth, overlap_share, ring_link,
-                    stage_order, tp_link)
+from .terms import (CandidateTerms, CostModel, StageCosts, hetero_link, link_latency, memory_bandwidth, overlap_share,
+                    ring_link, stage_order, tp_link)
 
 LABELLED_BUDGET = 1.5e8  # cells of the labelled DP (B2) before falling back to B3
 
@@ -35,10 +35,14 @@ class HeteroCosts(StageCosts):
         # H3: one micro-batch's boundary activation over the slowest link of the two stages;
         # interleaved, every boundary is crossed v times (H11).
         self._p2p_factor = [v / self.boundary_bandwidth(s) for s in range(self.pp - 1)] + [0.0]
+        # H19: and one message each crossing, at the latency of that link.
+        self._p2p_latency = [v * self.boundary_latency(s) for s in range(self.pp - 1)] + [0.0]
         # H4, H10: the stage's ring (gradients, and per micro-batch K/V or ZeRO-3 traffic) over its slowest link.
         sync = self.terms.allreduce_bytes_per_param()
         self._allreduce_factor = [sync / self.ring_bandwidth(s) for s in range(self.pp)]
         self._ring_factor = [1.0 / self.ring_bandwidth(s) for s in range(self.pp)]
+        steps = self.terms.allreduce_messages()  # H19: the ring's steps, each at the ring's latency
+        self._allreduce_latency = [steps * self.ring_latency(s) if steps else 0.0 for s in range(self.pp)]
         # H15: the optimizer step, a pass over the stage's states at its slowest device memory.
         step = self.terms.optimizer_bytes_per_param()
         self._optimizer_factor = [step / memory_bandwidth(self.instance, place.device_types) for place in self.placement]
@@ -48,6 +52,14 @@ class HeteroCosts(StageCosts):
     def ring_bandwidth(self, s: int) -> float:
         """Bytes/s of stage s's data-parallel ring (eq. H4, H17)."""
         return ring_link(self.instance, self.placement[s].all_nodes, self.tp)
+
+    def ring_latency(self, s: int) -> float:
+        """Seconds per message of stage s's data-parallel ring (eq. H19)."""
+        return link_latency(self.instance, self.placement[s].all_nodes)
+
+    def boundary_latency(self, s: int) -> float:
+        """Seconds per message between stage s and s+1 (eq. H19)."""
+        return link_latency(self.instance, self.placement[s].all_nodes + self.placement[s + 1].all_nodes)
 
     def boundary_bandwidth(self, s: int) -> float:
         """Bytes/s between stage s and s+1 (eq. H3)."""

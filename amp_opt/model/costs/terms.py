@@ -122,6 +122,15 @@ def hetero_link(instance, nodes) -> float:
     return min(instance.nodes[j].inter_bandwidth for j in used)
 
 
+def link_latency(instance, nodes) -> float:
+    """Seconds per message of the link among ``nodes`` (eq. H19, the link rule of H3, H4): the
+    node's intra-node latency when they are one node, else the largest inter-node latency among them."""
+    used = set(nodes)
+    if len(used) == 1:
+        return instance.nodes[next(iter(used))].intra_latency
+    return max(instance.nodes[j].inter_latency for j in used)
+
+
 def allreduce_factor(instance, dp: int, bandwidth: float) -> float:
     """Seconds per parameter (per rank) of a ring allreduce over dp replicas (eq. H4)."""
     return 2 * (dp - 1) / dp * instance.training.allreduce_bytes_per_param / bandwidth
@@ -384,6 +393,13 @@ class CandidateTerms:
         tr, R = self.instance.training, self.cand.replicas
         return (2 * tr.optimizer_bytes + tr.gradient_bytes + tr.weight_bytes) / (R if self.cand.zero_stage >= 1 else 1)
 
+    def allreduce_messages(self) -> int:
+        """Messages a rank of a stage sends in sequence in its gradient synchronisation (eq. H19): a
+        ring over the R replicas takes 2 (R-1) steps (reduce-scatter then all-gather, also ZeRO-1/2's
+        pair); none for one replica or under ZeRO-3 (whose traffic is per micro-batch, H10)."""
+        R = self.cand.replicas
+        return 0 if self.cand.zero_stage >= 3 or R == 1 else 2 * (R - 1)
+
     def allreduce_bytes_per_param(self) -> float:
         """Bytes per parameter a stage's gradient synchronisation moves once per iteration, as a ring
         over the R = dp*cp replicas (eq. H4, H9): 2 (R-1)/R times the gradient bytes (an allreduce,
@@ -450,6 +466,8 @@ class StageCosts:
         self._compute_prefixes: list[list[tuple[np.ndarray, np.ndarray, float]]] = []
         self._volume = self.terms.volume
         self._p2p_factor: list[float] = []
+        self._p2p_latency: list[float] = [0.0] * cand.pp  # seconds per micro-batch of each boundary's messages (H19)
+        self._allreduce_latency: list[float] = [0.0] * cand.pp  # seconds of each stage's ring steps (H19)
         self._ring_factor: list[float] = [0.0] * cand.pp  # seconds per byte on each stage's ring (H10)
         self._allreduce_factor: list[float] = []
         self._optimizer_factor: list[float] = [0.0] * cand.pp  # seconds per parameter of the step (H15)
@@ -507,15 +525,16 @@ class StageCosts:
         return out
 
     def p2p(self, s: int, l):
-        """Seconds to send one micro-batch from stage s (ending before layer l) to s+1."""
-        return self._volume[np.asarray(l) - 1] * self._p2p_factor[s]
+        """Seconds to send one micro-batch from stage s (ending before layer l) to s+1: its bytes over
+        the link (H3) and its messages' latency (H19)."""
+        return self._volume[np.asarray(l) - 1] * self._p2p_factor[s] + self._p2p_latency[s]
 
     def allreduce(self, s: int, k, l):
         """Seconds of stage s's end of iteration for layers [k, l): its gradient synchronisation
         that the backward pass does not hide (:meth:`exposed_reduction`, eq. H18) and then its
         optimizer step (:meth:`optimizer_step`, eq. H15)."""
         if not self.overlap_share:
-            return self.sums.params_in(k, l) * self.allreduce_factor(s)
+            return self.sums.params_in(k, l) * self.allreduce_factor(s) + self._allreduce_latency[s]
         return self.exposed_reduction(s, k, l) + self.optimizer_step(s, k, l)
 
     def exposed_reduction(self, s: int, k, l):
@@ -537,8 +556,8 @@ class StageCosts:
         return self.overlap_share * out
 
     def reduction(self, s: int, k, l):
-        """Seconds of stage s's gradient synchronisation for layers [k, l) (eq. H4)."""
-        return self.sums.params_in(k, l) * self._allreduce_factor[s]
+        """Seconds of stage s's gradient synchronisation for layers [k, l) (eq. H4, its ring steps' latency H19)."""
+        return self.sums.params_in(k, l) * self._allreduce_factor[s] + self._allreduce_latency[s]
 
     def optimizer_step(self, s: int, k, l):
         """Seconds of stage s's optimizer step for layers [k, l) (eq. H15)."""
@@ -575,6 +594,15 @@ class StageCosts:
 
     def p2p_factor(self, s: int) -> float:
         return self._p2p_factor[s]
+
+    def p2p_latency(self, s: int) -> float:
+        """Seconds boundary s adds to :meth:`p2p` whatever its bytes: its messages' latency (H19)."""
+        return self._p2p_latency[s]
+
+    def allreduce_latency(self, s: int) -> float:
+        """Seconds stage s's gradient synchronisation adds whatever its bytes: its ring steps' latency
+        (H19); the MIPs add it to the stage's row as a constant."""
+        return self._allreduce_latency[s]
 
     def ring_factor(self, s: int) -> float:
         """Seconds per byte of stage s's per-micro-batch ring traffic (H10); 0 when there is none."""

@@ -173,20 +173,20 @@ class Program:
                 ub["E"] = max(ub["E"], float(times.sum() + extra.sum()) + step
                               + ring[0] * sum(abs(c) for c in ring[1].values()))
             if s < self.cand.pp - 1:
-                phi = costs.p2p_factor(s)
-                mdl.add(lin({self.P[s]: 1}, *[(-float(vol[l] * phi), e(s, l)) for l in range(L)]), ">=", 0, "time",
+                phi, alpha = costs.p2p_factor(s), costs.p2p_latency(s)  # (H3, H19)
+                mdl.add(lin({self.P[s]: 1}, *[(-float(vol[l] * phi), e(s, l)) for l in range(L)]), ">=", alpha, "time",
                         f"p2p[{s}]")
-                ub["P"] = max(ub["P"], float(vol.max() * phi))
-            a = costs.allreduce_factor(s)
+                ub["P"] = max(ub["P"], float(vol.max() * phi) + alpha)
+            a, lam = costs.allreduce_factor(s), costs.allreduce_latency(s)  # (H4, H15; H19 a constant)
             if not costs.overlap_share:
-                mdl.add(lin({self.ARmax: 1}, (-a, self.layers.params(s))), ">=", 0, "time", f"allreduce[{s}]")
+                mdl.add(lin({self.ARmax: 1}, (-a, self.layers.params(s))), ">=", lam, "time", f"allreduce[{s}]")
             else:  # H18: max(0, reduction - window) + step, the window on the fastest class (a row per class)
                 o, kappa = costs.optimizer_factor(s), costs.overlap_share
                 mdl.add(lin({self.ARmax: 1}, (-o, self.layers.params(s))), ">=", 0, "time", f"step[{s}]")
                 for c, (times, extra) in enumerate(zip(costs.layer_times(s), costs.recompute_times(s))):
                     mdl.add(lin({self.ARmax: 1}, (-a, self.layers.params(s)), (kappa, self.stage_sum(s, times, extra))),
-                            ">=", 0, "time", f"allreduce[{s},{c}]")
-            ub["AR"] = max(ub["AR"], a * self.total_params)
+                            ">=", lam, "time", f"allreduce[{s},{c}]")
+            ub["AR"] = max(ub["AR"], a * self.total_params + lam)
             if self.enforce_memory:
                 self.memory_row(s, costs.capacity[s], {}, None, f"memory[{s}]")
 
