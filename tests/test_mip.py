@@ -6,6 +6,7 @@ the ablation variants, which switch one ingredient off, must stay exact too.
 
 import dataclasses
 import importlib.util
+import random
 import time
 
 import numpy as np
@@ -83,6 +84,26 @@ instances = st.builds(small_instance, seed=st.integers(0, 10**6), nodes=st.integ
 @example(instance=small_instance(128, 3, 4, 3, 7))
 def test_random_instances_all_solvers_agree(instance):
     check_agreement(instance)
+
+
+def latency_instance(seed, nodes, devices, types, layers):
+    """small_instance with per-message latencies (H19) on its links, different per node entry: the
+    programs' constant and pair rows (M6, M7) against the DP, and each against the evaluator."""
+    doc = generate_instance(seed, nodes=nodes, devices_per_node=devices, device_types=min(types, nodes), layers=layers,
+                            global_batch=8)
+    doc["search"].update(idle="classes", virtual_stages=[1, 2])
+    rng = random.Random(seed)
+    for node in doc["nodes"]:
+        node["intra_latency"], node["inter_latency"] = (rng.choice([0.0, 2e-4, 1e-3, 4e-3]) for _ in range(2))
+    return parse_instance(doc)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instance=st.builds(latency_instance, seed=st.integers(0, 10**6), nodes=st.integers(2, 3),
+                          devices=st.sampled_from([1, 2]), types=st.integers(2, 3), layers=st.integers(4, 7)),
+       placement=st.sampled_from(["rank-order", "free"]))
+def test_random_instances_with_latency_all_solvers_agree(instance, placement):
+    check_agreement(instance, "hetero", placement)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])

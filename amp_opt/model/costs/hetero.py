@@ -36,13 +36,14 @@ class HeteroCosts(StageCosts):
         # interleaved, every boundary is crossed v times (H11).
         self._p2p_factor = [v / self.boundary_bandwidth(s) for s in range(self.pp - 1)] + [0.0]
         # H19: and one message each crossing, at the latency of that link.
-        self._p2p_latency = [v * self.boundary_latency(s) for s in range(self.pp - 1)] + [0.0]
+        self._p2p_latency = [v * link_latency(self.instance, a.all_nodes + b.all_nodes)
+                             for a, b in zip(self.placement, self.placement[1:])] + [0.0]
         # H4, H10: the stage's ring (gradients, and per micro-batch K/V or ZeRO-3 traffic) over its slowest link.
         sync = self.terms.allreduce_bytes_per_param()
         self._allreduce_factor = [sync / self.ring_bandwidth(s) for s in range(self.pp)]
         self._ring_factor = [1.0 / self.ring_bandwidth(s) for s in range(self.pp)]
         steps = self.terms.allreduce_messages()  # H19: the ring's steps, each at the ring's latency
-        self._allreduce_latency = [steps * self.ring_latency(s) if steps else 0.0 for s in range(self.pp)]
+        self._allreduce_latency = [steps * link_latency(self.instance, p.all_nodes) if steps else 0.0 for p in self.placement]
         # H15: the optimizer step, a pass over the stage's states at its slowest device memory.
         step = self.terms.optimizer_bytes_per_param()
         self._optimizer_factor = [step / memory_bandwidth(self.instance, place.device_types) for place in self.placement]
@@ -52,14 +53,6 @@ class HeteroCosts(StageCosts):
     def ring_bandwidth(self, s: int) -> float:
         """Bytes/s of stage s's data-parallel ring (eq. H4, H17)."""
         return ring_link(self.instance, self.placement[s].all_nodes, self.tp)
-
-    def ring_latency(self, s: int) -> float:
-        """Seconds per message of stage s's data-parallel ring (eq. H19)."""
-        return link_latency(self.instance, self.placement[s].all_nodes)
-
-    def boundary_latency(self, s: int) -> float:
-        """Seconds per message between stage s and s+1 (eq. H19)."""
-        return link_latency(self.instance, self.placement[s].all_nodes + self.placement[s + 1].all_nodes)
 
     def boundary_bandwidth(self, s: int) -> float:
         """Bytes/s between stage s and s+1 (eq. H3)."""

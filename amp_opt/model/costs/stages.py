@@ -124,6 +124,10 @@ class UnevenCosts:
         """U3: stage s's gradient ring over its dp_s replicas (H4)."""
         return self.stage_views[s].allreduce(s, k, l)
 
+    def optimizer_step(self, s: int, k, l):
+        """Stage s's optimizer step (H15), the part of :meth:`allreduce` after its reduction."""
+        return self.stage_views[s].optimizer_step(s, k, l)
+
     def replica_memory(self, s: int, k, l) -> list[tuple[float, float]]:
         """U4: per replica of stage s, (bytes per device, its devices' capacity)."""
         return [(r.view.memory(s, k, l), r.view.capacity[s]) for r in self.replicas[s]]

@@ -15,7 +15,7 @@ numbers from one place; and it knows a lower bound on every plan of a candidate.
 does not depend on the devices (memory, eq. H5, H7-H10; per-layer effective times;
 volumes) is :class:`CandidateTerms`.
 
-The module is over 400 lines because every term of ``formulations/hetero.md`` (H1-H18) is a
+The module is over 400 lines because every term of ``formulations/hetero.md`` (H1-H19) is a
 method of these two records, which share one set of per-layer prefix arrays; split by term, each
 part would rebuild those arrays or reach into the other's.
 """
