@@ -70,7 +70,8 @@ def add_arguments(p) -> None:
                         "(a CPU stand-in for a device's capacity)")
     p.add_argument("--links", action="store_true",
                    help="also measure allreduce and p2p between local processes; the allreduce bandwidth "
-                        "becomes the intra-node bandwidth of the device type's nodes")
+                        "and a 4-byte allreduce's seconds per ring step become the intra-node bandwidth "
+                        "and latency of the device type's nodes")
     p.add_argument("--runnable", action="store_true",
                    help="restrict the written instance's search to plans run executes (no recomputation, ZeRO, "
                         "context or sequence parallelism, interleaving), for the profile -> solve -> run loop")
