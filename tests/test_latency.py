@@ -72,3 +72,35 @@ def test_profile_writes_the_measured_latency_and_optimizer_bandwidth_with_notes(
     assert any("memory_bandwidth of device type cpu" in n for n in notes)
     loaded = parse_instance(json.loads(json.dumps(out)))
     assert loaded.nodes[0].intra_latency == 50e-6 and loaded.device_types["cpu"].memory_bandwidth == 1.2e7
+
+
+def _two_nodes(latency: float):
+    """Two nodes of two GPUs whose node link is 100 times faster than the one inside a node but
+    ``latency`` seconds per message: where latency decides, every message stays inside a node."""
+    doc = generate_instance(11, nodes=2, devices_per_node=2, device_types=1, layers=4, global_batch=8)
+    for node in doc["nodes"]:
+        node.update(intra_bandwidth=2e8, inter_bandwidth=2e10, intra_latency=0.0, inter_latency=latency)
+    doc["search"].update(idle=True)
+    return parse_instance(doc)
+
+
+def _crosses_nodes(inst, plan) -> bool:
+    """Whether a stage's replicas or two neighbouring stages use more than one node."""
+    node = inst.device_node
+    stages = [{int(node[d]) for group in stage for d in group} for stage in plan.stages]
+    return any(len(s) > 1 for s in stages) or any(len(a | b) > 1 for a, b in zip(stages, stages[1:]))
+
+
+@pytest.mark.parametrize("solver", ["enumerate", "cpsat", "cbc", "highs"])
+def test_every_search_keeps_messages_in_a_node_where_latency_decides(solver):
+    """Without latency the fast node link wins; with 50 ms per message on it, the brute force's best plan
+    sends nothing across nodes, and every search (the DP's hops and states, the programs' rows) finds it."""
+    from amp_opt import solve
+    from amp_opt.bench.brute import brute_force
+
+    assert _crosses_nodes(_two_nodes(0.0), solve(_two_nodes(0.0), solver=solver).best.plan)
+    inst = _two_nodes(0.05)
+    truth = brute_force(inst)
+    best = solve(inst, solver=solver).best
+    assert best.predicted_time == pytest.approx(truth.value, rel=1e-7)
+    assert not _crosses_nodes(inst, best.plan)

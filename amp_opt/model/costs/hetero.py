@@ -42,8 +42,9 @@ class HeteroCosts(StageCosts):
         sync = self.terms.allreduce_bytes_per_param()
         self._allreduce_factor = [sync / self.ring_bandwidth(s) for s in range(self.pp)]
         self._ring_factor = [1.0 / self.ring_bandwidth(s) for s in range(self.pp)]
-        steps = self.terms.allreduce_messages()  # H19: the ring's steps, each at the ring's latency
-        self._allreduce_latency = [steps * link_latency(self.instance, p.all_nodes) if steps else 0.0 for p in self.placement]
+        self._ring_latency = [link_latency(self.instance, p.all_nodes) for p in self.placement]  # H19
+        steps = self.terms.allreduce_messages()  # the gradient ring's steps, each at the ring's latency
+        self._allreduce_latency = [steps * lat for lat in self._ring_latency]
         # H15: the optimizer step, a pass over the stage's states at its slowest device memory.
         step = self.terms.optimizer_bytes_per_param()
         self._optimizer_factor = [step / memory_bandwidth(self.instance, place.device_types) for place in self.placement]

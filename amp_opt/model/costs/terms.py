@@ -368,6 +368,28 @@ class CandidateTerms:
         again = self.recomputes if mode == "full" else np.zeros(len(self.kv), dtype=bool)
         return (3 + again) * (cp - 1) * self.kv
 
+    def comm_layer_messages(self, mode: str) -> np.ndarray:
+        """Per layer, the messages a rank sends one after the other on its stage's ring per micro-batch
+        in recomputation ``mode`` (eq. H19 on H10's traffic): (cp-1) steps per K/V pass of an attention
+        layer (the passes of :meth:`comm_layer_bytes`), and under ZeRO-3 3 (R-1) per layer with
+        parameters (its two all-gathers and its reduce-scatter)."""
+        cp, R = self.cand.cp, self.cand.replicas
+        out = np.zeros(len(self.kv))
+        if cp > 1:
+            again = self.recomputes if mode == "full" else np.zeros(len(self.kv), dtype=bool)
+            out = out + np.where(self.kv > 0, (3 + again) * (cp - 1), 0.0)
+        if self.cand.zero_stage >= 3 and R > 1:
+            out = out + np.where(self.sums.params > 0, 3.0 * (R - 1), 0.0)
+        return out
+
+    def stage_comm_messages(self, s: int, k, l, mid=None):
+        """Messages stage s sends on its ring per micro-batch for layers [k, l) (eq. H19), the layers
+        [k, mid) recomputing (default :meth:`split`), as :meth:`stage_comm_bytes` counts bytes."""
+        k, l = np.asarray(k), np.asarray(l)
+        mid = self.split(s, k, l) if mid is None else mid
+        own, rest = _prefix(self.comm_layer_messages(self.modes[s])), _prefix(self.comm_layer_messages(self.base_mode(s)))
+        return own[mid] - own[k] + rest[l] - rest[mid]
+
     def comm_param_bytes(self) -> float:
         """Bytes per parameter ZeRO-3 moves per micro-batch on the ring (eq. H10): the weights
         gathered twice (forward, backward) and the gradients reduce-scattered, (R-1)/R of each."""
@@ -469,6 +491,7 @@ class StageCosts:
         self._p2p_latency: list[float] = [0.0] * cand.pp  # seconds per micro-batch of each boundary's messages (H19)
         self._allreduce_latency: list[float] = [0.0] * cand.pp  # seconds of each stage's ring steps (H19)
         self._ring_factor: list[float] = [0.0] * cand.pp  # seconds per byte on each stage's ring (H10)
+        self._ring_latency: list[float] = [0.0] * cand.pp  # seconds per message on each stage's ring (H19)
         self._allreduce_factor: list[float] = []
         self._optimizer_factor: list[float] = [0.0] * cand.pp  # seconds per parameter of the step (H15)
         self.overlap_share = 0.0  # share of a stage's layer seconds its reduction overlaps (H18; 0: none)
@@ -522,6 +545,8 @@ class StageCosts:
             out = time if out is None else np.maximum(out, time)
         if self._ring_factor[s]:
             out = out + self.terms.stage_comm_bytes(s, k, l, mid) * self._ring_factor[s]
+        if self._ring_latency[s]:
+            out = out + self.terms.stage_comm_messages(s, k, l, mid) * self._ring_latency[s]
         return out
 
     def p2p(self, s: int, l):
@@ -598,6 +623,11 @@ class StageCosts:
     def p2p_latency(self, s: int) -> float:
         """Seconds boundary s adds to :meth:`p2p` whatever its bytes: its messages' latency (H19)."""
         return self._p2p_latency[s]
+
+    def ring_latency(self, s: int) -> float:
+        """Seconds per message on stage s's ring (H19): what its per-micro-batch ring messages
+        (:meth:`CandidateTerms.stage_comm_messages`) cost each."""
+        return self._ring_latency[s]
 
     def allreduce_latency(self, s: int) -> float:
         """Seconds stage s's gradient synchronisation adds whatever its bytes: its ring steps' latency

@@ -112,7 +112,7 @@ class KindModel:
         (eq. K1, K2), layers in stage order; returns the parameters per range."""
         L = self.L
         g = grid(L)
-        ranges, traffic, layers = {}, {}, {}
+        ranges, traffic, layers, messages = {}, {}, {}, {}
         for mode in sorted(set(self.mode)):
             # Where the recomputed layers end: every stage recomputes alike (the block method's first
             # layers), or per stage in the kind's mode (all of them, or none).
@@ -124,6 +124,7 @@ class KindModel:
                 layers[mode].append((own[mid] - own[g.start]) + (base[g.stop] - base[mid]))
                 ranges[mode].append(layers[mode][-1] + self.instance.device_types[c.device_type].step_overhead)
             traffic[mode] = terms.stage_comm_bytes(0, g.start, g.stop, mid)
+            messages[mode] = terms.stage_comm_messages(0, g.start, g.stop, mid)  # (H19)
         params = terms.sums.params_in(g.start, g.stop)
         sync, step = terms.allreduce_bytes_per_param(), terms.optimizer_bytes_per_param()
         kappa = overlap_share(self.instance)
@@ -134,11 +135,12 @@ class KindModel:
         steps = terms.allreduce_messages()
         for i, S in enumerate(self.kinds):
             link = self.ring(S)
-            lam = steps * self.ring_latency(S) if steps else 0.0  # H19: the ring's steps, at the least latency it can have
+            alpha = self.ring_latency(S)  # H19: the least latency the ring can have
+            lam = steps * alpha
             # The factors as the evaluator forms them (StageCosts), so that both give the same floats.
             mode = self.mode[i]
             self.compute[i] = np.where(g.nonempty, np.max([ranges[mode][c] for c in S], axis=0)
-                                       + traffic[mode] * (1.0 / link), INF)
+                                       + traffic[mode] * (1.0 / link) + messages[mode] * alpha, INF)
             # H15: and the optimizer step at the kind's slowest device memory, as StageCosts.allreduce_factor.
             bandwidth = memory_bandwidth(self.instance, {self.classes[c].device_type for c in S})
             if kappa:  # H18: what the fastest class's backward pass leaves exposed, then the step

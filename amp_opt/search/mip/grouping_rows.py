@@ -138,29 +138,41 @@ class FreeGrouping:
 
     def _ring(self) -> None:
         """(H10 in M6's form) X[s]: stage s's ring traffic per micro-batch over its slowest link, or
-        the node's intra link when the stage sits in one; only when there is such traffic."""
+        the node's intra link when the stage sits in one, and its messages at the largest latency
+        (H19); only when there is such traffic."""
         prog = self.prog
         self.X = {}
         for s in range(prog.cand.pp):
             traffic = prog.comm_bytes(s)
             if not traffic:
                 continue
-            worst = sum(abs(c) for c in traffic.values())
-            self.X[s] = prog.mdl.var(f"X[{s}]", 0, worst / min(self._inter(c) for c in self.classes), TIME)
-            self._link_rows(s, self.X[s], traffic, worst, f"ring[{s}")
+            msgs = prog.comm_messages(s)
+            worst, count = sum(abs(c) for c in traffic.values()), sum(abs(c) for c in msgs.values())
+            top = max(max(c.node_class.inter_latency, c.node_class.intra_latency) for c in self.classes)
+            self.X[s] = prog.mdl.var(f"X[{s}]", 0, worst / min(self._inter(c) for c in self.classes) + top * count, TIME)
+            self._link_rows(s, self.X[s], traffic, worst, f"ring[{s}", (msgs, count))
 
-    def _link_rows(self, s: int, var: int, expr: dict, worst: float, name: str) -> None:
-        """var >= expr / link of stage s: one row per class (its inter-node link, off when the stage
-        sits in one node) and one per node that can hold the stage (its intra-node link)."""
+    def _link_rows(self, s: int, var: int, expr: dict, worst: float, name: str, messages=({}, 0.0)) -> None:
+        """var >= expr / link of stage s (+ messages x latency, H19): one row per class (its inter-node
+        link, off when the stage sits in one node) and larger-latency class, and one per node that can
+        hold the stage (its intra-node link and latency)."""
         prog = self.prog
+        msgs, count = messages
         for c in self.classes:
             a = 1.0 / self._inter(c)
-            prog.mdl.add(lin({var: 1}, (-a, expr), (-a * worst, {self.u[s, c.index]: 1}), (a * worst, self.loc_s[s])),
-                         ">=", -a * worst, "time", f"{name},{c.index}]")
+            for c4 in self.classes:  # the latency's class: c's own, or one with a larger one
+                if c4 is not c and c4.node_class.inter_latency <= c.node_class.inter_latency:
+                    continue
+                lat = c4.node_class.inter_latency
+                M = a * worst + lat * count
+                uses = [(-M, {u: 1}) for u in dict.fromkeys([self.u[s, c.index], self.u[s, c4.index]])]
+                prog.mdl.add(lin({var: 1}, (-a, expr), (-lat, msgs), *uses, (M, self.loc_s[s])),
+                             ">=", -M * len(uses), "time", f"{name},{c.index},{c4.index}]")
             if c.per_node:
-                a2 = 1.0 / c.node_class.intra
+                a2, lat2 = 1.0 / c.node_class.intra, c.node_class.intra_latency
+                M2 = a2 * worst + lat2 * count
                 for j in c.nodes:
-                    prog.mdl.add(lin({var: 1}, (-a2, expr), (-a2 * worst, {self.loc[s, j]: 1})), ">=", -a2 * worst,
+                    prog.mdl.add(lin({var: 1}, (-a2, expr), (-lat2, msgs), (-M2, {self.loc[s, j]: 1})), ">=", -M2,
                                  "time", f"{name}_local,{j}]")
 
     def _compute(self) -> None:
