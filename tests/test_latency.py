@@ -91,17 +91,20 @@ def _crosses_nodes(inst, plan) -> bool:
     return any(len(s) > 1 for s in stages) or any(len(a | b) > 1 for a, b in zip(stages, stages[1:]))
 
 
-@pytest.mark.parametrize("solver", ["enumerate", "cpsat", "cbc", "highs"])
-def test_every_search_keeps_messages_in_a_node_where_latency_decides(solver):
+@pytest.mark.parametrize("solver, placement", [("enumerate", "free"), ("cpsat", "free"), ("cbc", "free"),
+                                               ("highs", "free"), ("enumerate", "rank-order"), ("cpsat", "rank-order")])
+def test_every_search_keeps_messages_in_a_node_where_latency_decides(solver, placement):
     """Without latency the fast node link wins; with 50 ms per message on it, the brute force's best plan
-    sends nothing across nodes, and every search (the DP's hops and states, the programs' rows) finds it."""
+    sends nothing across nodes (ZeRO-3's gathers included), and every search (the DP's hops and states,
+    the programs' rows) finds it."""
     from amp_opt import solve
     from amp_opt.bench.brute import brute_force
 
-    assert _crosses_nodes(_two_nodes(0.0), solve(_two_nodes(0.0), solver=solver).best.plan)
+    if placement == "free":
+        assert _crosses_nodes(_two_nodes(0.0), solve(_two_nodes(0.0), solver=solver).best.plan)
     inst = _two_nodes(0.05)
     truth = brute_force(inst)
-    best = solve(inst, solver=solver).best
+    best = solve(inst, solver=solver, placement=placement).best
     assert best.predicted_time == pytest.approx(truth.value, rel=1e-7)
     assert not _crosses_nodes(inst, best.plan)
 
