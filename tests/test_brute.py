@@ -19,8 +19,9 @@ from amp_opt.model.generate import generate_instance
 REL = 1e-7
 
 
-def tiny(seed: int, *, devices: int, layers: int, engine: str, idle: bool, knobs: bool = True):
-    """A generated instance of ``devices`` GPUs of two types (1 or 2 per node), with every decision open."""
+def tiny(seed: int, *, devices: int, layers: int, engine: str, idle: bool, knobs: bool = True, latency: bool = True):
+    """A generated instance of ``devices`` GPUs of two types (1 or 2 per node), with every decision open;
+    half of them (with ``latency``) give their links per-message latencies (H19)."""
     rng = random.Random(seed)
     per_node = 2 if devices == 4 and rng.random() < 0.3 else 1
     doc = generate_instance(seed, nodes=max(2, devices // per_node), devices_per_node=per_node, device_types=2,
@@ -31,6 +32,9 @@ def tiny(seed: int, *, devices: int, layers: int, engine: str, idle: bool, knobs
                               "virtual_stages": [1, 2], "engine": engine, "idle": idle})
     else:
         doc["search"].update({"idle": idle, "engine": engine})
+    if latency and rng.random() < 0.5:  # per-message latencies (H19), on the scale of the layer times, different per node entry
+        for node in doc["nodes"]:
+            node["intra_latency"], node["inter_latency"] = (rng.choice([0.0, 2e-4, 1e-3, 4e-3]) for _ in range(2))
     return parse_instance(doc)
 
 
@@ -221,9 +225,11 @@ def test_a_cost_model_object_is_used_as_given(solver):
 def _first_mismatch(seeds, objective="time", optimizer_step=True):
     """The first (seed, brute force, enumerator) where the two disagree, on the instances
     scripts/mut-style seeds draw (2-3 devices, 3-4 layers, every decision open); without
-    ``optimizer_step`` the device types state no memory bandwidth (no H15 term)."""
+    ``optimizer_step`` the device types state no memory bandwidth (no H15 term).  Without latencies
+    (H19), which the bounds leave out, so that they are as tight as the mutations need."""
     for seed in seeds:
-        inst = tiny(seed, devices=2 + seed % 2, layers=3 + (seed // 2) % 2, engine="megatron", idle=True)
+        inst = tiny(seed, devices=2 + seed % 2, layers=3 + (seed // 2) % 2, engine="megatron", idle=True,
+                    latency=False)
         if not optimizer_step:
             inst = dataclasses.replace(inst, device_types={name: dataclasses.replace(t, memory_bandwidth=None)
                                                            for name, t in inst.device_types.items()})

@@ -74,10 +74,14 @@ def test_dp_equals_brute_force_on_paper_candidates(paper_instances, model):
 
 
 def tiny_instances():
-    """Small generated clusters: 2-3 nodes of 1-4 devices, 2 GPU types, 5-7 layers."""
-    for seed in range(6):
-        yield parse_instance(generate_instance(seed, nodes=2 + seed % 2, devices_per_node=(2, 4)[seed % 2],
-                                               device_types=2, layers=5 + seed % 3, global_batch=8))
+    """Small generated clusters: 2-3 nodes of 1-4 devices, 2 GPU types, 5-7 layers; the last three with
+    per-message latencies (H19) that differ per node entry (the DP's hops and the states it merges)."""
+    for seed in range(9):
+        doc = generate_instance(seed, nodes=2 + seed % 2, devices_per_node=(2, 4)[seed % 2], device_types=2,
+                                layers=5 + seed % 3, global_batch=8)
+        for i, node in enumerate(doc["nodes"] if seed >= 6 else ()):
+            node["intra_latency"], node["inter_latency"] = 1e-3 * ((seed + i) % 3), 4e-3 * ((seed + 2 * i) % 3)
+        yield parse_instance(doc)
 
 
 @pytest.mark.parametrize("instance", list(tiny_instances()), ids=lambda i: i.name)

@@ -130,9 +130,23 @@ def test_link_bandwidths_between_two_processes():
         assert small["bytes"] == 2**12 and large["bytes"] == 2**20
         assert all(e["seconds"] > 0 and e["bandwidth"] > 0 for e in (small, large))
         # loopback small-message latency is erratic (seen: 64 KiB slower than 1 MiB), so no ordering check
+    latency = links["latency"]  # H19: one float, the allreduce's time over its 2 (p-1) = 2 ring steps
+    assert latency["bytes"] == 4 and 0 < latency["p2p_seconds"] and 0 < latency["seconds"] < 0.1
+    assert latency["seconds"] == pytest.approx(latency["allreduce_seconds"] / 2)
     assert links["provenance"]["backend"] == "gloo"
     with pytest.raises(InputError, match="processes"):
         measure_links(processes=1)
+
+
+def test_the_optimizer_step_is_measured_as_a_bandwidth():
+    """H15's B for a device without a datasheet value: N (2o + g + w) / seconds of the runtime's Adam step."""
+    from amp_opt.runtime.modules import model_shape, parameter_count, build_model
+    from amp_opt.runtime.optimizer import measure_optimizer_step
+
+    shape = model_shape({"preset": "gpt", "hidden": 64, "layers": 2, "heads": 4, "seq_len": 16, "vocab": 100})
+    step = measure_optimizer_step(shape, bytes_per_param=24, repeats=3, threads=1)
+    assert step["parameters"] == parameter_count(build_model(shape))
+    assert step["seconds"] > 0 and step["bandwidth"] == pytest.approx(step["parameters"] * 24 / step["seconds"])
 
 
 def test_the_statistic_kept_is_one_of_the_spread(profiles):

@@ -267,7 +267,7 @@ def _symmetries(instance) -> list[dict[int, int]]:
 
     def kind(j):
         n = nodes[j]
-        return (n.device_type, n.devices, n.intra_bandwidth, n.inter_bandwidth)
+        return (n.device_type, n.devices, n.intra_bandwidth, n.inter_bandwidth, n.nics, n.intra_latency, n.inter_latency)
 
     out = []
     for image in itertools.permutations(range(len(nodes))):

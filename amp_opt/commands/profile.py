@@ -6,8 +6,10 @@ kept and the spread written beside it), takes the bytes each layer keeps for
 backward, and writes a copy of the instance whose ``profiles`` hold them for one
 device type, with provenance.  Sizes that run out of memory are listed under
 ``measurements.out_of_memory``.  ``--links`` also measures allreduce and p2p
-between local processes and writes the allreduce bandwidth as the intra-node
-bandwidth of that device type's nodes.  ``--runnable`` restricts the search to the plans
+between local processes and writes the allreduce bandwidth and the seconds per
+message of a tiny allreduce as the intra-node bandwidth and latency of that device
+type's nodes (``formulations/hetero.md`` H4, H19).  A device type without a memory
+bandwidth gets the one its measured Adam step runs at, which prices the optimizer step (H15).  ``--runnable`` restricts the search to the plans
 ``python -m amp_opt run`` executes.
 
 The copy is made solvable as it stands (:func:`amp_opt.model.profile_instance.profiled_instance`,
@@ -63,7 +65,8 @@ def add_arguments(p) -> None:
                         "(a CPU stand-in for a device's capacity)")
     p.add_argument("--links", action="store_true",
                    help="also measure allreduce and p2p between local processes; the allreduce bandwidth "
-                        "becomes the intra-node bandwidth of the device type's nodes")
+                        "and a 4-byte allreduce's seconds per ring step become the intra-node bandwidth "
+                        "and latency of the device type's nodes")
     p.add_argument("--runnable", action="store_true",
                    help="restrict the written instance's search to plans run executes (ZeRO stage 0 or 1, no "
                         "context parallelism, no interleaving), for the profile -> solve -> run loop")
@@ -141,9 +144,17 @@ def run(args) -> int:
         from ..runtime.links import measure_links
 
         links = measure_links(processes=processes, device=device, timeout=float(args.timeout))
+    optimizer = None
+    if instance.device_types[name].memory_bandwidth is None:  # H15 unpriced: measure the step it prices
+        from ..runtime.optimizer import measure_optimizer_step
+
+        optimizer = measure_optimizer_step(shape, bytes_per_param=_step_bytes(document, instance, dtype.itemsize),
+                                           device=device, dtype=dtype, attention=args.attention or shape.attention,
+                                           threads=threads)
     out, notes = profiled_instance(merge_profiles(document, results, extras=True), instance, results,
                                    device_type=name, device=device, dtype_bytes=dtype.itemsize,
-                                   runnable=RUNNABLE if args.runnable else None, links=links, link_processes=processes, notes=notes)
+                                   runnable=RUNNABLE if args.runnable else None, links=links, link_processes=processes,
+                                   notes=notes, optimizer=optimizer)
     parse_instance(out, base_dir=base_dir)  # the written instance loads as it stands
     write_json_document(out, args.output, source=args.instance)
     _print_summary(results, shape, name, threads)
@@ -151,6 +162,15 @@ def run(args) -> int:
         print(f"note: {note}")
     print(f"wrote {args.output}")
     return 0
+
+
+def _step_bytes(document: dict, instance, dtype_bytes: int) -> float:
+    """Bytes per parameter H15 counts for the step (2o + g + w): the instance's, or, where it does not
+    state them, the runtime's (weights, gradients and two Adam moments of ``dtype_bytes``, as written)."""
+    if "model_state_bytes_per_param" in document.get("training", {}):
+        tr = instance.training
+        return 2 * tr.optimizer_bytes + tr.gradient_bytes + tr.weight_bytes
+    return 2 * (2 * dtype_bytes) + 2 * dtype_bytes
 
 
 def _print_summary(results, shape, name: str, threads) -> None:

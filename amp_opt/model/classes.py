@@ -1,7 +1,7 @@
 """Node classes: nodes that are interchangeable for every cost term.
 
-Two nodes are in one class when they have the same device type, device count and
-intra- and inter-node bandwidths.  The free-grouping DP, the stage-kind search and
+Two nodes are in one class when they have the same device type, device count,
+intra- and inter-node bandwidths, NICs and latencies.  The free-grouping DP, the stage-kind search and
 the MIPs all aggregate by class (``formulations/mip.md``, eq. M10), and the hetero
 bounds by compute class (device type and intra-node link, which is what a layer's
 time depends on).
@@ -23,6 +23,8 @@ class NodeClass:
     inter: float  # bytes/s of a node's network link
     nodes: tuple[int, ...]
     nics: int | None = None  # the NICs the rings crossing a node share (H17); None: each ring has ``inter``
+    intra_latency: float = 0.0  # seconds per message between two devices of a node (H19)
+    inter_latency: float = 0.0  # seconds per message on a node's network link (H19)
 
     def ring_inter(self, tp: int) -> float:
         """Bytes/s of one data-parallel ring leaving a node of the class (eq. H17)."""
@@ -46,8 +48,9 @@ def group_nodes(nodes) -> tuple[NodeClass, ...]:
     """Nodes grouped into classes, numbered by first appearance (a pure function of the node list)."""
     members: dict[tuple, list[int]] = {}
     for j, n in enumerate(nodes):
-        members.setdefault((n.device_type, n.devices, n.intra_bandwidth, n.inter_bandwidth, n.nics), []).append(j)
-    return tuple(NodeClass(i, *key[:4], tuple(group), key[4]) for i, (key, group) in enumerate(members.items()))
+        members.setdefault((n.device_type, n.devices, n.intra_bandwidth, n.inter_bandwidth, n.nics, n.intra_latency,
+                            n.inter_latency), []).append(j)
+    return tuple(NodeClass(i, *key[:4], tuple(group), *key[4:]) for i, (key, group) in enumerate(members.items()))
 
 
 def ring_share(inter: float, nics: int | None, tp: int) -> float:

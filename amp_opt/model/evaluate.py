@@ -44,6 +44,7 @@ class StageReport:
     recompute: str = "none"
     replica_compute: tuple[float, ...] = ()  # a non-uniform plan: each replica's seconds per micro-batch
     compute_source: str = "measured"  # where its layer times come from: measured, derived or datasheet
+    optimizer_step: float = 0.0  # seconds of the optimizer step (H15), the part of ``allreduce`` after the reduction
 
     def to_json(self, instance) -> dict[str, Any]:
         a, b = self.layers
@@ -221,7 +222,7 @@ def _stage_report(instance, plan: Plan, costs: StageCosts, s: int, k: int, l: in
         memory=memory, capacity=capacity, fits=costs.fits(s, k, l) if uneven else memory <= capacity, chunks=chunks,
         recompute=plan.recompute_of(s),
         replica_compute=tuple(float(t) for t in costs.replica_compute(s, k, l)) if uneven else (),
-        compute_source=_compute_source(instance, costs, plan, s))
+        compute_source=_compute_source(instance, costs, plan, s), optimizer_step=float(costs.optimizer_step(s, k, l)))
 
 
 def _compute_source(instance, costs, plan: Plan, s: int) -> str:

@@ -91,6 +91,8 @@ class Node:
     intra_bandwidth: float  # bytes/s between two devices of this node
     inter_bandwidth: float  # bytes/s of this node's link to other nodes
     nics: int | None = None  # NICs sharing it among the rings that cross at once (H17); None: each ring has it whole
+    intra_latency: float = 0.0  # seconds per message between two devices of this node (H19)
+    inter_latency: float = 0.0  # seconds per message on this node's link to other nodes (H19)
 
 
 @dataclass(frozen=True)

@@ -323,6 +323,7 @@ def _parse_nodes(raw_nodes, device_types: dict[str, DeviceType]) -> tuple[Node, 
                                                  memory_bandwidth=spec.memory_bandwidth)
         intra = parse_bandwidth(raw["intra_bandwidth"], f"{where}.intra_bandwidth")
         inter = parse_bandwidth(raw["inter_bandwidth"], f"{where}.inter_bandwidth")
+        latency = tuple(_latency(raw, key, where) for key in ("intra_latency", "inter_latency"))
         count = raw.get("count", 1)
         base_name = raw.get("name", f"node{i}")
         for j in range(count):
@@ -330,8 +331,16 @@ def _parse_nodes(raw_nodes, device_types: dict[str, DeviceType]) -> tuple[Node, 
             if name in names:
                 raise InputError(f"{where}.name", f"node name {name!r} is used twice")
             names.add(name)
-            nodes.append(Node(name, type_name, raw["devices"], intra, inter, raw.get("nics")))
+            nodes.append(Node(name, type_name, raw["devices"], intra, inter, raw.get("nics"), *latency))
     return tuple(nodes)
+
+
+def _latency(raw: dict, key: str, where: str) -> float:
+    """A link's seconds per message (eq. H19): a finite number >= 0, 0 when not stated."""
+    value = raw.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InputError(f"{where}.{key}", f"must be a number of seconds >= 0, not {value!r}")
+    return float(value)
 
 
 def _parse_profiles(raw_profiles, device_types, layers) -> tuple[Profile, ...]:

@@ -10,7 +10,11 @@ reach it without them: the profiles merged into the document (``merged``), then
 * with ``runnable`` (the search settings ``python -m amp_opt run`` executes,
   :data:`amp_opt.runtime.layout.RUNNABLE`), the search restricted to them;
 * the sizes that ran out of memory listed under ``measurements.out_of_memory``;
-* with measured ``links``, their allreduce bandwidth as the intra-node bandwidth of the device type's nodes.
+* with measured ``links``, their allreduce bandwidth as the intra-node bandwidth of the device type's nodes,
+  and (when measured) the allreduce's seconds per ring step as their intra-node latency (H19), the
+  bandwidth then taken net of the latency of the measured allreduce's 2 (p-1) steps;
+* with a measured optimizer step (``optimizer``: bytes/s), that as the device type's ``memory_bandwidth``
+  (H15) unless the document states one.
 
 Tensor-parallel degrees and micro-batch sizes not profiled stay in the search: the model derives
 their times from the profiled ones (``formulations/hetero.md``, "Estimates anchored on measurements").
@@ -35,7 +39,7 @@ def runtime_training(dtype_bytes: int) -> dict:
 
 def profiled_instance(merged: dict, instance, results: Sequence, *, device_type: str, device: str, dtype_bytes: int,
                       runnable: dict | None = None, links: dict | None = None, link_processes: int = 0,
-                      notes: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
+                      notes: Sequence[str] = (), optimizer: dict | None = None) -> tuple[dict[str, Any], list[str]]:
     """The instance document ``merged`` (the profiles of ``results`` merged into the instance's
     document; ``instance`` is that document as loaded before) made solvable, and the notes on
     what changed (module doc).  ``results`` are the runtime's profile results (``tp``,
@@ -56,7 +60,9 @@ def profiled_instance(merged: dict, instance, results: Sequence, *, device_type:
     _out_of_memory(measurements, results)
     changed += list(notes)
     if links is not None:
-        changed.append(_with_links(out, measurements, device_type, links, link_processes))
+        changed += _with_links(out, measurements, device_type, links, link_processes)
+    if optimizer is not None:
+        changed += _with_optimizer(out, measurements, device_type, optimizer)
     if changed:
         measurements["notes"] = list(dict.fromkeys(measurements.get("notes", []) + changed))
     if measurements:
@@ -90,13 +96,47 @@ def _make_solvable(out: dict, device: str, dtype_bytes: int) -> list[str]:
     return notes
 
 
-def _with_links(out: dict, measurements: dict, name: str, links: dict, processes: int) -> str:
-    """The measured links into ``measurements`` and their allreduce bandwidth into the nodes of ``name``."""
+def _with_links(out: dict, measurements: dict, name: str, links: dict, processes: int) -> list[str]:
+    """The measured links into ``measurements``, their allreduce bandwidth and latency into the nodes of
+    ``name`` (eq. H4, H19): t = 2 (p-1) alpha + 2 (p-1)/p n / B at the largest size n, B net of alpha."""
     measurements["links"] = {name: links}
-    bandwidth = links["allreduce"][-1]["bandwidth"]
+    largest = links["allreduce"][-1]
+    latency = links.get("latency", {}).get("seconds")
+    steps = 2 * (processes - 1)
+    net = largest["seconds"] - steps * latency if latency is not None else 0.0
+    bandwidth = largest["bandwidth"] * largest["seconds"] / net if net > 0 else largest["bandwidth"]
     for node in out["nodes"]:
         if node["device_type"] == name:
             node["intra_bandwidth"] = bandwidth
-    return (f"intra_bandwidth of the {name} nodes set to the measured allreduce bus bandwidth "
-            f"({bandwidth / 1e9:.3g} GB/s at {links['allreduce'][-1]['bytes']} bytes over {processes} processes); "
-            "inter-node links cannot be measured on one machine and were left as given")
+            if latency is not None:
+                node["intra_latency"] = latency
+    notes = [f"intra_bandwidth of the {name} nodes set to the measured allreduce bus bandwidth "
+             f"({bandwidth / 1e9:.3g} GB/s at {largest['bytes']} bytes over {processes} processes"
+             + (", net of its steps' latency" if latency is not None and net > 0 else "") + "); "
+             "inter-node links cannot be measured on one machine and were left as given"]
+    if latency is not None:
+        lat = links["latency"]
+        notes.append(f"intra_latency of the {name} nodes set to the measured seconds per message "
+                     f"({latency * 1e6:.1f} us: a {lat['bytes']}-byte allreduce over {processes} processes took "
+                     f"{lat['allreduce_seconds'] * 1e6:.1f} us for its {steps} ring steps, median of {lat['repeats']}; "
+                     f"one-way p2p {lat['p2p_seconds'] * 1e6:.1f} us)")
+    return notes
+
+
+def _with_optimizer(out: dict, measurements: dict, name: str, step: dict) -> list[str]:
+    """The measured optimizer step into ``measurements`` and, unless the document states one, its bytes/s
+    as the ``memory_bandwidth`` of device type ``name`` (eq. H15, which divides by it)."""
+    measurements["optimizer"] = {name: step}
+    types = out.setdefault("device_types", [])
+    entry = next((t for t in types if t.get("name") == name), None)
+    if entry is None:
+        entry = {"name": name}
+        types.append(entry)
+    if "memory_bandwidth" in entry:
+        return [f"optimizer step measured ({step['bandwidth'] / 1e9:.3g} GB/s); device type {name}'s "
+                "memory_bandwidth is stated and was kept"]
+    entry["memory_bandwidth"] = step["bandwidth"]
+    return [f"memory_bandwidth of device type {name} set to the measured optimizer step's "
+            f"({step['bandwidth'] / 1e9:.3g} GB/s: an Adam step over {step['parameters']} parameters took "
+            f"{step['seconds'] * 1e3:.2f} ms, median of {step['repeats']}, at {step['bytes_per_param']:g} bytes per "
+            "parameter, H15)"]

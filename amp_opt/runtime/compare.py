@@ -11,8 +11,9 @@ E_s (H1)           ``stages[s].compute``, one micro-batch  ``compute_per_micro_b
 P_s (H3)           ``stages[s].p2p``, one transfer         ``p2p`` per iteration: time blocked in
                                                           send/recv, bubbles included (not comparable
                                                           one to one; given for calibration)
-AR_s (H4)          ``stages[s].allreduce``                 ``allreduce`` (+ ``tie_allreduce``, which H4
-                                                          does not model)
+AR_s (H4)          ``stages[s].allreduce`` less            ``allreduce`` (+ ``tie_allreduce``, which H4
+                   ``optimizer_step``                      does not model)
+O_s (H15)          ``stages[s].optimizer_step``            ``optimizer``
 peak_s (C5')       ``peak_of_stage``: ``stages[s].memory``  ``peak_memory`` (tracked on CPU)
                    less the reserve, plus the calibrated
                    ``memory_overhead`` (eq. C5' of
@@ -50,6 +51,7 @@ class StageComparison:
     p2p: TermPair
     allreduce: TermPair
     memory: TermPair
+    optimizer: TermPair = TermPair(0.0, 0.0)  # the optimizer step (H15)
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,8 @@ def compare_run(record: dict, evaluation, instance) -> Comparison:
             stage=m["stage"], layers=tuple(m["layers"]),
             compute_per_micro_batch=TermPair(m["compute_per_micro_batch"], p.compute),
             p2p=TermPair(m["p2p"], p.p2p),
-            allreduce=TermPair(m["allreduce"] + m.get("tie_allreduce", 0.0), p.allreduce),
+            allreduce=TermPair(m["allreduce"] + m.get("tie_allreduce", 0.0), p.allreduce - p.optimizer_step),
+            optimizer=TermPair(m.get("optimizer", 0.0), p.optimizer_step),
             memory=TermPair(float(m["peak_memory"]), peak_of_stage(instance, p))))
     # the record's own p2p note is said again below, with what the prediction counts
     notes = [n for n in measured.get("notes", ()) if not n.startswith("p2p is time blocked")]

@@ -4,6 +4,8 @@
   seconds = round trip / 2, bandwidth = n / one-way seconds (what eq. H3 divides by).
 * allreduce: every rank all-reduces ``n`` bytes; bandwidth = 2 (p-1)/p * n / seconds,
   the ring "bus bandwidth" eq. H4 divides by.
+* latency: the same two with one float (4 bytes), ``LATENCY_REPEATS`` times: the one-way p2p
+  seconds and the allreduce seconds over its 2 (p-1) ring steps, seconds per message (eq. H19).
 
 Medians over ``repeats`` after one warm-up, bytes/s.  On one host these are
 shared-memory / loopback figures, a property of this machine, not of a network.
@@ -24,6 +26,7 @@ from .provenance import provenance, resolve_device, set_threads
 torch = require_torch()
 
 DEFAULT_SIZES = (2**16, 2**20, 2**23)
+LATENCY_REPEATS = 200  # tiny messages take microseconds: many repeats for a stable median
 
 
 def measure_links(*, processes: int = 2, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5,
@@ -33,8 +36,9 @@ def measure_links(*, processes: int = 2, sizes: Sequence[int] = DEFAULT_SIZES, r
     Returns
     -------
     dict
-        ``{"p2p": [{"bytes", "seconds", "bandwidth"}], "allreduce": [...], "provenance": {...}}``;
-        p2p is between ranks 0 and 1.
+        ``{"p2p": [{"bytes", "seconds", "bandwidth"}], "allreduce": [...], "latency": {"bytes",
+        "p2p_seconds", "allreduce_seconds", "seconds", "repeats"}, "provenance": {...}}``; p2p is between
+        ranks 0 and 1; ``latency.seconds`` is the allreduce's seconds per ring step.
 
     Examples
     --------
@@ -66,11 +70,10 @@ def links_worker(task: dict, rank: int, world: int) -> dict:
         if device == "cuda":
             torch.cuda.synchronize()
 
-    p2p, allreduce = [], []
-    for n in task["sizes"]:
-        buf = torch.zeros(n // 4, dtype=torch.float32, device=device)
+    def timed(buf, repeats):
+        """Median one-way p2p and allreduce seconds of ``buf`` over ``repeats`` (after a warm-up)."""
         trips, reduces = [], []
-        for r in range(task["repeats"] + 1):
+        for r in range(repeats + 1):
             dist.barrier()
             start = time.perf_counter()
             if rank == 0:
@@ -89,12 +92,19 @@ def links_worker(task: dict, rank: int, world: int) -> dict:
             if r:
                 trips.append(trip)
                 reduces.append(reduce)
-        one_way = statistics.median(trips) / 2
-        seconds = statistics.median(reduces)
+        return statistics.median(trips) / 2, statistics.median(reduces)
+
+    p2p, allreduce = [], []
+    for n in task["sizes"]:
+        buf = torch.zeros(n // 4, dtype=torch.float32, device=device)
+        one_way, seconds = timed(buf, task["repeats"])
         nbytes = buf.numel() * 4
         p2p.append({"bytes": nbytes, "seconds": one_way, "bandwidth": nbytes / one_way})
         allreduce.append({"bytes": nbytes, "seconds": seconds,
                           "bandwidth": 2 * (world - 1) / world * nbytes / seconds})
-    return {"p2p": p2p, "allreduce": allreduce,
+    one_way, seconds = timed(torch.zeros(1, dtype=torch.float32, device=device), LATENCY_REPEATS)
+    latency = {"bytes": 4, "p2p_seconds": one_way, "allreduce_seconds": seconds,
+               "seconds": seconds / (2 * (world - 1)), "repeats": LATENCY_REPEATS}
+    return {"p2p": p2p, "allreduce": allreduce, "latency": latency,
             "provenance": provenance(device, torch.float32, threads, processes=world, backend=dist.get_backend(),
                                      repeats=task["repeats"])}

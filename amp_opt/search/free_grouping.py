@@ -25,10 +25,10 @@ import numpy as np
 from ..errors import SearchTooLarge
 from ..model.classes import class_of_node
 from ..model.costs import HETERO, CostModel, StageCosts, hetero_link, plan_of
-from ..model.costs.terms import ring_link
+from ..model.costs.terms import link_latency, ring_link
 from ..model.costs.terms import stage_order
 from ..model.plan import PER_STAGE_MODES, Candidate, Plan, Stages, rank_order_stages
-from .partition import Path, StageGraph, fixed_placement_graph, make_graph, memory_ratio, range_tables
+from .partition import NO_HOP, Hop, Path, StageGraph, fixed_placement_graph, make_graph, memory_ratio, range_tables
 from .tuning import MAX_TRANSITIONS, STOP_EVERY
 
 
@@ -204,12 +204,15 @@ class _StateWalk:
                 if key not in self.kinds:
                     self.kinds[key] = len(self.kind_costs)
                     self.kind_costs += [_kind_costs(self.model, self.tables, mode, y, order, self.chunks) for mode in self.modes]
-                # H3 (H11: an interleaved boundary is crossed v times)
-                factor = self.cand.virtual_stages / hetero_link(self.instance, prev + used) if s > 0 else 0.0
+                # H3 and its latency H19 (H11: an interleaved boundary is crossed v times)
+                v = self.cand.virtual_stages
+                factor = (Hop(v / hetero_link(self.instance, prev + used), v * link_latency(self.instance, prev + used))
+                          if s > 0 else NO_HOP)
                 single = len(positions) == 1
                 raw = tuple((entries[pos][0] - y[pos], single and y[pos] > 0) for pos in range(len(y)))
                 canon, perm = _canonical(raw, self.class_members)
-                target = (canon, None if single else min(nodes[j].inter_bandwidth for j in used))
+                target = (canon, None if single else (min(nodes[j].inter_bandwidth for j in used),
+                                                      max(nodes[j].inter_latency for j in used)))
                 if target not in nxt:
                     nxt[target] = len(nxt)
                     where = {old: new for new, old in enumerate(perm)}
@@ -224,10 +227,10 @@ class _StateWalk:
 
 
 def _kind_key(instance, used: tuple[int, ...], tp: int):
-    """What a stage's own cost depends on: its compute classes and its ring link (H4, H17)."""
+    """What a stage's own cost depends on: its compute classes and its ring link (H4, H17, H19)."""
     nodes = instance.nodes
     classes = frozenset((nodes[j].device_type, nodes[j].intra_bandwidth) for j in used)
-    return classes, ring_link(instance, used, tp), len(set(used)) == 1
+    return classes, ring_link(instance, used, tp), link_latency(instance, used), len(set(used)) == 1
 
 
 def _kind_costs(model: CostModel, tables, cand, y, order, chunks) -> StageCosts:

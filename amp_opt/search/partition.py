@@ -4,7 +4,7 @@ The problem (``formulations/partition.md``): walk through p stages; stage s
 picks a *transition* (from a state to a state, with a stage *kind*) and a layer
 range [k, l) that starts where stage s-1 ended.  A kind fixes the stage's
 compute C(k, l) and allreduce A(k, l) tables; a transition also fixes the p2p
-factor of the boundary before the stage.  For AMP's rank order there is one
+factor and latency of the boundary before the stage (a :class:`Hop`).  For AMP's rank order there is one
 state and one transition per stage; for free grouping the states are the
 groups still unassigned (see :mod:`amp_opt.search.free_grouping`).  Minimise
 
@@ -31,13 +31,26 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from ..model.costs import StageCosts
 from ..model.costs.terms import Pipeline
 from ..model.ranges import INF, backtrack, grid, min_max_step, stage_room, start_row, weighted
+
+
+class Hop(NamedTuple):
+    """The boundary before a stage: P = volume x factor + latency (eq. H3, H19)."""
+
+    factor: float  # seconds per byte of the boundary's volume
+    latency: float = 0.0  # seconds per micro-batch whatever the bytes (its messages, H19)
+
+    def seconds(self, volume):
+        return volume * self.factor + self.latency
+
+
+NO_HOP = Hop(0.0)  # before the first stage
 
 
 @dataclass(frozen=True)
@@ -50,7 +63,7 @@ class StageGraph:
     feasible: np.ndarray  # (p, K, L+1, L+1) bool: non-empty, room left, memory fits
     volume: np.ndarray  # (L+1,) p2p seconds x bandwidth of a boundary at position k (0 at k = 0); or (p, L+1),
     # per stage s the boundary before it (a plan whose stages differ, :mod:`amp_opt.search.uneven`)
-    transitions: tuple  # per stage: tuple of (from_state, kind, p2p factor of the boundary before, to_state)
+    transitions: tuple  # per stage: tuple of (from_state, kind, Hop of the boundary before, to_state)
     memory_ratio: np.ndarray  # (p, K, L+1, L+1) per-device memory over capacity
     structural: np.ndarray  # (p, 1, L+1, L+1) bool: non-empty and leaving room
     pipeline: Pipeline  # f's weights: per stage on the bottleneck, 1/v on the sum of C, r on the p2p
@@ -115,7 +128,7 @@ def fixed_placement_graph(costs: StageCosts, num_layers: int, bounds=None) -> St
     for s in range(p):
         ratio[s, kind_of[s]] = memory_ratio(costs, L, s)
     volume = np.concatenate([[0.0], costs.p2p_volume()])
-    factors = [0.0] + [costs.p2p_factor(s) for s in range(p - 1)]
+    factors = [NO_HOP] + [Hop(costs.p2p_factor(s), costs.p2p_latency(s)) for s in range(p - 1)]
     transitions = tuple(((0, kind_of[s], factors[s], 0),) for s in range(p))
     return make_graph(costs.n_micro, np.stack(compute), np.stack(allreduce), ratio, costs.enforces_memory, volume,
                       transitions, pipeline=costs.pipeline, bounds=bounds)
@@ -124,7 +137,10 @@ def fixed_placement_graph(costs: StageCosts, num_layers: int, bounds=None) -> St
 def make_graph(n_micro, compute, allreduce, ratio, enforce_memory: bool, volume, transitions, *, pipeline: Pipeline,
                bounds=None) -> StageGraph:
     """A stage graph; stage s may take any range leaving room for the others, or only
-    [bounds[s], bounds[s+1]) when ``bounds`` fixes the partition."""
+    [bounds[s], bounds[s+1]) when ``bounds`` fixes the partition.  A transition's hop may be a
+    bare p2p factor (no latency)."""
+    transitions = [tuple((src, kind, hop if isinstance(hop, Hop) else Hop(float(hop)), dst)
+                         for src, kind, hop, dst in stage) for stage in transitions]
     p, L = len(transitions), compute.shape[1] - 1
     if bounds is None:
         structural = np.stack([stage_room(L, p, s) for s in range(p)])[:, None]
@@ -142,7 +158,8 @@ def path_terms(g: StageGraph, path: Path):
     kinds = [g.transitions[s][t][1] for s, t in enumerate(path.transitions)]
     compute = [float(g.compute[kinds[s], b[s], b[s + 1]]) for s in range(g.stages)]
     allreduce = [float(g.allreduce[kinds[s], b[s], b[s + 1]]) for s in range(g.stages)]
-    p2p = [float(_boundary(g, s + 1)[b[s + 1]] * g.transitions[s + 1][path.transitions[s + 1]][2]) for s in range(g.stages - 1)]
+    p2p = [float(g.transitions[s + 1][path.transitions[s + 1]][2].seconds(_boundary(g, s + 1)[b[s + 1]]))
+           for s in range(g.stages - 1)]
     return compute, p2p + [0.0], allreduce
 
 
@@ -159,7 +176,7 @@ def path_value(g: StageGraph, path: Path) -> float:
 def _sweep(g: StageGraph, T: np.ndarray, U: np.ndarray, pointers: bool = False):
     """Min-sum DP for a batch of thresholds; returns h (batch,) and, if asked, back-pointers.
 
-    Transitions that share (source state, kind, p2p factor) share their work.
+    Transitions that share (source state, kind, hop) share their work.
     """
     p, L = g.stages, g.layers
     width = L - p + 1
@@ -183,7 +200,7 @@ def _sweep(g: StageGraph, T: np.ndarray, U: np.ndarray, pointers: bool = False):
                 ok = g.feasible[s, kind, ks, ls][None] & (lead[None] <= T[:, None, None])
                 ok &= g.allreduce[kind, ks, ls][None] <= U[:, None, None]
                 masked[kind] = np.where(ok, C[None] * g.fill, INF)
-            start = values[src][:, ks] + _boundary(g, s)[ks] * factor * r
+            start = values[src][:, ks] + factor.seconds(_boundary(g, s)[ks]) * r
             cand = start[:, :, None] + masked[kind]
             row = np.full((batch, L + 1), INF)
             row[:, ls] = cand.min(axis=1)

@@ -16,8 +16,8 @@ from ..classes import node_classes
 from ..ranges import INF, grid, min_max_chain, min_max_step, min_sum_step, range_table, stage_room, start_row
 from ..ranges import weighted as _weighted
 from ..candidates import even_partition
-from .terms import (CandidateTerms, CostModel, StageCosts, hetero_link, memory_bandwidth, overlap_share, ring_link,
-                    stage_order, tp_link)
+from .terms import (CandidateTerms, CostModel, StageCosts, hetero_link, link_latency, memory_bandwidth, overlap_share,
+                    ring_link, stage_order, tp_link)
 
 LABELLED_BUDGET = 1.5e8  # cells of the labelled DP (B2) before falling back to B3
 
@@ -35,10 +35,16 @@ class HeteroCosts(StageCosts):
         # H3: one micro-batch's boundary activation over the slowest link of the two stages;
         # interleaved, every boundary is crossed v times (H11).
         self._p2p_factor = [v / self.boundary_bandwidth(s) for s in range(self.pp - 1)] + [0.0]
+        # H19: and one message each crossing, at the latency of that link.
+        self._p2p_latency = [v * link_latency(self.instance, a.all_nodes + b.all_nodes)
+                             for a, b in zip(self.placement, self.placement[1:])] + [0.0]
         # H4, H10: the stage's ring (gradients, and per micro-batch K/V or ZeRO-3 traffic) over its slowest link.
         sync = self.terms.allreduce_bytes_per_param()
         self._allreduce_factor = [sync / self.ring_bandwidth(s) for s in range(self.pp)]
         self._ring_factor = [1.0 / self.ring_bandwidth(s) for s in range(self.pp)]
+        self._ring_latency = [link_latency(self.instance, p.all_nodes) for p in self.placement]  # H19
+        steps = self.terms.allreduce_messages()  # the gradient ring's steps, each at the ring's latency
+        self._allreduce_latency = [steps * lat for lat in self._ring_latency]
         # H15: the optimizer step, a pass over the stage's states at its slowest device memory.
         step = self.terms.optimizer_bytes_per_param()
         self._optimizer_factor = [step / memory_bandwidth(self.instance, place.device_types) for place in self.placement]

@@ -117,11 +117,16 @@ class UnevenCosts:
             return 0.0 * np.asarray(l)
         at = np.asarray(l) - 1
         sent = [r.view.p2p_volume()[at] for stage in (s, s + 1) for r in self.replicas[stage]]
-        return np.max(np.array(sent), axis=0) * self.stage_views[s].p2p_factor(s)
+        view = self.stage_views[s]
+        return np.max(np.array(sent), axis=0) * view.p2p_factor(s) + view.p2p_latency(s)  # (one message's latency, H19)
 
     def allreduce(self, s: int, k, l):
         """U3: stage s's gradient ring over its dp_s replicas (H4)."""
         return self.stage_views[s].allreduce(s, k, l)
+
+    def optimizer_step(self, s: int, k, l):
+        """Stage s's optimizer step (H15), the part of :meth:`allreduce` after its reduction."""
+        return self.stage_views[s].optimizer_step(s, k, l)
 
     def replica_memory(self, s: int, k, l) -> list[tuple[float, float]]:
         """U4: per replica of stage s, (bytes per device, its devices' capacity)."""

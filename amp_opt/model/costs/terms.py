@@ -24,7 +24,7 @@ it prices slower) changes every path at once.  A model that overrides ``stage_co
 ``lower_bound`` instead cannot be priced by the rows: :func:`rows_price` says so, and the row-based
 solvers refuse it (:func:`check_rows_price`).
 
-The module is over 400 lines because every term of ``formulations/hetero.md`` (H1-H18) is a
+The module is over 400 lines because every term of ``formulations/hetero.md`` (H1-H19) is a
 method of these two records, which share one set of per-layer prefix arrays; split by term, each
 part would rebuild those arrays or reach into the other's.
 """
@@ -130,6 +130,15 @@ def hetero_link(instance, nodes) -> float:
     if len(used) == 1:
         return instance.nodes[next(iter(used))].intra_bandwidth
     return min(instance.nodes[j].inter_bandwidth for j in used)
+
+
+def link_latency(instance, nodes) -> float:
+    """Seconds per message of the link among ``nodes`` (eq. H19, the link rule of H3, H4): the
+    node's intra-node latency when they are one node, else the largest inter-node latency among them."""
+    used = set(nodes)
+    if len(used) == 1:
+        return instance.nodes[next(iter(used))].intra_latency
+    return max(instance.nodes[j].inter_latency for j in used)
 
 
 def allreduce_factor(instance, dp: int, bandwidth: float) -> float:
@@ -377,6 +386,28 @@ class CandidateTerms:
         again = self.recomputes if mode == "full" else np.zeros(len(self.kv), dtype=bool)
         return (3 + again) * (cp - 1) * self.kv
 
+    def comm_layer_messages(self, mode: str) -> np.ndarray:
+        """Per layer, the messages a rank sends one after the other on its stage's ring per micro-batch
+        in recomputation ``mode`` (eq. H19 on H10's traffic): (cp-1) steps per K/V pass of an attention
+        layer (the passes of :meth:`comm_layer_bytes`), and under ZeRO-3 3 (R-1) per layer with
+        parameters (its two all-gathers and its reduce-scatter)."""
+        cp, R = self.cand.cp, self.cand.replicas
+        out = np.zeros(len(self.kv))
+        if cp > 1:
+            again = self.recomputes if mode == "full" else np.zeros(len(self.kv), dtype=bool)
+            out = out + np.where(self.kv > 0, (3 + again) * (cp - 1), 0.0)
+        if self.cand.zero_stage >= 3 and R > 1:
+            out = out + np.where(self.sums.params > 0, 3.0 * (R - 1), 0.0)
+        return out
+
+    def stage_comm_messages(self, s: int, k, l, mid=None):
+        """Messages stage s sends on its ring per micro-batch for layers [k, l) (eq. H19), the layers
+        [k, mid) recomputing (default :meth:`split`), as :meth:`stage_comm_bytes` counts bytes."""
+        k, l = np.asarray(k), np.asarray(l)
+        mid = self.split(s, k, l) if mid is None else mid
+        own, rest = _prefix(self.comm_layer_messages(self.modes[s])), _prefix(self.comm_layer_messages(self.base_mode(s)))
+        return own[mid] - own[k] + rest[l] - rest[mid]
+
     def comm_param_bytes(self) -> float:
         """Bytes per parameter ZeRO-3 moves per micro-batch on the ring (eq. H10): the weights
         gathered twice (forward, backward) and the gradients reduce-scattered, (R-1)/R of each."""
@@ -401,6 +432,13 @@ class CandidateTerms:
         rank steps its shard of the states."""
         tr, R = self.instance.training, self.cand.replicas
         return (2 * tr.optimizer_bytes + tr.gradient_bytes + tr.weight_bytes) / (R if self.cand.zero_stage >= 1 else 1)
+
+    def allreduce_messages(self) -> int:
+        """Messages a rank of a stage sends in sequence in its gradient synchronisation (eq. H19): a
+        ring over the R replicas takes 2 (R-1) steps (reduce-scatter then all-gather, also ZeRO-1/2's
+        pair); none for one replica or under ZeRO-3 (whose traffic is per micro-batch, H10)."""
+        R = self.cand.replicas
+        return 0 if self.cand.zero_stage >= 3 or R == 1 else 2 * (R - 1)
 
     def allreduce_bytes_per_param(self) -> float:
         """Bytes per parameter a stage's gradient synchronisation moves once per iteration, as a ring
@@ -483,7 +521,10 @@ class StageCosts:
         self._compute_prefixes: list[list[tuple[np.ndarray, np.ndarray, float]]] = []
         self._volume = self.terms.volume
         self._p2p_factor: list[float] = []
+        self._p2p_latency: list[float] = [0.0] * cand.pp  # seconds per micro-batch of each boundary's messages (H19)
+        self._allreduce_latency: list[float] = [0.0] * cand.pp  # seconds of each stage's ring steps (H19)
         self._ring_factor: list[float] = [0.0] * cand.pp  # seconds per byte on each stage's ring (H10)
+        self._ring_latency: list[float] = [0.0] * cand.pp  # seconds per message on each stage's ring (H19)
         self._allreduce_factor: list[float] = []
         self._optimizer_factor: list[float] = [0.0] * cand.pp  # seconds per parameter of the step (H15)
         self.overlap_share = 0.0  # share of a stage's layer seconds its reduction overlaps (H18; 0: none)
@@ -537,18 +578,21 @@ class StageCosts:
             out = time if out is None else np.maximum(out, time)
         if self._ring_factor[s]:
             out = out + self.terms.stage_comm_bytes(s, k, l, mid) * self._ring_factor[s]
+        if self._ring_latency[s]:
+            out = out + self.terms.stage_comm_messages(s, k, l, mid) * self._ring_latency[s]
         return out
 
     def p2p(self, s: int, l):
-        """Seconds to send one micro-batch from stage s (ending before layer l) to s+1."""
-        return self._volume[np.asarray(l) - 1] * self._p2p_factor[s]
+        """Seconds to send one micro-batch from stage s (ending before layer l) to s+1: its bytes over
+        the link (H3) and its messages' latency (H19)."""
+        return self._volume[np.asarray(l) - 1] * self._p2p_factor[s] + self._p2p_latency[s]
 
     def allreduce(self, s: int, k, l):
         """Seconds of stage s's end of iteration for layers [k, l): its gradient synchronisation
         that the backward pass does not hide (:meth:`exposed_reduction`, eq. H18) and then its
         optimizer step (:meth:`optimizer_step`, eq. H15)."""
         if not self.overlap_share:
-            return self.sums.params_in(k, l) * self.allreduce_factor(s)
+            return self.sums.params_in(k, l) * self.allreduce_factor(s) + self._allreduce_latency[s]
         return self.exposed_reduction(s, k, l) + self.optimizer_step(s, k, l)
 
     def exposed_reduction(self, s: int, k, l):
@@ -570,8 +614,8 @@ class StageCosts:
         return self.overlap_share * out
 
     def reduction(self, s: int, k, l):
-        """Seconds of stage s's gradient synchronisation for layers [k, l) (eq. H4)."""
-        return self.sums.params_in(k, l) * self._allreduce_factor[s]
+        """Seconds of stage s's gradient synchronisation for layers [k, l) (eq. H4, its ring steps' latency H19)."""
+        return self.sums.params_in(k, l) * self._allreduce_factor[s] + self._allreduce_latency[s]
 
     def optimizer_step(self, s: int, k, l):
         """Seconds of stage s's optimizer step for layers [k, l) (eq. H15)."""
@@ -608,6 +652,20 @@ class StageCosts:
 
     def p2p_factor(self, s: int) -> float:
         return self._p2p_factor[s]
+
+    def p2p_latency(self, s: int) -> float:
+        """Seconds boundary s adds to :meth:`p2p` whatever its bytes: its messages' latency (H19)."""
+        return self._p2p_latency[s]
+
+    def ring_latency(self, s: int) -> float:
+        """Seconds per message on stage s's ring (H19): what its per-micro-batch ring messages
+        (:meth:`CandidateTerms.stage_comm_messages`) cost each."""
+        return self._ring_latency[s]
+
+    def allreduce_latency(self, s: int) -> float:
+        """Seconds stage s's gradient synchronisation adds whatever its bytes: its ring steps' latency
+        (H19); the MIPs add it to the stage's row as a constant."""
+        return self._allreduce_latency[s]
 
     def ring_factor(self, s: int) -> float:
         """Seconds per byte of stage s's per-micro-batch ring traffic (H10); 0 when there is none."""

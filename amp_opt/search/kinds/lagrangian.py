@@ -114,7 +114,7 @@ class KindModel:
         (eq. K1, K2), layers in stage order; returns the parameters per range."""
         L = self.L
         g = grid(L)
-        ranges, traffic, layers = {}, {}, {}
+        ranges, traffic, layers, messages = {}, {}, {}, {}
         for mode in sorted(set(self.mode)):
             # Where the recomputed layers end: every stage recomputes alike (the block method's first
             # layers), or per stage in the kind's mode (all of them, or none).
@@ -126,6 +126,7 @@ class KindModel:
                 layers[mode].append((own[mid] - own[g.start]) + (base[g.stop] - base[mid]))
                 ranges[mode].append(layers[mode][-1] + self.instance.device_types[c.device_type].step_overhead)
             traffic[mode] = terms.stage_comm_bytes(0, g.start, g.stop, mid)
+            messages[mode] = terms.stage_comm_messages(0, g.start, g.stop, mid)  # (H19)
         params = terms.sums.params_in(g.start, g.stop)
         sync, step = terms.allreduce_bytes_per_param(), terms.optimizer_bytes_per_param()
         kappa = overlap_share(self.instance)
@@ -133,19 +134,23 @@ class KindModel:
         self.compute = np.full((K, L + 1, L + 1), INF)
         self.allreduce = np.full((K, L + 1, L + 1), INF)
         self.capacity = np.zeros(K)
+        steps = terms.allreduce_messages()
         for i, S in enumerate(self.kinds):
             link = self.ring(S)
+            alpha = self.ring_latency(S)  # H19: the least latency the ring can have
+            lam = steps * alpha
             # The factors as the evaluator forms them (StageCosts), so that both give the same floats.
             mode = self.mode[i]
             self.compute[i] = np.where(g.nonempty, np.max([ranges[mode][c] for c in S], axis=0)
-                                       + traffic[mode] * (1.0 / link), INF)
+                                       + traffic[mode] * (1.0 / link) + messages[mode] * alpha, INF)
             # H15: and the optimizer step at the kind's slowest device memory, as StageCosts.allreduce_factor.
             bandwidth = memory_bandwidth(self.instance, {self.classes[c].device_type for c in S})
             if kappa:  # H18: what the fastest class's backward pass leaves exposed, then the step
-                exposed = np.maximum(0.0, params * (sync / link) - kappa * np.min([layers[mode][c] for c in S], axis=0))
+                exposed = np.maximum(0.0, params * (sync / link) + lam
+                                     - kappa * np.min([layers[mode][c] for c in S], axis=0))
                 self.allreduce[i] = np.where(g.nonempty, exposed + params * (step / bandwidth), INF)
             else:  # the same floats as StageCosts.allreduce
-                self.allreduce[i] = np.where(g.nonempty, params * (sync / link + step / bandwidth), INF)
+                self.allreduce[i] = np.where(g.nonempty, params * (sync / link + step / bandwidth) + lam, INF)
             self.capacity[i] = min(self.instance.device_types[self.classes[c].device_type].capacity for c in S)
         return params
 
@@ -251,6 +256,16 @@ class KindModel:
         """The fastest link a stage of kind S can reduce over (eq. K1; across nodes, the share of
         a NIC each of its tp rings gets, H17)."""
         return self._link(S, lambda c: c.ring_inter(self.cand.tp))
+
+    def ring_latency(self, S) -> float:
+        """The least seconds per message a stage of kind S's ring can have (eq. H19): the largest
+        inter-node latency of its classes, or, for one class whose node can hold the stage, the
+        smaller of that and its intra-node latency.  (The boundaries' latency is left out of K3,
+        which keeps the DP a relaxation.)"""
+        if len(S) == 1 and self.classes[S[0]].devices // self.cand.tp >= self.cand.replicas:
+            c = self.classes[S[0]]
+            return min(c.inter_latency, c.intra_latency)
+        return max(self.classes[c].inter_latency for c in S)
 
     def send(self, S) -> float:
         """The fastest link a stage of kind S can send its boundary on (eq. K3)."""

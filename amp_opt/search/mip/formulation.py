@@ -123,6 +123,12 @@ class Program:
         return lin(self.stage_sum(s, base, terms.comm_layer_bytes(terms.modes[s]) - base),
                    (terms.comm_param_bytes(), self.layers.params(s)))
 
+    def comm_messages(self, s: int) -> dict:
+        """(H19 on H10) messages stage s sends on its ring per micro-batch, linear in the assignment."""
+        terms = self.terms
+        base = terms.comm_layer_messages(terms.base_mode(s))
+        return self.stage_sum(s, base, terms.comm_layer_messages(terms.modes[s]) - base)
+
     def memory_row(self, s: int, capacity: float, guard: dict, big_m, name: str) -> None:
         """(M8) bytes per device of stage s <= capacity (+ big-M slack when guarded)."""
         terms = self.terms
@@ -168,26 +174,27 @@ class Program:
         self.vol = vol = costs.p2p_volume()
         for s in range(self.cand.pp):
             ring = (costs.ring_factor(s), self.comm_bytes(s))  # (H10)
+            msgs = (costs.ring_latency(s), self.comm_messages(s))  # (H19)
             for times, extra, step in zip(costs.layer_times(s), costs.recompute_times(s), costs.step_overheads(s)):
-                mdl.add(lin({self.E[s]: 1}, (-1.0, self.stage_sum(s, times, extra)), (-ring[0], ring[1])),
-                        ">=", step, "time", f"compute[{s}]")
+                mdl.add(lin({self.E[s]: 1}, (-1.0, self.stage_sum(s, times, extra)), (-ring[0], ring[1]),
+                            (-msgs[0], msgs[1])), ">=", step, "time", f"compute[{s}]")
                 ub["E"] = max(ub["E"], float(times.sum() + extra.sum()) + step
-                              + ring[0] * sum(abs(c) for c in ring[1].values()))
+                              + sum(f * sum(abs(c) for c in e.values()) for f, e in (ring, msgs)))
             if s < self.cand.pp - 1:
-                phi = costs.p2p_factor(s)
-                mdl.add(lin({self.P[s]: 1}, *[(-float(vol[l] * phi), e(s, l)) for l in range(L)]), ">=", 0, "time",
+                phi, alpha = costs.p2p_factor(s), costs.p2p_latency(s)  # (H3, H19)
+                mdl.add(lin({self.P[s]: 1}, *[(-float(vol[l] * phi), e(s, l)) for l in range(L)]), ">=", alpha, "time",
                         f"p2p[{s}]")
-                ub["P"] = max(ub["P"], float(vol.max() * phi))
-            a = costs.allreduce_factor(s)
+                ub["P"] = max(ub["P"], float(vol.max() * phi) + alpha)
+            a, lam = costs.allreduce_factor(s), costs.allreduce_latency(s)  # (H4, H15; H19 a constant)
             if not costs.overlap_share:
-                mdl.add(lin({self.ARmax: 1}, (-a, self.layers.params(s))), ">=", 0, "time", f"allreduce[{s}]")
+                mdl.add(lin({self.ARmax: 1}, (-a, self.layers.params(s))), ">=", lam, "time", f"allreduce[{s}]")
             else:  # H18: max(0, reduction - window) + step, the window on the fastest class (a row per class)
                 o, kappa = costs.optimizer_factor(s), costs.overlap_share
                 mdl.add(lin({self.ARmax: 1}, (-o, self.layers.params(s))), ">=", 0, "time", f"step[{s}]")
                 for c, (times, extra) in enumerate(zip(costs.layer_times(s), costs.recompute_times(s))):
                     mdl.add(lin({self.ARmax: 1}, (-a, self.layers.params(s)), (kappa, self.stage_sum(s, times, extra))),
-                            ">=", 0, "time", f"allreduce[{s},{c}]")
-            ub["AR"] = max(ub["AR"], a * self.total_params)
+                            ">=", lam, "time", f"allreduce[{s},{c}]")
+            ub["AR"] = max(ub["AR"], a * self.total_params + lam)
             if self.enforce_memory:
                 self.memory_row(s, costs.capacity[s], {}, None, f"memory[{s}]")
 
@@ -275,9 +282,10 @@ def build(search, cand, fixed_stages=None) -> Formulation:
             grouping.hint(stages, prog.mdl.hint)
             costs = search.stage_costs(cand, stages)
             for s, var in grouping.X.items():
-                prog.mdl.hint[var] = float(costs.terms.stage_comm_bytes(s, bounds[s], bounds[s + 1],
-                                                                        costs.split(s, bounds[s], bounds[s + 1]))
-                                           * costs.ring_factor(s))
+                k, l = bounds[s], bounds[s + 1]
+                mid = costs.split(s, k, l)
+                prog.mdl.hint[var] = float(costs.terms.stage_comm_bytes(s, k, l, mid) * costs.ring_factor(s)
+                                           + costs.terms.stage_comm_messages(s, k, l, mid) * costs.ring_latency(s))
 
     return Formulation(prog.mdl, decode, hint_from, terms,
                        {"node_classes": 0 if grouping is None else len(grouping.classes)})

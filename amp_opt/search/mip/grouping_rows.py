@@ -138,29 +138,41 @@ class FreeGrouping:
 
     def _ring(self) -> None:
         """(H10 in M6's form) X[s]: stage s's ring traffic per micro-batch over its slowest link, or
-        the node's intra link when the stage sits in one; only when there is such traffic."""
+        the node's intra link when the stage sits in one, and its messages at the largest latency
+        (H19); only when there is such traffic."""
         prog = self.prog
         self.X = {}
         for s in range(prog.cand.pp):
             traffic = prog.comm_bytes(s)
             if not traffic:
                 continue
-            worst = sum(abs(c) for c in traffic.values())
-            self.X[s] = prog.mdl.var(f"X[{s}]", 0, worst / min(self._inter(c) for c in self.classes), TIME)
-            self._link_rows(s, self.X[s], traffic, worst, f"ring[{s}")
+            msgs = prog.comm_messages(s)
+            worst, count = sum(abs(c) for c in traffic.values()), sum(abs(c) for c in msgs.values())
+            top = max(max(c.node_class.inter_latency, c.node_class.intra_latency) for c in self.classes)
+            self.X[s] = prog.mdl.var(f"X[{s}]", 0, worst / min(self._inter(c) for c in self.classes) + top * count, TIME)
+            self._link_rows(s, self.X[s], traffic, worst, f"ring[{s}", (msgs, count))
 
-    def _link_rows(self, s: int, var: int, expr: dict, worst: float, name: str) -> None:
-        """var >= expr / link of stage s: one row per class (its inter-node link, off when the stage
-        sits in one node) and one per node that can hold the stage (its intra-node link)."""
+    def _link_rows(self, s: int, var: int, expr: dict, worst: float, name: str, messages=({}, 0.0)) -> None:
+        """var >= expr / link of stage s (+ messages x latency, H19): one row per class (its inter-node
+        link, off when the stage sits in one node) and larger-latency class, and one per node that can
+        hold the stage (its intra-node link and latency)."""
         prog = self.prog
+        msgs, count = messages
         for c in self.classes:
             a = 1.0 / self._inter(c)
-            prog.mdl.add(lin({var: 1}, (-a, expr), (-a * worst, {self.u[s, c.index]: 1}), (a * worst, self.loc_s[s])),
-                         ">=", -a * worst, "time", f"{name},{c.index}]")
+            for c4 in self.classes:  # the latency's class: c's own, or one with a larger one
+                if c4 is not c and c4.node_class.inter_latency <= c.node_class.inter_latency:
+                    continue
+                lat = c4.node_class.inter_latency
+                M = a * worst + lat * count
+                uses = [(-M, {u: 1}) for u in dict.fromkeys([self.u[s, c.index], self.u[s, c4.index]])]
+                prog.mdl.add(lin({var: 1}, (-a, expr), (-lat, msgs), *uses, (M, self.loc_s[s])),
+                             ">=", -M * len(uses), "time", f"{name},{c.index},{c4.index}]")
             if c.per_node:
-                a2 = 1.0 / c.node_class.intra
+                a2, lat2 = 1.0 / c.node_class.intra, c.node_class.intra_latency
+                M2 = a2 * worst + lat2 * count
                 for j in c.nodes:
-                    prog.mdl.add(lin({var: 1}, (-a2, expr), (-a2 * worst, {self.loc[s, j]: 1})), ">=", -a2 * worst,
+                    prog.mdl.add(lin({var: 1}, (-a2, expr), (-lat2, msgs), (-M2, {self.loc[s, j]: 1})), ">=", -M2,
                                  "time", f"{name}_local,{j}]")
 
     def _compute(self) -> None:
@@ -177,25 +189,37 @@ class FreeGrouping:
                 prog.ub["E"] = max(prog.ub["E"], M + (prog.mdl.vars[self.X[s]].ub if ring else 0.0))
 
     def _p2p(self) -> None:
-        """(M7) p2p over the slowest link the two stages use, or the shared node's intra link."""
+        """(M7) p2p over the slowest link the two stages use, or the shared node's intra link, plus
+        the largest latency of the classes they use (H19): a row per pair of classes (one for the
+        bandwidth, one for the latency), only where the second's latency is the larger."""
         prog = self.prog
-        vol = prog.vol * prog.cand.virtual_stages  # an interleaved boundary is crossed v times (H11)
+        v = prog.cand.virtual_stages
+        vol = prog.vol * v  # an interleaved boundary is crossed v times (H11)
         vmax = float(vol.max()) if len(vol) else 0.0
+        lat = {c.index: v * c.node_class.inter_latency for c in self.classes}
         for s in range(prog.cand.pp - 1):
             for c in self.classes:
                 inter, intra = c.node_class.inter, c.node_class.intra
-                M = vmax / inter
-                for t in (s, s + 1):
-                    prog.mdl.add(lin({prog.P[s]: 1}, *[(-float(vol[l] / inter), prog.layers.e(s, l)) for l in range(prog.L)],
-                                     (-M, {self.u[t, c.index]: 1}), (M, self.sh_s[s])), ">=", -M, "time",
-                                 f"p2p[{s},{c.index},{t}]")
-                prog.ub["P"] = max(prog.ub["P"], M)
+                for c2 in self.classes:
+                    if c2 is not c and lat[c2.index] <= lat[c.index]:
+                        continue  # the row of c alone is as strong
+                    M = vmax / inter + lat[c2.index]
+                    for t in (s, s + 1):
+                        for t2 in ((t,) if c2 is c else (s, s + 1)):
+                            uses = dict.fromkeys([self.u[t, c.index], self.u[t2, c2.index]])
+                            prog.mdl.add(lin({prog.P[s]: 1}, *[(-float(vol[l] / inter), prog.layers.e(s, l))
+                                                               for l in range(prog.L)],
+                                             *[(-M, {u: 1}) for u in uses], (M, self.sh_s[s])),
+                                         ">=", lat[c2.index] - M * len(uses), "time",
+                                         f"p2p[{s},{c.index},{t},{c2.index},{t2}]")
+                    prog.ub["P"] = max(prog.ub["P"], M)
                 if c.per_node:
-                    M2 = vmax / intra
+                    own = v * c.node_class.intra_latency
+                    M2 = vmax / intra + own
                     for j in c.nodes:
                         prog.mdl.add(lin({prog.P[s]: 1}, *[(-float(vol[l] / intra), prog.layers.e(s, l))
                                                            for l in range(prog.L)],
-                                         (-M2, {self.sh[s, j]: 1})), ">=", -M2, "time", f"p2p_shared[{s},{j}]")
+                                         (-M2, {self.sh[s, j]: 1})), ">=", own - M2, "time", f"p2p_shared[{s},{j}]")
                     prog.ub["P"] = max(prog.ub["P"], M2)
 
     def _allreduce(self) -> None:
@@ -209,6 +233,8 @@ class FreeGrouping:
         step = {c.index: prog.terms.optimizer_bytes_per_param() / memory_bandwidth(prog.instance, (c.node_class.device_type,))
                 for c in self.classes}
         kappa = overlap_share(prog.instance)
+        steps = prog.terms.allreduce_messages()  # H19: the ring's steps at the largest latency of its classes
+        lat = {c.index: steps * c.node_class.inter_latency for c in self.classes}
         for s in range(prog.cand.pp):
             pe = prog.layers.params(s)
             windows = [(c3, prog.stage_sum(s, c3.times, c3.extra)) for c3 in self.classes] if kappa else [(None, {})]
@@ -217,25 +243,31 @@ class FreeGrouping:
                     if c2 is not c and step[c2.index] <= step[c.index]:
                         continue  # the row of c alone, or of a pair with a slower memory, is as strong
                     a = sync / self._inter(c) + step[c2.index]
-                    M = a * total
-                    for c3, window in windows:
-                        classes = {c.index, c2.index} | ({c3.index} if c3 is not None else set())
-                        uses = [(-M, {self.u[s, i]: 1}) for i in sorted(classes)]
-                        prog.mdl.add(lin({prog.ARmax: 1}, (-a, pe), (kappa, window), *uses, (M, self.loc_s[s])),
-                                     ">=", -M * len(uses), "time",
-                                     f"allreduce[{s},{c.index},{c2.index},{c3.index if c3 is not None else '-'}]")
-                    prog.ub["AR"] = max(prog.ub["AR"], M)
+                    base = c2 if lat[c2.index] > lat[c.index] else c
+                    for c4 in self.classes:  # the latency's class: the larger of c's and c2's, or a larger one
+                        if c4 is not base and lat[c4.index] <= lat[base.index]:
+                            continue
+                        M = a * total + lat[c4.index]
+                        for c3, window in windows:
+                            classes = {c.index, c2.index, c4.index} | ({c3.index} if c3 is not None else set())
+                            uses = [(-M, {self.u[s, i]: 1}) for i in sorted(classes)]
+                            prog.mdl.add(lin({prog.ARmax: 1}, (-a, pe), (kappa, window), *uses, (M, self.loc_s[s])),
+                                         ">=", lat[c4.index] - M * len(uses), "time",
+                                         f"allreduce[{s},{c.index},{c2.index},{c3.index if c3 is not None else '-'},"
+                                         f"{c4.index}]")
+                        prog.ub["AR"] = max(prog.ub["AR"], M)
                 if kappa and step[c.index]:
                     M = step[c.index] * total
                     prog.mdl.add(lin({prog.ARmax: 1}, (-step[c.index], pe), (-M, {self.u[s, c.index]: 1})), ">=", -M,
                                  "time", f"step[{s},{c.index}]")
                 if c.per_node:
                     a2 = sync / c.node_class.intra + step[c.index]
-                    M2 = a2 * total
+                    own_lat = steps * c.node_class.intra_latency
+                    M2 = a2 * total + own_lat
                     own = prog.stage_sum(s, c.times, c.extra) if kappa else {}
                     for j in c.nodes:
                         prog.mdl.add(lin({prog.ARmax: 1}, (-a2, pe), (kappa, own), (-M2, {self.loc[s, j]: 1})), ">=",
-                                     -M2, "time", f"allreduce_local[{s},{j}]")
+                                     own_lat - M2, "time", f"allreduce_local[{s},{j}]")
                     prog.ub["AR"] = max(prog.ub["AR"], M2)
 
     def _inter(self, c) -> float:
