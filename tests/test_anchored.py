@@ -2,9 +2,7 @@
 profiles measured carries over to the tp degrees and micro-batches it did not measure; the
 datasheet peak is the fallback only where nothing was measured on the device type."""
 
-import math
 
-import numpy as np
 import pytest
 
 from amp_opt import evaluate, parse_plan

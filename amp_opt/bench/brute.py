@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from ..errors import InputError
 from ..model.engines import engine_of
 from ..model.evaluate import Evaluation, evaluate
-from ..model.engines import engine_of
 from ..model.instance import idle_level
 from ..model.plan import PER_STAGE_MODES, parse_plan
 from ..model.tables import Tables

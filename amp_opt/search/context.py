@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..model.candidates import even_partition
-from ..model.costs.terms import bound_holds, plan_of, stage_order
+from ..model.costs.protocol import bound_holds, plan_of
+from ..model.costs.terms import stage_order
 from ..model.evaluate import Evaluation, evaluate
 from ..model.plan import Candidate, Plan
 from ..model.tables import Tables

@@ -24,7 +24,8 @@ import numpy as np
 
 from ...errors import InputError
 from .hetero import HeteroModel
-from .terms import StageCosts, StagePlacement, pipeline_weights
+from .pipeline import pipeline_weights
+from .terms import StageCosts, StagePlacement
 
 
 @dataclass(frozen=True)

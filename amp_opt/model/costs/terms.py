@@ -1,28 +1,12 @@
-"""The terms every cost model prices, and the protocol a cost model implements.
+"""The terms of a candidate and of its stages, as every cost model prices them.
 
-Every cost model scores a plan with one iteration-time formula, a weighted maximum plus
-sums (:class:`Pipeline`)::
-
-    time = max_s c_s E_s + (1/v) sum_s E_s + r sum_s P_s + max_s AR_s
-
-whose weights come from the model's schedule: AMP's closed form (``formulations/amp.md``
-eq. A5, ``formulations/hetero.md`` H6, H11: c_s = n - 1/v, r = 1) or the 1F1B schedule's
-(H13: c_s by the stage's position, r = 2), and differs in how the stage terms are computed.  A cost
-model (:class:`CostModel`) turns a candidate on a placement (the devices of every
-stage) into a :class:`StageCosts`, which computes the terms of any stage for any layer
-range, vectorised, so that the evaluator, the partition DP and the MIPs all read their
-numbers from one place; and it knows a lower bound on every plan of a candidate.  What
-does not depend on the devices (memory, eq. H5, H7-H10; per-layer effective times;
-volumes) is :class:`CandidateTerms`.
-
-The contract (``formulations/hetero.md``, "One source of terms"): the per-candidate terms every
-search reads come from ONE model method, :meth:`CostModel.candidate_terms`.  The model's own
-:class:`StageCosts` is built from it, and so are its bound, the stage-kind search's tables and the
-MIP rows; so a caller's model that overrides ``candidate_terms`` (returning a
-:class:`CandidateTerms` subclass: layer seconds of a device type scaled, the links of the instance
-it prices slower) changes every path at once.  A model that overrides ``stage_costs`` or
-``lower_bound`` instead cannot be priced by the rows: :func:`rows_price` says so, and the row-based
-solvers refuse it (:func:`check_rows_price`).
+What does not depend on the devices (memory, eq. H5, H7-H10, H14; per-layer effective times;
+volumes) is :class:`CandidateTerms`; a cost model (:mod:`.protocol`) turns a candidate on a
+placement (the devices of every stage) into a :class:`StageCosts`, which computes the terms of any
+stage for any layer range, vectorised, so that the evaluator, the partition DP and the MIPs all
+read their numbers from one place.  The iteration-time formula is :mod:`.pipeline`'s, the link
+rules :mod:`.links`'.  Every search reads these records through one model method,
+``candidate_terms`` (``formulations/hetero.md``, "One source of terms").
 
 The module is over 400 lines because every term of ``formulations/hetero.md`` (H1-H19) is a
 method of these two records, which share one set of per-layer prefix arrays; split by term, each
@@ -36,114 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import InputError
-from ..classes import ring_share
+from .pipeline import BACKWARD_SHARE, FORWARD_SHARE, pipeline_weights
 from ..plan import Candidate, Stages
 
-FORWARD_SHARE = 1.0 / 3.0  # a layer's forward share of its forward+backward time (backward = 2 forward)
-BACKWARD_SHARE = 1.0 - FORWARD_SHARE  # the share a gradient reduction can overlap (H18)
-
-
-SCHEDULES = ("closed", "1f1b")  # the iteration-time formulas a cost model may use
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """The weights of the iteration-time formula of one candidate::
-
-        time = max_s bottleneck[s] E_s + (1/v) sum_s E_s + p2p sum_s P_s + max_s AR_s
-
-    ``bottleneck`` has one weight per stage (all n - 1/v in the closed form, eq. H6/H11; by
-    position under 1F1B, eq. H13), ``p2p`` weighs the boundary transfers (1, or 2 when the
-    first micro-batch's round trip is counted both ways, H13).
-    """
-
-    bottleneck: tuple[float, ...]
-    virtual: int = 1
-    p2p: float = 1.0
-
-    @property
-    def fill(self) -> float:
-        """The weight of each stage's compute in the sum."""
-        return 1 / self.virtual
-
-    @property
-    def least(self) -> float:
-        """The smallest bottleneck weight: least * max_s E_s bounds the weighted maximum from below."""
-        return min(self.bottleneck)
-
-    def time(self, compute, p2p, allreduce) -> float:
-        """Seconds per iteration from the per-stage terms (``p2p[s]``: boundary s to s+1)."""
-        lead = max(w * e for w, e in zip(self.bottleneck, compute))
-        return float(lead + sum(compute) / self.virtual + self.p2p * sum(p2p) + max(allreduce))
-
-
-def pipeline_weights(n_micro: int, pp: int, virtual_stages: int = 1, schedule: str = "closed") -> Pipeline:
-    """The weights of a candidate's iteration time under a schedule model (``SCHEDULES``).
-
-    ``"closed"``: AMP's closed form, every stage weighed n - 1/v (eq. A5, H6, H11).  ``"1f1b"``
-    (eq. H13, non-interleaved only; with v > 1 the closed form H11): stage s is weighed
-    (n-1) B + max(n - w_s - 1, 0) F with F = 1/3, B = 2/3 its forward and backward shares and
-    w_s = min(p-s-1, n) its warm-up forwards, and each boundary is crossed twice.
-
-    Examples
-    --------
-    >>> pipeline_weights(4, 2, schedule="closed").bottleneck
-    (3.0, 3.0)
-    >>> [round(w, 4) for w in pipeline_weights(4, 2, schedule="1f1b").bottleneck]
-    [2.6667, 3.0]
-    """
-    n, v = n_micro, virtual_stages
-    if schedule == "closed" or v > 1:
-        return Pipeline((n - 1 / v,) * pp, v)
-    if schedule != "1f1b":
-        raise ValueError(f"unknown schedule {schedule!r} (choose from {', '.join(SCHEDULES)})")
-    # (n-1) B + max(n - w - 1, 0) F = (n-1) - min(w, n-1) F: exactly n - 1 on the last stage.
-    weights = tuple((n - 1) - min(pp - s - 1, n - 1) * FORWARD_SHARE for s in range(pp))
-    return Pipeline(weights, 1, 2.0)
-
-
-def iteration_time(n_micro: int, compute, p2p, allreduce, virtual_stages: int = 1, schedule: str = "closed") -> float:
-    """Seconds per iteration from the per-stage terms: eq. A5 / H6 (H11 with interleaving), or
-    H13 under the 1F1B schedule model."""
-    return pipeline_weights(n_micro, len(compute), virtual_stages, schedule).time(compute, p2p, allreduce)
-
-
-def tp_link(instance, nodes) -> float:
-    """Bytes/s of a tensor-parallel group's collectives (eq. H2, H16): its node's intra-node
-    bandwidth, or over the slowest inter-node link of the nodes it spans."""
-    return hetero_link(instance, nodes)
-
-
-def ring_link(instance, nodes, tp: int) -> float:
-    """Bytes/s of a stage's data-parallel ring (eq. H4, H17): its node's intra-node link when it
-    sits in one, else the slowest share of a NIC any of its nodes gives one of its tp rings."""
-    used = set(nodes)
-    if len(used) == 1:
-        return instance.nodes[next(iter(used))].intra_bandwidth
-    return min(ring_share(instance.nodes[j].inter_bandwidth, instance.nodes[j].nics, tp) for j in used)
-
-
-def hetero_link(instance, nodes) -> float:
-    """The hetero model's link rule (eq. H3, H4): intra-node bandwidth when every
-    group sits in one node, else the slowest inter-node link among the nodes."""
-    used = set(nodes)
-    if len(used) == 1:
-        return instance.nodes[next(iter(used))].intra_bandwidth
-    return min(instance.nodes[j].inter_bandwidth for j in used)
-
-
-def link_latency(instance, nodes) -> float:
-    """Seconds per message of the link among ``nodes`` (eq. H19, the link rule of H3, H4): the
-    node's intra-node latency when they are one node, else the largest inter-node latency among them."""
-    used = set(nodes)
-    if len(used) == 1:
-        return instance.nodes[next(iter(used))].intra_latency
-    return max(instance.nodes[j].inter_latency for j in used)
-
-
-def allreduce_factor(instance, dp: int, bandwidth: float) -> float:
-    """Seconds per parameter (per rank) of a ring allreduce over dp replicas (eq. H4)."""
-    return 2 * (dp - 1) / dp * instance.training.allreduce_bytes_per_param / bandwidth
 
 
 def communicator_sizes(cand) -> tuple[int, ...]:
@@ -678,104 +557,3 @@ class StageCosts:
     def optimizer_factor(self, s: int) -> float:
         """Seconds per parameter of stage s's optimizer step (H15); 0 under a model without it."""
         return self._optimizer_factor[s]
-
-
-def plan_of(model, tables, cand: Candidate, partition, stages: Stages, *, chunks=None):
-    """The plan of a candidate at a partition and device groups.  A ``per_stage`` candidate's
-    plan lists each stage's faster recomputation mode that fits (:meth:`StageCosts.modes_of`),
-    the choice every search makes for it."""
-    if not cand.per_stage:
-        return cand.plan(partition, stages)
-    bounds = tuple(partition) if chunks is None else stage_order(chunks, cand.pp)[1]
-    return cand.plan(partition, stages, modes=model.stage_costs(tables, cand, stages, chunks=chunks).modes_of(bounds))
-
-
-class CostModel:
-    """The protocol of a cost model (a strategy): its name, whether it enforces memory, the
-    placements it can price, the candidates it can price, its stage terms and its bound.
-
-    ``schedule`` names the iteration-time formula (:func:`pipeline_weights`);
-    ``placements`` lists the placements the model prices, the default first; ``idle`` says
-    whether the model prices a plan by the devices it uses alone, so that some may stay idle.
-    ``prices(cand)`` says whether the model prices a candidate's decisions.
-    ``candidate_terms(tables, cand, chunks=..., modes=...)`` returns the :class:`CandidateTerms`
-    of a candidate: the one source of per-candidate terms (module doc) that the model's stage
-    terms, its bound and every row-based search read; a caller's model changes its pricing by
-    overriding it.  ``stage_costs(tables, cand, stages, chunks=..., modes=...)`` returns the
-    :class:`StageCosts` of a candidate on a placement, built from ``candidate_terms``; ``lower_bound(tables, cand,
-    labelled=..., enough=...)`` a time no plan of the candidate beats (``inf`` when none
-    fits).  A cheap ``labelled=False`` bound is enough for callers that refine it
-    themselves; ``enough`` (default inf) says that any bound at or above it will do, so a
-    model may stop there.
-    """
-
-    name: str = ""
-    description: str = ""
-    enforces_memory: bool = True
-    schedule: str = "closed"  # the iteration-time formula: "closed" (H6, H11) or "1f1b" (H13)
-    placements: tuple[str, ...] = ()
-    idle: bool = True  # whether a plan's price depends only on the devices it uses (so some may idle)
-
-    def prices(self, cand: Candidate) -> bool:  # pragma: no cover
-        raise NotImplementedError
-
-    def candidate_terms(self, tables, cand: Candidate, *, chunks=None, modes=None) -> CandidateTerms:
-        """The candidate's terms whatever its devices, read by every path (the contract above)."""
-        return CandidateTerms(tables, cand, chunks=chunks, modes=modes)
-
-    def stage_costs(self, tables, cand, stages: Stages, *, chunks=None, modes=None) -> StageCosts:  # pragma: no cover
-        raise NotImplementedError
-
-    def lower_bound(self, tables, cand, *, labelled: bool = True, enough: float = np.inf) -> float:  # pragma: no cover
-        raise NotImplementedError
-
-    def pipeline(self, tables, cand: Candidate) -> Pipeline:
-        """The weights of a candidate's iteration time under this model's schedule."""
-        return pipeline_weights(cand.n_micro(tables.instance), cand.pp, cand.virtual_stages, self.schedule)
-
-    def __repr__(self) -> str:
-        return f"<cost model {self.name}>"
-
-
-PRICING = ("candidate_terms", "stage_costs", "lower_bound")  # the methods a cost model prices with
-
-
-def _callers(model) -> set[str]:
-    """Which of :data:`PRICING` a model takes from a class of the caller's (not amp_opt's own)."""
-    out = set()
-    for name in PRICING:
-        owner = next((k for k in type(model).__mro__ if name in vars(k)), CostModel)
-        if not owner.__module__.startswith("amp_opt."):
-            out.add(name)
-    return out
-
-
-def rows_price(model) -> bool:
-    """Whether the row-based searches (the MIP rows, the stage-kind search) price plans as the
-    model does: its ``stage_costs`` and ``lower_bound`` are amp_opt's own, built from its
-    ``candidate_terms`` (which may be the caller's), the one source the rows read."""
-    return not _callers(model) & {"stage_costs", "lower_bound"}
-
-
-def library_priced(model) -> bool:
-    """Whether the model prices with amp_opt's own methods only, so that the bounds computed from
-    the layer tables without the model (the throughput bound B6, the block search's layer bound)
-    hold under it."""
-    return not _callers(model)
-
-
-def bound_holds(model) -> bool:
-    """Whether the model's ``lower_bound`` bounds its ``stage_costs``: both amp_opt's, or the
-    bound the caller's own (the caller vouches for it).  A model that overrides ``stage_costs``
-    alone keeps amp_opt's bound, which prices other terms: the searches then bound nothing."""
-    callers = _callers(model)
-    return "stage_costs" not in callers or "lower_bound" in callers
-
-
-def check_rows_price(model, solver: str) -> None:
-    """InputError naming ``cost_model`` when a row-based solver would price other terms than the
-    model's (:func:`rows_price`): the MIP could then say OPTIMAL of a plan that is not."""
-    if not rows_price(model):
-        raise InputError("cost_model", f"{model.name or type(model).__name__} overrides stage_costs or lower_bound, "
-                                       f"which {solver} cannot price (its rows read candidate_terms): override "
-                                       "candidate_terms instead, or use --solver enumerate")
