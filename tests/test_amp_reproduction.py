@@ -61,4 +61,4 @@ def test_het_cluster_top_pick_improves_on_amp(paper_instances):
     value, path = optimal_path(graph)
     assert value < 1.0845  # below both AMP's pick and the pipe-only optimum [0, 8, 14, 20, 30]
     assert evaluate(inst, parse_plan({"tp": 1, "dp": 4, "pp": 4, "micro_batch": 1,
-                                      "partition": list(path.bounds)}), "amp").predicted_time == pytest.approx(value)
+                                      "partition": list(path.boundaries)}), "amp").predicted_time == pytest.approx(value)

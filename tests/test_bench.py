@@ -78,8 +78,8 @@ def test_even_partition_splits_transformers_and_keeps_embedding_and_head_outside
     inst = paper_instances["het_cluster"]  # embed2h, noop0, 24 blocks, noop1, noop2, embed2v, noop3
     assert even_partition(inst, 1) == (0, 30)
     assert even_partition(inst, 4) == (0, 8, 14, 20, 30)  # 2 + 6 | 6 | 6 | 6 + 4
-    bounds = even_partition(inst, 5)  # 24 blocks over 5 stages: 5 5 5 5 4
-    assert bounds == (0, 7, 12, 17, 22, 30)
+    boundaries = even_partition(inst, 5)  # 24 blocks over 5 stages: 5 5 5 5 4
+    assert boundaries == (0, 7, 12, 17, 22, 30)
     assert even_partition(inst, 31) is None
 
 

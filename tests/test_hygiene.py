@@ -282,12 +282,12 @@ def test_long_model_is_searched_over_exact_blocks():
     from amp_opt.model.coarsen import MAX_LAYERS, coarsen
 
     inst = parse_instance(_cluster(300))
-    coarse, bounds = coarsen(inst)
-    assert coarse.num_layers == len(bounds) - 1 <= MAX_LAYERS and bounds[0] == 0 and bounds[-1] == inst.num_layers
+    coarse, boundaries = coarsen(inst)
+    assert coarse.num_layers == len(boundaries) - 1 <= MAX_LAYERS and boundaries[0] == 0 and boundaries[-1] == inst.num_layers
     result = solve(inst, solver="cpsat", time_limit=20)
     plan = result.best.plan
-    assert set(plan.partition) <= set(bounds) and "coarsened" in result.solver.extra
-    block_plan = dataclasses.replace(plan, partition=tuple(bounds.index(b) for b in plan.partition))
+    assert set(plan.partition) <= set(boundaries) and "coarsened" in result.solver.extra
+    block_plan = dataclasses.replace(plan, partition=tuple(boundaries.index(b) for b in plan.partition))
     assert evaluate(coarse, block_plan).predicted_time == pytest.approx(result.best.predicted_time, rel=1e-9)
     assert result.solver.bound <= result.solver.objective
     assert result.solver.status in ("FEASIBLE", "OPTIMAL")
@@ -303,13 +303,13 @@ def test_interleaving_over_blocks_is_megatrons_split_of_the_layers_too():
     from amp_opt.model.engines import megatron_split
 
     inst = parse_instance(_cluster(203, count=1))  # 8 GPUs
-    coarse, bounds = coarsen(inst)
+    coarse, boundaries = coarsen(inst)
     interleaved = [c for c in candidates(coarse) if c.virtual_stages > 1]
     assert interleaved and all(megatron_split(inst, c.pp * c.virtual_stages) is not None for c in interleaved)
     assert megatron_split(coarse, 8) is not None and megatron_split(inst, 8) is None  # the case the rule is for
     for cand in interleaved[:3]:  # their even split of the blocks is a plan the layers' engine accepts
-        chunks = megatron_split(coarse, cand.pp * cand.virtual_stages).bounds
-        plan = cand.plan(tuple(bounds[i] for i in chunks))
+        chunks = megatron_split(coarse, cand.pp * cand.virtual_stages).boundaries
+        plan = cand.plan(tuple(boundaries[i] for i in chunks))
         assert evaluate(inst, plan).predicted_time > 0
 
 

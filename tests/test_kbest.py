@@ -26,7 +26,7 @@ def test_k_best_paths_equal_the_k_best_of_every_path(seed, L, p, states, n, sche
     brute = every_path(g)
     found = list(itertools.islice(k_best_paths(g), k))
     assert len(found) == min(k, len(brute))
-    assert len({(f[1].transitions, f[1].bounds) for f in found}) == len(found)  # each path once
+    assert len({(f[1].transitions, f[1].boundaries) for f in found}) == len(found)  # each path once
     for (value, path), (expected, _) in zip(found, brute):
         assert value == pytest.approx(expected, rel=1e-12, abs=1e-15)
         assert path_value(g, path) == pytest.approx(value, rel=1e-12, abs=1e-15)

@@ -57,7 +57,7 @@ def path_cost(model, path, y, T, U):
     prices = model.compositions(y[:C])[0] + np.array([sum(y[C + j] for j, B in enumerate(model.cut_sets) if set(S) <= set(B))
                                                       for S in model.kinds])
     total = 0.0
-    for s, (i, k, l) in enumerate(zip(path.kinds, path.bounds, path.bounds[1:])):
+    for s, (i, k, l) in enumerate(zip(path.kinds, path.boundaries, path.boundaries[1:])):
         assert model.fits_at(model.in_flight[s])[i, k, l]
         # T is on the weighted compute: the stage's bottleneck weight (by its micro-batches in flight) times E.
         assert model.compute[i, k, l] * model.weight[model.in_flight[s]] <= T and model.allreduce[i, k, l] <= U

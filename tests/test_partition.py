@@ -110,7 +110,7 @@ def test_free_grouping_equals_every_grouping(instance):
         assert exact[0] == pytest.approx(best[0], rel=1e-12), cand
         # The reconstructed devices score the same under the evaluator.
         stages = stages_of_path(instance, cand, fg, exact[1].transitions)
-        plan = cand.plan(chunks or exact[1].bounds, stages)
+        plan = cand.plan(chunks or exact[1].boundaries, stages)
         ev = evaluate(instance, plan, "hetero")
         assert ev.feasible
         assert ev.predicted_time == pytest.approx(exact[0], rel=1e-12)

@@ -52,9 +52,9 @@ def test_every_complete_row_builds_validates_and_evaluates(published):
         assert instance.num_devices == row["gpus"], row["id"]
         fixed, open_, _ = published.plan_space(row, instance)
         plan = dict(fixed, **{key: values[0] for key, values in open_.items()})
-        bounds, _ = published.partition(instance, plan["pp"], plan.get("virtual_stages", 1))
-        assert bounds is not None, row["id"]
-        plan["partition"] = list(bounds)
+        boundaries, _ = published.partition(instance, plan["pp"], plan.get("virtual_stages", 1))
+        assert boundaries is not None, row["id"]
+        plan["partition"] = list(boundaries)
         evaluation = amp_opt.evaluate(instance, amp_opt.parse_plan(plan), "hetero")
         assert math.isfinite(evaluation.predicted_time) and evaluation.predicted_time > 0, row["id"]
         assert evaluation.devices_used == row["gpus"], row["id"]

@@ -338,9 +338,9 @@ def test_megatron_split_counts_the_embedding_and_the_loss_when_that_makes_chunks
     inst = parse_instance(preset_doc(layers=6))  # embedding, 6 transformer layers, head
     assert megatron_split(inst, 3) == megatron_split(inst, 3).__class__((0, 3, 5, 8), False, False)
     both = megatron_split(inst, 4)  # 6 + 2 = 8 units: the embedding and the head count as layers
-    assert (both.bounds, both.embedding_counted, both.loss_counted) == ((0, 2, 4, 6, 8), True, True)
+    assert (both.boundaries, both.embedding_counted, both.loss_counted) == ((0, 2, 4, 6, 8), True, True)
     one = megatron_split(inst, 7)  # 6 + 1
-    assert one.embedding_counted != one.loss_counted and len(one.bounds) == 8
+    assert one.embedding_counted != one.loss_counted and len(one.boundaries) == 8
     assert megatron_split(inst, 5) is None
 
 

@@ -418,7 +418,7 @@ def test_the_search_graph_prices_each_configuration_as_the_evaluator_does():
             found = optimal_path(_graph(UnevenCosts(model, tables, plan, cache=cache), 4))
             if found is None:
                 continue
-            ev = amp_opt.evaluate(inst, parse_plan({**fields, "partition": list(found[1].bounds)}))
+            ev = amp_opt.evaluate(inst, parse_plan({**fields, "partition": list(found[1].boundaries)}))
             assert found[0] == pytest.approx(ev.predicted_time, rel=1e-9)
             compared += 1
     assert compared >= 10

@@ -127,7 +127,7 @@ def split_args(instance, plan: Plan, counts: list[int]) -> tuple[list[str], dict
     notes: list[str] = []
     if plan.virtual_stages > 1:
         even = megatron_split(instance, len(counts))
-        if even is not None and tuple(plan.partition) == even.bounds:
+        if even is not None and tuple(plan.partition) == even.boundaries:
             flags = ["--num-virtual-stages-per-pipeline-rank", str(plan.virtual_stages)]
             flags += ["--account-for-embedding-in-pipeline-split"] if even.embedding_counted else []
             flags += ["--account-for-loss-in-pipeline-split"] if even.loss_counted else []

@@ -45,16 +45,16 @@ def even_partition(instance, parts: int, *, exact: bool = False) -> tuple[int, .
         return None
     if exact:
         split = megatron_split(instance, parts)
-        return None if split is None else split.bounds
+        return None if split is None else split.boundaries
     first, last = instance.transformer_span
     if last - first < parts:
         first, last = 0, n
     size, extra = divmod(last - first, parts)
-    bounds = [first]
+    boundaries = [first]
     for s in range(parts):
-        bounds.append(bounds[-1] + size + (1 if s < extra else 0))
-    bounds[0], bounds[-1] = 0, n
-    return tuple(bounds)
+        boundaries.append(boundaries[-1] + size + (1 if s < extra else 0))
+    boundaries[0], boundaries[-1] = 0, n
+    return tuple(boundaries)
 
 
 def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: int) -> list[Candidate]:

@@ -49,7 +49,7 @@ def runs(instance: Instance) -> list[tuple[int, int]]:
     return out
 
 
-def block_bounds(instance: Instance, max_layers: int = MAX_LAYERS) -> tuple[int, ...] | None:
+def block_boundaries(instance: Instance, max_layers: int = MAX_LAYERS) -> tuple[int, ...] | None:
     """The boundaries (in original layers) of the fewest equal-size blocks per run that leave at
     most ``max_layers`` blocks; None if even whole runs as blocks are too many."""
     pieces = runs(instance)
@@ -63,11 +63,11 @@ def block_bounds(instance: Instance, max_layers: int = MAX_LAYERS) -> tuple[int,
             hi = mid
         else:
             lo = mid + 1
-    bounds = [0]
+    boundaries = [0]
     for a, b in pieces:
         count = math.ceil((b - a) / lo)
-        bounds += [a + round((b - a) * (j + 1) / count) for j in range(count)]
-    return tuple(bounds)
+        boundaries += [a + round((b - a) * (j + 1) / count) for j in range(count)]
+    return tuple(boundaries)
 
 
 def coarsen(instance: Instance, max_layers: int = MAX_LAYERS) -> tuple[Instance, tuple[int, ...]] | None:
@@ -76,22 +76,22 @@ def coarsen(instance: Instance, max_layers: int = MAX_LAYERS) -> tuple[Instance,
     L = instance.num_layers
     if L <= max_layers:
         return None
-    bounds = block_bounds(instance, max_layers)
-    if bounds is None:
+    boundaries = block_boundaries(instance, max_layers)
+    if boundaries is None:
         raise InputError("instance.model.layers",
                          f"{L} layers in {len(runs(instance))} runs of one kind: amp_opt searches at most "
                          f"{max_layers} layers, or longer models whose runs of layers of one kind merge into at "
                          f"most {max_layers} blocks")
-    layers = tuple(_block(instance.layers[a:b]) for a, b in zip(bounds, bounds[1:]))
+    layers = tuple(_block(instance.layers[a:b]) for a, b in zip(boundaries, boundaries[1:]))
     profiles = tuple(Profile(p.device_type, p.tp, p.micro_batch,
-                             tuple(float(sum(p.layer_times[a:b])) for a, b in zip(bounds, bounds[1:])))
+                             tuple(float(sum(p.layer_times[a:b])) for a, b in zip(boundaries, boundaries[1:])))
                      for p in instance.profiles)
     search = dataclasses.replace(instance.search, max_pp=min(instance.search.max_pp, len(layers)))
     note = (f"the {L} layers were merged into {len(layers)} blocks of consecutive layers "
             "(stage boundaries on block boundaries only)")
     coarse = dataclasses.replace(instance, layers=layers, profiles=profiles, search=search,
                                  notes=instance.notes + (note,))
-    return coarse, bounds
+    return coarse, boundaries
 
 
 def _block(members) -> Layer:

@@ -99,7 +99,7 @@ class Engine:
 class Split:
     """Megatron's even split of the layers into chunks (``megatron_split``)."""
 
-    bounds: tuple[int, ...]  # chunk boundaries in the instance's layers
+    boundaries: tuple[int, ...]  # chunk boundaries in the instance's layers
     embedding_counted: bool  # --account-for-embedding-in-pipeline-split
     loss_counted: bool  # --account-for-loss-in-pipeline-split
 
@@ -115,12 +115,12 @@ def megatron_split(instance, parts: int) -> Split | None:
     n = instance.num_layers
     for emb, loss in _even_counts(first > 0, last - first, last < n, parts):
         size = (last - first + emb + loss) // parts
-        bounds = [0]
+        boundaries = [0]
         for j in range(1, parts):
-            bounds.append(first - emb + j * size)
-        bounds.append(n)
-        if all(a < b for a, b in zip(bounds, bounds[1:])):
-            return Split(tuple(bounds), emb, loss)
+            boundaries.append(first - emb + j * size)
+        boundaries.append(n)
+        if all(a < b for a, b in zip(boundaries, boundaries[1:])):
+            return Split(tuple(boundaries), emb, loss)
     return None
 
 

@@ -120,7 +120,7 @@ def stage_costs(instance, plan: Plan, model: str | CostModel, tables: Tables | N
                              modes=None if isinstance(plan.recompute, str) else plan.recompute)
 
 
-def stage_bounds(plan: Plan) -> tuple[int, ...]:
+def stage_boundaries(plan: Plan) -> tuple[int, ...]:
     """The stages' layer ranges in stage order (the partition, or with interleaving each stage's
     chunks made contiguous, eq. H11)."""
     return plan.partition if plan.virtual_stages == 1 else stage_order(plan.partition, plan.pp)[1]
@@ -154,8 +154,8 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
     model = get_cost_model(cost_model)
     plan = check_plan(instance, parse_plan(plan) if isinstance(plan, Mapping) else plan)
     costs = stage_costs(instance, plan, model, tables)
-    bounds = stage_bounds(plan)
-    reports = [_stage_report(instance, plan, costs, s, bounds[s], bounds[s + 1]) for s in range(plan.pp)]
+    boundaries = stage_boundaries(plan)
+    reports = [_stage_report(instance, plan, costs, s, boundaries[s], boundaries[s + 1]) for s in range(plan.pp)]
     compute, p2p = [r.compute for r in reports], [r.p2p for r in reports]
     total = costs.pipeline.time(compute, p2p, [r.allreduce for r in reports])
     over = [r for r in reports if not r.fits]
@@ -286,11 +286,11 @@ def memory_parts(instance, evaluation: Evaluation, cost_model: str | CostModel =
     plan, model = evaluation.plan, get_cost_model(cost_model)
     tables, chunks = Tables(instance), plan.partition if plan.virtual_stages > 1 else None
     per_stage = [model.candidate_terms(tables, plan.stage_candidate(s), chunks=chunks) for s in range(plan.pp)]
-    bounds = stage_bounds(plan)
+    boundaries = stage_boundaries(plan)
     out = []
     for r in evaluation.stages:
         terms = per_stage[r.index]  # the stage's own tp_s and dp_s (the same for every stage of a uniform plan)
-        state = float(terms.sums.params_in(bounds[r.index], bounds[r.index + 1])) * terms.state_bytes_per_param
+        state = float(terms.sums.params_in(boundaries[r.index], boundaries[r.index + 1])) * terms.state_bytes_per_param
         activations = (r.memory - terms.framework_bytes) / terms.allocator_scale - state
         out.append(MemoryParts(r.index, state, activations, r.memory - state - activations, r.memory))
     return tuple(out)

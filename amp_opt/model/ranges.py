@@ -208,8 +208,8 @@ def min_max_chain(tables: Sequence[np.ndarray], feasible: Sequence[np.ndarray] |
         return value
     if not np.isfinite(value):
         return value, None
-    _, bounds = backtrack(p, L, None, lambda s, state, end: (None, int(back[s][end - s - 1]), None))
-    return value, bounds
+    _, boundaries = backtrack(p, L, None, lambda s, state, end: (None, int(back[s][end - s - 1]), None))
+    return value, boundaries
 
 
 def backtrack(stages: int, end: int, state, step: Callable) -> tuple[tuple, tuple[int, ...]]:
@@ -218,13 +218,13 @@ def backtrack(stages: int, end: int, state, step: Callable) -> tuple[tuple, tupl
     ``step(s, state, end)`` returns ``(choice, start, previous state)`` for stage s ending at
     ``end`` in ``state``.  Returns the choices and the p+1 boundaries, in stage order.
     """
-    choices, bounds = [], [end]
+    choices, boundaries = [], [end]
     for s in range(stages - 1, -1, -1):
         choice, start, state = step(s, state, end)
         choices.append(choice)
-        bounds.append(start)
+        boundaries.append(start)
         end = start
-    return tuple(reversed(choices)), tuple(reversed(bounds))
+    return tuple(reversed(choices)), tuple(reversed(boundaries))
 
 
 def weighted(table: np.ndarray, weight: float) -> np.ndarray:

@@ -38,7 +38,7 @@ from .result import SolveResult, status_of
 from .tuning import REMAP_SECONDS_PER_LAYER
 
 
-def solve_blocks(instance, coarse, bounds: tuple[int, ...], run, clock: Clock, *, model) -> SolveResult:
+def solve_blocks(instance, coarse, boundaries: tuple[int, ...], run, clock: Clock, *, model) -> SolveResult:
     """``run(coarse, clock)``, its plans mapped to ``instance``'s layers and re-scored; the coarse
     search's clock keeps REMAP_SECONDS_PER_LAYER per original layer back for that."""
     try:
@@ -46,15 +46,15 @@ def solve_blocks(instance, coarse, bounds: tuple[int, ...], run, clock: Clock, *
     except NoPlanFound as exc:  # said with the caller's time limit, without the coarse search's bound
         raise (NoPlanFound(clock.stopped_why()) if exc.reason.startswith("time limit") else exc) from None
     except InfeasibleError:
-        raise NoPlanFound("coarsened", f"no plan with stage boundaries on the {len(bounds) - 1} blocks of "
+        raise NoPlanFound("coarsened", f"no plan with stage boundaries on the {len(boundaries) - 1} blocks of "
                                        f"consecutive layers fits ({instance.num_layers} layers in all); a finer split was not "
                                        "searched, so infeasibility is not proven") from None
-    top = tuple(evaluate(instance, dataclasses.replace(ev.plan, partition=tuple(bounds[i] for i in ev.plan.partition)),
+    top = tuple(evaluate(instance, dataclasses.replace(ev.plan, partition=tuple(boundaries[i] for i in ev.plan.partition)),
                          model) for ev in result.top)
     objective = top[0].predicted_time
     bound = min(objective, layer_bound(instance, model))
     stats = result.solver
-    extra = {**stats.extra, "coarsened": (f"{instance.num_layers} layers searched as {len(bounds) - 1} blocks of "
+    extra = {**stats.extra, "coarsened": (f"{instance.num_layers} layers searched as {len(boundaries) - 1} blocks of "
                                           "consecutive layers; stage boundaries on block boundaries only"),
              "block_plans_bound": stats.bound, "block_plans_status": stats.status}
     stats = dataclasses.replace(stats, objective=objective, bound=bound, extra=extra,

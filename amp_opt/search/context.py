@@ -99,11 +99,11 @@ class Search:
             return None
         return cand.chunks or even_partition(self.instance, cand.pp * cand.virtual_stages, exact=True)
 
-    def partition(self, cand: Candidate, bounds) -> tuple[int, ...]:
+    def partition(self, cand: Candidate, boundaries) -> tuple[int, ...]:
         """A plan's partition from stage boundaries in stage order (the chunks with interleaving)."""
-        return self.chunks(cand) or tuple(bounds)
+        return self.chunks(cand) or tuple(boundaries)
 
-    def stage_bounds(self, cand: Candidate, partition) -> tuple[int, ...]:
+    def stage_boundaries(self, cand: Candidate, partition) -> tuple[int, ...]:
         """A plan's stage boundaries in stage order (its partition, or its chunks made contiguous)."""
         return tuple(partition) if cand.virtual_stages == 1 else stage_order(partition, cand.pp)[1]
 

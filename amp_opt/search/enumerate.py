@@ -159,7 +159,7 @@ def _plan_key(instance, plan) -> str:
     plain full recomputation (every recomputing layer recomputes either way)."""
     doc = plan.to_json()
     r = doc.pop("recompute_layers", None)
-    bounds = doc["partition"]
-    if r is not None and any(sum(bool(x.recomputes) for x in instance.layers[k:l]) > r for k, l in zip(bounds, bounds[1:])):
+    boundaries = doc["partition"]
+    if r is not None and any(sum(bool(x.recomputes) for x in instance.layers[k:l]) > r for k, l in zip(boundaries, boundaries[1:])):
         doc["recompute_layers"] = r
     return json.dumps(doc, sort_keys=True)

@@ -111,14 +111,14 @@ def candidate_graph(tables, cand: Candidate, model, placement: str, chunks=None,
     if placement == "rank-order":
         stages = rank_order_stages(cand.tp, cand.dp, cand.pp, cand.cp)
         costs = model.stage_costs(tables, cand, stages, chunks=chunks)
-        graph = fixed_placement_graph(costs, tables.instance.num_layers, _stage_bounds(cand, chunks))
-        return graph, lambda path: plan_of(model, tables, cand, chunks or path.bounds, stages, chunks=chunks)
+        graph = fixed_placement_graph(costs, tables.instance.num_layers, _stage_boundaries(cand, chunks))
+        return graph, lambda path: plan_of(model, tables, cand, chunks or path.boundaries, stages, chunks=chunks)
     fg = free_graph(tables, cand, chunks, stop=stop, model=model)
-    return fg.graph, lambda path: plan_of(model, tables, cand, chunks or path.bounds,
+    return fg.graph, lambda path: plan_of(model, tables, cand, chunks or path.boundaries,
                                           stages_of_path(tables.instance, cand, fg, path.transitions), chunks=chunks)
 
 
-def _stage_bounds(cand: Candidate, chunks):
+def _stage_boundaries(cand: Candidate, chunks):
     return None if chunks is None else stage_order(chunks, cand.pp)[1]
 
 
@@ -156,7 +156,7 @@ def free_graph(tables, cand: Candidate, chunks=None, max_transitions: int = MAX_
     volume = np.concatenate([[0.0], walk.kind_costs[0].p2p_volume()])
     graph = make_graph(cand.n_micro(tables.instance), np.stack([t[0] for t in ranges]), np.stack([t[1] for t in ranges]),
                        ratio, True, volume, transitions, pipeline=walk.kind_costs[0].pipeline,
-                       bounds=_stage_bounds(cand, chunks))
+                       boundaries=_stage_boundaries(cand, chunks))
     return FreeGraph(graph, tuple(moves), tuple(perms), tuple(walk.order))
 
 

@@ -48,7 +48,7 @@ def k_best_paths(g: StageGraph, *, limit: Callable[[], float] = lambda: INF,
     >>> sync = np.where(k < l, 0.0, np.inf)[None]
     >>> g = make_graph(4, compute, sync, np.zeros((2, 1, 4, 4)), True, np.zeros(4), [((0, 0, 0.0, 0),)] * 2,
     ...                pipeline=pipeline_weights(4, 2, 1, "closed"))
-    >>> [(float(v), p.bounds) for v, p in k_best_paths(g)]
+    >>> [(float(v), p.boundaries) for v, p in k_best_paths(g)]
     [(15.0, (0, 2, 3)), (21.0, (0, 1, 3))]
     """
     # Heap entries: (key, tie, path, fixed, banned, parent).  A solved subspace has its best path
@@ -74,7 +74,7 @@ def k_best_paths(g: StageGraph, *, limit: Callable[[], float] = lambda: INF,
             continue
         yield key, path
         for j in range(fixed, g.stages):
-            excluded = (banned if j == fixed else frozenset()) | {(path.transitions[j], path.bounds[j + 1])}
+            excluded = (banned if j == fixed else frozenset()) | {(path.transitions[j], path.boundaries[j + 1])}
             heapq.heappush(heap, (key, next(counter), None, j, excluded, path))
 
 
@@ -89,15 +89,15 @@ def _subspace(g: StageGraph, path: Path, j: int, excluded: frozenset) -> StageGr
         keep = path.transitions[s]
         transitions[s] = [t if i == keep else (-1,) + tuple(t[1:]) for i, t in enumerate(transitions[s])]
         kind = transitions[s][keep][1]
-        only = feasible[s, kind, path.bounds[s], path.bounds[s + 1]]
+        only = feasible[s, kind, path.boundaries[s], path.boundaries[s + 1]]
         feasible[s] = False
-        feasible[s, kind, path.bounds[s], path.bounds[s + 1]] = only
+        feasible[s, kind, path.boundaries[s], path.boundaries[s + 1]] = only
     compute, allreduce, ratio, structural = g.compute, g.allreduce, g.memory_ratio, g.structural
     ends: dict[int, list[int]] = {}
     for t, end in excluded:
         ends.setdefault(t, []).append(end)
     if ends:
-        start = path.bounds[j]
+        start = path.boundaries[j]
         kinds = [transitions[j][t][1] for t in sorted(ends)]
         copies = len(kinds)
         compute = np.concatenate([compute, compute[kinds]])

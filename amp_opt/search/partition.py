@@ -92,7 +92,7 @@ class Path:
     """A solution: per stage the transition index and the layer range."""
 
     transitions: tuple[int, ...]
-    bounds: tuple[int, ...]
+    boundaries: tuple[int, ...]
 
 
 def range_tables(costs: StageCosts, num_layers: int, stage: int):
@@ -109,9 +109,9 @@ def memory_ratio(costs: StageCosts, num_layers: int, stage: int) -> np.ndarray:
     return costs.memory(stage, g.start, g.stop) / costs.capacity[stage]
 
 
-def fixed_placement_graph(costs: StageCosts, num_layers: int, bounds=None) -> StageGraph:
+def fixed_placement_graph(costs: StageCosts, num_layers: int, boundaries=None) -> StageGraph:
     """The graph of a fixed placement: one state and one transition per stage (the ranges fixed
-    to ``bounds`` in stage order when given: interleaved chunks).  Stages with the same compute
+    to ``boundaries`` in stage order when given: interleaved chunks).  Stages with the same compute
     and allreduce tables share a kind, so that the tables stay small on long pipelines."""
     p, L = costs.pp, num_layers
     kinds: dict[tuple, int] = {}
@@ -131,30 +131,30 @@ def fixed_placement_graph(costs: StageCosts, num_layers: int, bounds=None) -> St
     factors = [NO_HOP] + [Hop(costs.p2p_factor(s), costs.p2p_latency(s)) for s in range(p - 1)]
     transitions = tuple(((0, kind_of[s], factors[s], 0),) for s in range(p))
     return make_graph(costs.n_micro, np.stack(compute), np.stack(allreduce), ratio, costs.enforces_memory, volume,
-                      transitions, pipeline=costs.pipeline, bounds=bounds)
+                      transitions, pipeline=costs.pipeline, boundaries=boundaries)
 
 
 def make_graph(n_micro, compute, allreduce, ratio, enforce_memory: bool, volume, transitions, *, pipeline: Pipeline,
-               bounds=None) -> StageGraph:
+               boundaries=None) -> StageGraph:
     """A stage graph; stage s may take any range leaving room for the others, or only
-    [bounds[s], bounds[s+1]) when ``bounds`` fixes the partition.  A transition's hop may be a
+    [boundaries[s], boundaries[s+1]) when ``boundaries`` fixes the partition.  A transition's hop may be a
     bare p2p factor (no latency)."""
     transitions = [tuple((src, kind, hop if isinstance(hop, Hop) else Hop(float(hop)), dst)
                          for src, kind, hop, dst in stage) for stage in transitions]
     p, L = len(transitions), compute.shape[1] - 1
-    if bounds is None:
+    if boundaries is None:
         structural = np.stack([stage_room(L, p, s) for s in range(p)])[:, None]
     else:
         structural = np.zeros((p, 1, L + 1, L + 1), dtype=bool)
         for s in range(p):
-            structural[s, 0, bounds[s], bounds[s + 1]] = True
+            structural[s, 0, boundaries[s], boundaries[s + 1]] = True
     feasible = structural & (ratio <= 1.0) if enforce_memory else np.broadcast_to(structural, ratio.shape).copy()
     return StageGraph(n_micro, compute, allreduce, feasible, volume, tuple(transitions), ratio, structural, pipeline)
 
 
 def path_terms(g: StageGraph, path: Path):
     """Per-stage (compute, p2p after the stage, allreduce) of a path."""
-    b = path.bounds
+    b = path.boundaries
     kinds = [g.transitions[s][t][1] for s, t in enumerate(path.transitions)]
     compute = [float(g.compute[kinds[s], b[s], b[s + 1]]) for s in range(g.stages)]
     allreduce = [float(g.allreduce[kinds[s], b[s], b[s + 1]]) for s in range(g.stages)]
@@ -429,9 +429,9 @@ def every_path(g: StageGraph):
     for chosen in walks(0, 0, []):
         kinds = [g.transitions[s][t][1] for s, t in enumerate(chosen)]
         for cuts in itertools.combinations(range(1, L), p - 1):
-            bounds = (0, *cuts, L)
-            if all(g.feasible[s, kinds[s], bounds[s], bounds[s + 1]] for s in range(p)):
-                path = Path(chosen, bounds)
+            boundaries = (0, *cuts, L)
+            if all(g.feasible[s, kinds[s], boundaries[s], boundaries[s + 1]] for s in range(p)):
+                path = Path(chosen, boundaries)
                 yield path_value(g, path), path
 
 

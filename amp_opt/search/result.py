@@ -33,7 +33,7 @@ class Incumbent:
 
     value: float
     candidate: Candidate
-    bounds: tuple[int, ...]
+    boundaries: tuple[int, ...]
     stages: Stages
     objective: float | None = None
     modes: tuple[str, ...] | None = None
@@ -46,11 +46,11 @@ class Incumbent:
 
     @property
     def plan(self) -> Plan:
-        return self.candidate.plan(self.bounds, self.stages, modes=self.modes)
+        return self.candidate.plan(self.boundaries, self.stages, modes=self.modes)
 
     def key(self) -> tuple:
         """Order of preference: value, then a fixed order of the layouts (deterministic ties)."""
-        return (self.value, self.candidate, self.bounds, self.stages)
+        return (self.value, self.candidate, self.boundaries, self.stages)
 
 
 class NoPlanBelow(Exception):

@@ -92,7 +92,7 @@ def _best_of(instance, options, tables, cache: dict, conf: Configuration, settin
     found = optimal_path(_graph(UnevenCosts(options.model, tables, plan, cache=cache), L), cutoff=kth / scale)
     if found is None or found[0] * scale >= kth:
         return None
-    ev = evaluate(instance, dataclasses.replace(plan, partition=found[1].bounds), options.model, tables=tables)
+    ev = evaluate(instance, dataclasses.replace(plan, partition=found[1].boundaries), options.model, tables=tables)
     return ev if ev.feasible else None
 
 

@@ -327,10 +327,10 @@ def _fixed_partition_bound(terms: CandidateTerms, chunks, enough: float = INF) -
     are returned without the memory check."""
     cand = terms.cand
     classes = compute_classes(terms)
-    bounds = stage_order(chunks, cand.pp)[1]
+    boundaries = stage_order(chunks, cand.pp)[1]
     p = cand.pp
     # work[c, s]: stage s's time on class c (classes fastest first)
-    work = np.array([[float(c.times[bounds[s]:bounds[s + 1]].sum()) for s in range(p)] for c in classes])
+    work = np.array([[float(c.times[boundaries[s]:boundaries[s + 1]].sum()) for s in range(p)] for c in classes])
     fastest = work.min(axis=0)
     slowest = float(fastest.max())
     caps = _caps(classes, cand.replicas, p)
@@ -344,8 +344,8 @@ def _fixed_partition_bound(terms: CandidateTerms, chunks, enough: float = INF) -
     window = overlap_share(terms.instance) * np.max([c.window for c in classes], axis=0)
     ends = []
     for s in range(p):
-        params = float(terms.sums.params_in(bounds[s], bounds[s + 1]))
-        hidden = float(window[bounds[s]:bounds[s + 1]].sum())
+        params = float(terms.sums.params_in(boundaries[s], boundaries[s + 1]))
+        hidden = float(window[boundaries[s]:boundaries[s + 1]].sum())
         ends.append(max(0.0, params * terms.allreduce_bytes_per_param() / link - hidden)
                     + params * terms.optimizer_bytes_per_param() / bandwidth)
     v = cand.virtual_stages
@@ -353,7 +353,7 @@ def _fixed_partition_bound(terms: CandidateTerms, chunks, enough: float = INF) -
     if bound >= enough:
         return bound
     capacity = max(c.capacity for c in classes)
-    if any(terms.memory(s, bounds[s], bounds[s + 1]) > capacity for s in range(p)):
+    if any(terms.memory(s, boundaries[s], boundaries[s + 1]) > capacity for s in range(p)):
         return INF
     return bound
 

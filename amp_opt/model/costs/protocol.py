@@ -21,8 +21,8 @@ def plan_of(model, tables, cand: Candidate, partition, stages: Stages, *, chunks
     the choice every search makes for it."""
     if not cand.per_stage:
         return cand.plan(partition, stages)
-    bounds = tuple(partition) if chunks is None else stage_order(chunks, cand.pp)[1]
-    return cand.plan(partition, stages, modes=model.stage_costs(tables, cand, stages, chunks=chunks).modes_of(bounds))
+    boundaries = tuple(partition) if chunks is None else stage_order(chunks, cand.pp)[1]
+    return cand.plan(partition, stages, modes=model.stage_costs(tables, cand, stages, chunks=chunks).modes_of(boundaries))
 
 
 class CostModel:

@@ -58,12 +58,12 @@ def stage_order(partition, pp: int) -> tuple[np.ndarray, tuple[int, ...]]:
     """Layers in stage order and the stages' boundaries in it: with interleaving (pp*v chunks,
     chunk j on stage j mod pp) a stage's chunks are made contiguous (eq. H11)."""
     chunks = [(partition[j], partition[j + 1]) for j in range(len(partition) - 1)]
-    order, bounds = [], [0]
+    order, boundaries = [], [0]
     for s in range(pp):
         for k, l in chunks[s::pp]:
             order.extend(range(k, l))
-        bounds.append(len(order))
-    return np.array(order, dtype=int), tuple(bounds)
+        boundaries.append(len(order))
+    return np.array(order, dtype=int), tuple(boundaries)
 
 
 class CandidateTerms:
@@ -438,12 +438,12 @@ class StageCosts:
         stage's capacity)."""
         return self.terms.split(s, k, l, self.capacity[s])
 
-    def modes_of(self, bounds) -> tuple[str, ...]:
+    def modes_of(self, boundaries) -> tuple[str, ...]:
         """Each stage's recomputation mode in a plan with these stage boundaries (stage order):
         the candidate's, or per stage the faster one that fits (:meth:`split`)."""
         if not self.terms.per_stage:
             return tuple(self.terms.modes)
-        return tuple("full" if int(self.split(s, bounds[s], bounds[s + 1])) > bounds[s] else "none"
+        return tuple("full" if int(self.split(s, boundaries[s], boundaries[s + 1])) > boundaries[s] else "none"
                      for s in range(self.pp))
 
     def compute(self, s: int, k, l):

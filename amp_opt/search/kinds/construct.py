@@ -163,7 +163,7 @@ def _lay_out(model: KindModel, multiset: dict[int, int], thresholds, work: float
         if counts is None:
             continue
         placed = realise(model, counts)
-        partition = model.chunks or found[1].bounds
+        partition = model.chunks or found[1].boundaries
         plan = plan_of(model.cost_model, model.tables, c, partition, placed, chunks=model.chunks)
         ev = evaluate(model.tables.instance, plan, model.cost_model, tables=model.tables)
         if ev.feasible and (best is None or ev.predicted_time < best.value):

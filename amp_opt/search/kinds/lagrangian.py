@@ -38,7 +38,7 @@ class KindPath:
     """A DP solution: the kind and layer range of every stage."""
 
     kinds: tuple[int, ...]
-    bounds: tuple[int, ...]
+    boundaries: tuple[int, ...]
 
 
 def band_layout(usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -163,9 +163,9 @@ class KindModel:
         allowed = g.nonempty & (g.l - g.k <= self.L - self.cand.pp + 1)
         if self.chunks is not None:  # interleaving: the stages' ranges are fixed (and tile the layers)
             allowed = np.zeros_like(g.nonempty)
-            bounds = stage_order(self.chunks, self.cand.pp)[1]
+            boundaries = stage_order(self.chunks, self.cand.pp)[1]
             for s in range(self.cand.pp):
-                allowed[bounds[s], bounds[s + 1]] = True
+                allowed[boundaries[s], boundaries[s + 1]] = True
         self.in_flight = [terms.in_flight(s) for s in range(self.cand.pp)]
         self.weight: dict = {}  # micro-batches in flight f -> the least bottleneck weight of a stage with f
         for s, f in enumerate(self.in_flight):
@@ -429,7 +429,7 @@ class KindModel:
 
     def reach(self, path: KindPath) -> tuple[float, float]:
         """The path's largest weighted stage compute and largest allreduce (the thresholds it needs)."""
-        b = path.bounds
+        b = path.boundaries
         t = max(self.weight[self.in_flight[s]] * self.compute[k, b[s], b[s + 1]] for s, k in enumerate(path.kinds))
         u = max(self.allreduce[k, b[s], b[s + 1]] for s, k in enumerate(path.kinds))
         return float(t), float(u)

@@ -194,7 +194,7 @@ class KindPhase:
             ev = self.search.evaluate(inc.plan)
             pairs = [(max(s.compute for s in ev.stages), max(s.allreduce for s in ev.stages))]
             pairs += [(x.T_hi, x.U_hi) for x in cells]
-            pairs = [x for x in dict.fromkeys(pairs) if (c, inc.bounds, x) not in self.tried]
-            self.tried.update((c, inc.bounds, x) for x in pairs)
+            pairs = [x for x in dict.fromkeys(pairs) if (c, inc.boundaries, x) not in self.tried]
+            self.tried.update((c, inc.boundaries, x) for x in pairs)
             found.append(polish(model, inc.stages, pairs, work / 2, self.pace))
         return found

@@ -10,7 +10,7 @@ non-empty stages, as with the prefix variables of :mod:`.layers`, so the two for
 have the same optimum; what differs is the linear relaxation and the branching: the prefix
 rows Y[s,l] >= Y[s,l+1], Y[s+1,l] >= Y[s,l] are a network matrix (every vertex of the
 layer polytope is a partition), while the aggregated rows A2 admit fractional vertices.
-The interface (``z``, ``e``, ``before``, ``params``, ``bounds``, ``hint``) is :class:`~.layers.PrefixLayers`'s.
+The interface (``z``, ``e``, ``before``, ``params``, ``boundaries``, ``hint``) is :class:`~.layers.PrefixLayers`'s.
 """
 
 from __future__ import annotations
@@ -67,19 +67,19 @@ class AssignmentLayers(_StageParams):
             return self.z(s, l)
         return {self.b[s, l]: 1.0} if (s, l) in self.b else {}
 
-    def bounds(self, values: dict) -> tuple[int, ...]:
+    def boundaries(self, values: dict) -> tuple[int, ...]:
         """The plan's partition: partition[s+1] = number of layers on stages <= s."""
         stage = [max(range(self.p), key=lambda s: values[self.x[l, s]] if (l, s) in self.x else -1.0)
                  for l in range(self.L)]
         return (0, *(sum(1 for k in stage if k <= s) for s in range(self.p - 1)), self.L)
 
-    def hint(self, bounds, hint: dict) -> None:
+    def hint(self, boundaries, hint: dict) -> None:
         """The variables' values for a plan's partition."""
         for (l, s), v in self.x.items():
-            hint[v] = 1.0 if bounds[s] <= l < bounds[s + 1] else 0.0
+            hint[v] = 1.0 if boundaries[s] <= l < boundaries[s + 1] else 0.0
         for (s, l), v in self.b.items():
-            hint[v] = 1.0 if l == bounds[s + 1] - 1 else 0.0
+            hint[v] = 1.0 if l == boundaries[s + 1] - 1 else 0.0
         for s in range(self.p):
-            k, l = bounds[s], bounds[s + 1]
+            k, l = boundaries[s], boundaries[s + 1]
             for t, (members, _) in enumerate(self.sums.ties):
                 hint[self.any[s, t]] = float(any(k <= int(i) < l for i in members))

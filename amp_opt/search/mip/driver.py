@@ -289,7 +289,7 @@ def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: flo
     proofs.build_rate = max(proofs.build_rate, built / (c.pp * search.instance.num_layers))
     clock = clock.at_least(SOLVER_FLOOR)  # the solver gets what is left of the share once the program is built
     if inc is not None and opts.warm_start:
-        form.hint_from(search.stage_bounds(c, inc.bounds), inc.stages)
+        form.hint_from(search.stage_boundaries(c, inc.boundaries), inc.stages)
     scale = inc.value if inc is not None else lower
     if not (np.isfinite(scale) and scale > 0):
         scale = 1.0
@@ -307,9 +307,9 @@ def _program(search, c: Candidate, lower: float, inc: Incumbent | None, kth: flo
     _count(proofs.sizes, out, form.model.size)
     found = np.inf
     if out.values is not None:
-        bounds, stages = form.decode(out.values)
-        bounds = search.partition(c, bounds)
-        plan = search.plan(c, bounds, stages)
+        boundaries, stages = form.decode(out.values)
+        boundaries = search.partition(c, boundaries)
+        plan = search.plan(c, boundaries, stages)
         ev = search.evaluate(plan)
         if ev.feasible:
             found = ev.predicted_time

@@ -44,6 +44,6 @@ def heuristic(search, cand: Candidate) -> Incumbent | None:
         costs = search.stage_costs(cand, stages)
         found = good_path(fixed_placement_graph(costs, search.instance.num_layers, fixed))
         if found and (best is None or found[0] < best.value):
-            plan = cand.plan(search.partition(cand, found[1].bounds), stages, modes=costs.modes_of(found[1].bounds))
+            plan = cand.plan(search.partition(cand, found[1].boundaries), stages, modes=costs.modes_of(found[1].boundaries))
             best = Incumbent.of_plan(found[0], cand, plan)
     return best

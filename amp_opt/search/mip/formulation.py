@@ -32,7 +32,7 @@ from .linear import BIN, BYTES, TIME, LinearModel, lin
 @dataclass
 class Formulation:
     model: LinearModel
-    decode: Callable[[dict[int, float]], tuple[tuple[int, ...], tuple]]  # values -> (bounds, stages)
+    decode: Callable[[dict[int, float]], tuple[tuple[int, ...], tuple]]  # values -> (boundaries, stages)
     hint_from: Callable[[tuple[int, ...], tuple], None]  # plan -> sets model.hint
     terms: int  # rounded coefficients on the objective's path (for the integer tolerance)
     extra: dict = field(default_factory=dict)
@@ -216,27 +216,27 @@ class Program:
         # Rounded coefficients on the objective's path: w * L (Emax), L (sum E), r p (P), L (AR).
         return (math.ceil(w) + 2) * self.L + math.ceil(pipe.p2p) * self.cand.pp
 
-    def hint_times(self, bounds, stages) -> None:
-        """The time and buffer variables' values for a plan (``bounds`` in stage order), priced by
+    def hint_times(self, boundaries, stages) -> None:
+        """The time and buffer variables' values for a plan (``boundaries`` in stage order), priced by
         the cost model."""
         hint, p = self.mdl.hint, self.cand.pp
         costs = self.search.stage_costs(self.cand, stages)
         for s in range(p):
-            hint[self.E[s]] = float(costs.compute(s, bounds[s], bounds[s + 1]))
+            hint[self.E[s]] = float(costs.compute(s, boundaries[s], boundaries[s + 1]))
             if s < p - 1:
-                hint[self.P[s]] = float(costs.p2p(s, bounds[s + 1]))
+                hint[self.P[s]] = float(costs.p2p(s, boundaries[s + 1]))
         top = max(self.pipeline.bottleneck)
         hint[self.Emax] = max(hint[self.E[s]] * (w / top if top > 0 else 1.0)
                               for s, w in enumerate(self.pipeline.bottleneck))
-        hint[self.ARmax] = max(float(costs.allreduce(s, bounds[s], bounds[s + 1])) for s in range(p))
+        hint[self.ARmax] = max(float(costs.allreduce(s, boundaries[s], boundaries[s + 1])) for s in range(p))
         for (s, kind), (var, per_layer) in self.peak.items():
-            k, l = bounds[s], bounds[s + 1]
+            k, l = boundaries[s], boundaries[s + 1]
             held = per_layer[k:int(costs.split(s, k, l)) if kind == "recompute" else l]
             hint[var] = float(np.ceil(held.max())) if len(held) else 0.0
         for (s, l), var in self.w.items():
-            hint[var] = float(bounds[s] <= l < costs.split(s, bounds[s], bounds[s + 1]))
+            hint[var] = float(boundaries[s] <= l < costs.split(s, boundaries[s], boundaries[s + 1]))
         for s, var in self.rec.items():
-            hint[var] = float(costs.split(s, bounds[s], bounds[s + 1]) > bounds[s])
+            hint[var] = float(costs.split(s, boundaries[s], boundaries[s + 1]) > boundaries[s])
 
 
 def _bottleneck_rows(weights) -> list[tuple[float, float]]:
@@ -271,18 +271,18 @@ def build(search, cand, fixed_stages=None) -> Formulation:
     terms = prog.objective()
 
     def decode(values):
-        bounds = prog.layers.bounds(values)
-        return bounds, (fixed_stages if grouping is None else grouping.decode(values))
+        boundaries = prog.layers.boundaries(values)
+        return boundaries, (fixed_stages if grouping is None else grouping.decode(values))
 
-    def hint_from(bounds, stages):
+    def hint_from(boundaries, stages):
         prog.mdl.hint.clear()
-        prog.layers.hint(bounds, prog.mdl.hint)
-        prog.hint_times(bounds, stages)
+        prog.layers.hint(boundaries, prog.mdl.hint)
+        prog.hint_times(boundaries, stages)
         if grouping is not None:
             grouping.hint(stages, prog.mdl.hint)
             costs = search.stage_costs(cand, stages)
             for s, var in grouping.X.items():
-                k, l = bounds[s], bounds[s + 1]
+                k, l = boundaries[s], boundaries[s + 1]
                 mid = costs.split(s, k, l)
                 prog.mdl.hint[var] = float(costs.terms.stage_comm_bytes(s, k, l, mid) * costs.ring_factor(s)
                                            + costs.terms.stage_comm_messages(s, k, l, mid) * costs.ring_latency(s))

@@ -78,17 +78,17 @@ class PrefixLayers(_StageParams):
         """Layer l runs on a stage before s."""
         return self._Y(s - 1, l)
 
-    def bounds(self, values: dict) -> tuple[int, ...]:
+    def boundaries(self, values: dict) -> tuple[int, ...]:
         """(M3) The plan's partition: partition[s+1] = sum_l Y[s,l]."""
         return (0, *(int(round(sum(values[self.Y[s, l]] for l in range(self.L)))) for s in range(self.p - 1)),
                 self.L)
 
-    def hint(self, bounds, hint: dict) -> None:
+    def hint(self, boundaries, hint: dict) -> None:
         """The variables' values for a plan's partition."""
         for s in range(self.p - 1):
             for l in range(self.L):
-                hint[self.Y[s, l]] = 1.0 if l < bounds[s + 1] else 0.0
+                hint[self.Y[s, l]] = 1.0 if l < boundaries[s + 1] else 0.0
         for s in range(self.p):
-            k, l = bounds[s], bounds[s + 1]
+            k, l = boundaries[s], boundaries[s + 1]
             for t, (members, _) in enumerate(self.sums.ties):
                 hint[self.any[s, t]] = float(any(k <= int(i) < l for i in members))
