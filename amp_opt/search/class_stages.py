@@ -23,6 +23,8 @@ from ..model.instance import idle_level
 from ..model.ranges import INF
 from .uneven_space import Configuration
 
+MAX_STAGES = 32  # stages of a configuration of R at most (pricing one grows as the stages squared)
+
 
 @dataclass(frozen=True)
 class Block:
@@ -45,10 +47,15 @@ def _class_ok(level: str, used: int, per_node: int, nodes: int) -> bool:
     return True
 
 
+def depth(instance) -> int:
+    """The most stages a configuration of R may have."""
+    return min(instance.search.max_pp, instance.num_layers, instance.num_devices, MAX_STAGES)
+
+
 def blocks(instance, M: int) -> list[list[Block | None]]:
     """Per node class, the blocks it may hold in a pipeline of M samples per micro-batch (None:
     the class holds no stage, where ``search.idle`` allows it)."""
-    space, L = instance.search, instance.num_layers
+    space = instance.search
     level, most = idle_level(space.idle), max(space.micro_batches)
     out = []
     for c in node_classes(instance):
@@ -56,7 +63,7 @@ def blocks(instance, M: int) -> list[list[Block | None]]:
         for tp in (t for t in space.tp if t <= c.devices):
             per_node = c.devices // tp
             for dp in (d for d in range(1, M + 1) if M % d == 0 and M // d <= most):
-                for k in range(1, min(space.max_pp, L) + 1):
+                for k in range(1, depth(instance) + 1):
                     groups = k * dp
                     if groups > per_node * len(c.nodes):
                         break
@@ -95,7 +102,7 @@ def ranked(instance, bounds: Bounds):
     key, lazily; the key (S7, the capacity form) is at most the iteration seconds of every plan of
     that configuration and of every one listed after it."""
     space, batch = instance.search, instance.training.global_batch
-    top = min(space.max_pp, instance.num_layers, instance.num_devices)
+    top = depth(instance)
     heap, per_m = [], {}
     for M in (m for m in range(1, batch + 1) if batch % m == 0):
         options = blocks(instance, M)

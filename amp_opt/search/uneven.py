@@ -32,7 +32,7 @@ from .uneven_space import Configuration, configurations
 MAX_CONFIGURATIONS = 1_000  # uneven configurations searched at most (each with every setting and its DP)
 REL = 1e-9
 WARM_SHARE = 0.5  # of the class-stage search's time, for the uniform optimum's neighbours first
-UNIFORM_SHARE = 0.7  # of the time limit, for the uniform search when the uneven one narrows to class stages
+UNIFORM_SHARE = 0.85  # of the time limit, for the uniform search when the uneven one narrows to class stages
 
 
 def applies(instance, options) -> bool:
@@ -52,19 +52,30 @@ def _settings(space):
 
 
 def _graph(costs: UnevenCosts, L: int):
-    """The stage graph of one configuration and setting: one kind per stage, the boundary before
-    each stage priced per position (U2), memory as the tightest replica's ratio (U4)."""
+    """The stage graph of one configuration and setting: one kind per distinct (compute,
+    allreduce) table (stages of one block share one: memory stays O(kinds * p * L^2)), the
+    boundary before each stage priced per position (U2), memory as the tightest replica's ratio (U4)."""
     g, p = grid(L), costs.pp
-    compute = np.stack([np.where(g.nonempty, costs.compute(s, g.start, g.stop), INF) for s in range(p)])
-    allreduce = np.stack([np.where(g.nonempty, costs.allreduce(s, g.start, g.stop), INF) for s in range(p)])
-    ratio = np.full((p, p, L + 1, L + 1), INF)
+    kinds: dict[tuple, int] = {}
+    compute, allreduce, kind_of = [], [], []
     for s in range(p):
-        ratio[s, s] = np.max([m / c for m, c in costs.replica_memory(s, g.start, g.stop)], axis=0)
+        c = np.where(g.nonempty, costs.compute(s, g.start, g.stop), INF)
+        a = np.where(g.nonempty, costs.allreduce(s, g.start, g.stop), INF)
+        key = (c.tobytes(), a.tobytes())
+        if key not in kinds:
+            kinds[key] = len(kinds)
+            compute.append(c)
+            allreduce.append(a)
+        kind_of.append(kinds[key])
+    ratio = np.full((p, len(kinds), L + 1, L + 1), INF)
+    for s in range(p):
+        ratio[s, kind_of[s]] = np.max([m / c for m, c in costs.replica_memory(s, g.start, g.stop)], axis=0)
     volume = np.zeros((p, L + 1))
     for s in range(1, p):
         volume[s, 1:] = costs.p2p(s - 1, np.arange(1, L + 1))
-    transitions = tuple(((0, s, 1.0, 0),) for s in range(p))
-    return make_graph(costs.n_micro, compute, allreduce, ratio, True, volume, transitions, pipeline=costs.pipeline)
+    transitions = tuple(((0, kind_of[s], 1.0, 0),) for s in range(p))
+    return make_graph(costs.n_micro, np.stack(compute), np.stack(allreduce), ratio, True, volume, transitions,
+                      pipeline=costs.pipeline)
 
 
 def _rate(instance, plan) -> float | None:
@@ -74,8 +85,9 @@ def _rate(instance, plan) -> float | None:
     return None if any(p is None for p in prices) else sum(prices)
 
 
-def _best_of(instance, options, tables, cache: dict, conf: Configuration, setting, kth: float):
-    """The best plan of one configuration and setting below ``kth`` (objective units), or None."""
+def _best_of(instance, options, tables, cache: dict, conf: Configuration, setting, kth: float, stop=None):
+    """The best plan of one configuration and setting below ``kth`` (objective units), or None;
+    ``stop()`` true ends the DP early (its best path so far, not proven: the caller knows)."""
     sp, mode, layers, zero = setting
     L = instance.num_layers
     doc = {**conf.plan_doc(instance), "partition": [0, *range(1, conf.pp), L], "sequence_parallel": sp,
@@ -92,7 +104,8 @@ def _best_of(instance, options, tables, cache: dict, conf: Configuration, settin
         if options.budget is not None and rate > options.budget * (1 + 1e-12):
             return None
         scale = rate / 3600.0 if options.objective == "cost" else 1.0
-    found = optimal_path(_graph(UnevenCosts(options.model, tables, plan, cache=cache), L), cutoff=kth / scale)
+    found = optimal_path(_graph(UnevenCosts(options.model, tables, plan, cache=cache), L), cutoff=kth / scale,
+                         stop=stop)
     if found is None or found[0] * scale >= kth:
         return None
     ev = evaluate(instance, dataclasses.replace(plan, partition=found[1].bounds), options.model, tables=tables)
@@ -139,7 +152,7 @@ def _visit(instance, options, tables, cache, conf, settings, found, cutoff, cloc
         if clock.out_of_time():
             break
         kth = _value(found[-1], obj) if len(found) >= options.top_k else cutoff
-        ev = _best_of(instance, options, tables, cache, conf, setting, kth)
+        ev = _best_of(instance, options, tables, cache, conf, setting, kth, stop=clock.out_of_time)
         if ev is not None:
             found = sorted(found + [ev], key=lambda e: _value(e, obj))[:options.top_k]
     return found
@@ -234,6 +247,7 @@ def solve_with_uneven(instance, options, run, clock) -> SolveResult:
     u_bound = uniform.solver.bound if uniform is not None else (
         why_none.bound if isinstance(why_none, NoPlanFound) else INF)  # a uniform search stopped early proved only this
     bound = min(u_bound, best) if done else min(u_bound, best, rest)
+    stats["uniform_objective"] = _value(top[0], obj) if top else None  # the uniform search's own best
     extra = {**(uniform.solver.extra if uniform is not None else {}), "uneven": stats}
     base = uniform.solver if uniform is not None else SolverStats(options.solver, "OPTIMAL", 0.0, best, best)
     status = status_of(best, bound) if base.status == "OPTIMAL" or uniform is None else "FEASIBLE"
