@@ -99,7 +99,7 @@ def test_the_walk_lists_every_non_uniform_configuration_of_r_once_in_key_order()
         assert all(k <= bounds(M, order) * (1 + REL) for k, M, order in walked)
 
 
-@pytest.mark.parametrize("seed, nodes, per_node", [(0, 3, 1), (15, 3, 1), (2, 2, 2), (7, 2, 2)])
+@pytest.mark.parametrize("seed, nodes, per_node", [(0, 3, 1), (15, 3, 1), (2, 2, 2)])
 def test_the_class_stage_search_equals_an_exhaustive_walk_of_r(monkeypatch, seed, nodes, per_node):
     """With the whole uneven space made too large (MAX_CONFIGURATIONS 0), solve returns the best of
     the uniform plans (the brute force, engine megatron) and of R (every configuration's DP), or

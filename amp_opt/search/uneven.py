@@ -1,13 +1,14 @@
 """The search over plans whose stages and replicas differ (engine ``"amp_opt"``).
 
-A first, exact but exhaustive version (``formulations/uneven-search.md``): every
-configuration of :mod:`.uneven_space` (stages' tp, replicas on nodes, shares, M), one per
-symmetry class, and every training setting is priced by the cost terms U1-U4
+Exact on small clusters (``formulations/uneven-search.md``, S2): every configuration of
+:mod:`.uneven_space` (stages' tp, replicas on nodes, shares, M), one per symmetry class, and
+every training setting is priced by the cost terms U1-U4
 (:class:`~amp_opt.model.costs.stages.UnevenCosts`); for each, the exact stage DP of
-:mod:`.partition` finds the best layer partition.  The uniform plans are searched by the usual
-search; the better of the two is returned, re-scored by the evaluator.  Past
-``MAX_CONFIGURATIONS`` the uneven plans are not searched and the result says "OPTIMAL within
-plans whose stages and replicas agree".
+:mod:`.partition` finds the best layer partition.  Past ``MAX_CONFIGURATIONS`` it narrows to the
+class-stage space of :mod:`.class_stages` (S6), walked best bound first (S7) and cut off at the
+incumbent, and the result says "OPTIMAL within plans whose stages and replicas agree, or whose
+every stage sits on one node class with even shares".  The uniform plans are searched by the
+usual search; the better of the two is returned, re-scored by the evaluator.
 """
 
 from __future__ import annotations
