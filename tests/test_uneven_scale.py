@@ -91,7 +91,7 @@ def test_the_walk_lists_every_non_uniform_configuration_of_r_once_in_key_order()
         inst = small(seed)
         tables = Tables(inst)
         bounds = class_stages.Bounds(inst, tables, solve_options().model.schedule)
-        walked = list(class_stages.ranked(inst, bounds))
+        walked = [w for w in class_stages.ranked(inst, bounds) if w[2] is not None]
         keys = [k for k, _, _ in walked]
         assert keys == sorted(keys)
         plain = [(M, order) for M, order in every_r(inst) if len({(b.tp, b.dp) for b in order}) > 1]

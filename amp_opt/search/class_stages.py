@@ -100,7 +100,8 @@ def _orders(blocks_used: tuple[Block, ...]):
 def ranked(instance, bounds: Bounds):
     """Every non-uniform configuration of R as (key, M, blocks in stage order), in non-decreasing
     key, lazily; the key (S7, the capacity form) is at most the iteration seconds of every plan of
-    that configuration and of every one listed after it."""
+    that configuration and of every one listed after it.  A combination of blocks that is no
+    configuration of R yields (key, M, None), so that the caller can stop (key, clock) between any two."""
     space, batch = instance.search, instance.training.global_batch
     top = depth(instance)
     heap, per_m = [], {}
@@ -123,7 +124,8 @@ def ranked(instance, bounds: Bounds):
                 heapq.heappush(heap, (_key(per_m[M], nxt), M, nxt, i))
         used = tuple(b for b in (options[c][order[c][j]] for c, j in enumerate(idx)) if b is not None)
         if not used or sum(b.stages for b in used) > top or len({(b.tp, b.dp) for b in used}) == 1:
-            continue  # no stage, too many, or one tp and dp with even shares: a uniform plan
+            yield key, M, None  # no stage, too many, or a uniform plan: none, but the caller may stop here
+            continue
         for blocks_in_order in _orders(used):
             yield key, M, blocks_in_order
 

@@ -177,6 +177,12 @@ def search_class_stages(instance, options, tables, *, cutoff: float, clock, near
             found = _visit(instance, options, tables, cache, conf, [_setting_of(near)], found, cutoff, warm)
     for key, M, order in class_stages.ranked(instance, bounds):
         kth = _value(found[-1], obj) if len(found) >= options.top_k else cutoff
+        if order is None:  # no configuration: only the stops apply
+            if obj == "time" and key >= kth:
+                return found, True, INF
+            if clock.out_of_time():
+                return found, False, key if obj == "time" else 0.0
+            continue
         scale = 1.0
         conf = class_stages.configuration(instance, M, order)
         if obj == "cost" or options.budget is not None:
