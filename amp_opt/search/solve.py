@@ -100,7 +100,7 @@ def solve(instance, *, started: float | None = None, **options) -> SolveResult:
         return run_plugin(entry, instance, options)
     clock = Clock.of(options.time_limit, started)
     if uneven.applies(instance, options):  # engine amp_opt: the plans whose stages and replicas differ too
-        return uneven.solve_with_uneven(instance, options, lambda: solve_subsets(instance, options, run_builtin, clock),
+        return uneven.solve_with_uneven(instance, options, lambda part: solve_subsets(instance, options, run_builtin, part),
                                         clock)
     return solve_subsets(instance, options, run_builtin, clock)
 

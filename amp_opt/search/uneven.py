@@ -1,13 +1,14 @@
 """The search over plans whose stages and replicas differ (engine ``"amp_opt"``).
 
-A first, exact but exhaustive version (``formulations/uneven-search.md``): every
-configuration of :mod:`.uneven_space` (stages' tp, replicas on nodes, shares, M), one per
-symmetry class, and every training setting is priced by the cost terms U1-U4
+Exact on small clusters (``formulations/uneven-search.md``, S2): every configuration of
+:mod:`.uneven_space` (stages' tp, replicas on nodes, shares, M), one per symmetry class, and
+every training setting is priced by the cost terms U1-U4
 (:class:`~amp_opt.model.costs.stages.UnevenCosts`); for each, the exact stage DP of
-:mod:`.partition` finds the best layer partition.  The uniform plans are searched by the usual
-search; the better of the two is returned, re-scored by the evaluator.  Past
-``MAX_CONFIGURATIONS`` the uneven plans are not searched and the result says "OPTIMAL within
-plans whose stages and replicas agree".
+:mod:`.partition` finds the best layer partition.  Past ``MAX_CONFIGURATIONS`` it narrows to the
+class-stage space of :mod:`.class_stages` (S6), walked best bound first (S7) and cut off at the
+incumbent, and the result says "OPTIMAL within plans whose stages and replicas agree, or whose
+every stage sits on one node class with even shares".  The uniform plans are searched by the
+usual search; the better of the two is returned, re-scored by the evaluator.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 
 import numpy as np
 
-from ..errors import InfeasibleError, InputError
+from ..errors import InfeasibleError, InputError, NoPlanFound
 from ..model.costs.hetero import HeteroModel
 from ..model.costs.stages import UnevenCosts
 from ..model.engines import engine_of
@@ -26,10 +27,13 @@ from ..model.plan import RECOMPUTE, check_plan, parse_plan
 from ..model.ranges import INF, grid
 from .partition import make_graph, optimal_path
 from .result import SolverStats, SolveResult, status_of
+from . import class_stages
 from .uneven_space import Configuration, configurations
 
 MAX_CONFIGURATIONS = 1_000  # uneven configurations searched at most (each with every setting and its DP)
 REL = 1e-9
+WARM_SHARE = 0.5  # of the class-stage search's time, for the uniform optimum's neighbours first
+UNIFORM_SHARE = 0.85  # of the time limit, for the uniform search when the uneven one narrows to class stages
 
 
 def applies(instance, options) -> bool:
@@ -49,19 +53,30 @@ def _settings(space):
 
 
 def _graph(costs: UnevenCosts, L: int):
-    """The stage graph of one configuration and setting: one kind per stage, the boundary before
-    each stage priced per position (U2), memory as the tightest replica's ratio (U4)."""
+    """The stage graph of one configuration and setting: one kind per distinct (compute,
+    allreduce) table (stages of one block share one: memory stays O(kinds * p * L^2)), the
+    boundary before each stage priced per position (U2), memory as the tightest replica's ratio (U4)."""
     g, p = grid(L), costs.pp
-    compute = np.stack([np.where(g.nonempty, costs.compute(s, g.start, g.stop), INF) for s in range(p)])
-    allreduce = np.stack([np.where(g.nonempty, costs.allreduce(s, g.start, g.stop), INF) for s in range(p)])
-    ratio = np.full((p, p, L + 1, L + 1), INF)
+    kinds: dict[tuple, int] = {}
+    compute, allreduce, kind_of = [], [], []
     for s in range(p):
-        ratio[s, s] = np.max([m / c for m, c in costs.replica_memory(s, g.start, g.stop)], axis=0)
+        c = np.where(g.nonempty, costs.compute(s, g.start, g.stop), INF)
+        a = np.where(g.nonempty, costs.allreduce(s, g.start, g.stop), INF)
+        key = (c.tobytes(), a.tobytes())
+        if key not in kinds:
+            kinds[key] = len(kinds)
+            compute.append(c)
+            allreduce.append(a)
+        kind_of.append(kinds[key])
+    ratio = np.full((p, len(kinds), L + 1, L + 1), INF)
+    for s in range(p):
+        ratio[s, kind_of[s]] = np.max([m / c for m, c in costs.replica_memory(s, g.start, g.stop)], axis=0)
     volume = np.zeros((p, L + 1))
     for s in range(1, p):
         volume[s, 1:] = costs.p2p(s - 1, np.arange(1, L + 1))
-    transitions = tuple(((0, s, 1.0, 0),) for s in range(p))
-    return make_graph(costs.n_micro, compute, allreduce, ratio, True, volume, transitions, pipeline=costs.pipeline)
+    transitions = tuple(((0, kind_of[s], 1.0, 0),) for s in range(p))
+    return make_graph(costs.n_micro, np.stack(compute), np.stack(allreduce), ratio, True, volume, transitions,
+                      pipeline=costs.pipeline)
 
 
 def _rate(instance, plan) -> float | None:
@@ -71,8 +86,9 @@ def _rate(instance, plan) -> float | None:
     return None if any(p is None for p in prices) else sum(prices)
 
 
-def _best_of(instance, options, tables, cache: dict, conf: Configuration, setting, kth: float):
-    """The best plan of one configuration and setting below ``kth`` (objective units), or None."""
+def _best_of(instance, options, tables, cache: dict, conf: Configuration, setting, kth: float, stop=None):
+    """The best plan of one configuration and setting below ``kth`` (objective units), or None;
+    ``stop()`` true ends the DP early (its best path so far, not proven: the caller knows)."""
     sp, mode, layers, zero = setting
     L = instance.num_layers
     doc = {**conf.plan_doc(instance), "partition": [0, *range(1, conf.pp), L], "sequence_parallel": sp,
@@ -89,7 +105,8 @@ def _best_of(instance, options, tables, cache: dict, conf: Configuration, settin
         if options.budget is not None and rate > options.budget * (1 + 1e-12):
             return None
         scale = rate / 3600.0 if options.objective == "cost" else 1.0
-    found = optimal_path(_graph(UnevenCosts(options.model, tables, plan, cache=cache), L), cutoff=kth / scale)
+    found = optimal_path(_graph(UnevenCosts(options.model, tables, plan, cache=cache), L), cutoff=kth / scale,
+                         stop=stop)
     if found is None or found[0] * scale >= kth:
         return None
     ev = evaluate(instance, dataclasses.replace(plan, partition=found[1].boundaries), options.model, tables=tables)
@@ -116,43 +133,131 @@ def search_uneven(instance, options, tables, confs, *, cutoff: float, deadline: 
     return found, True
 
 
+def _conf_rate(instance, conf: Configuration) -> float | None:
+    """USD per hour of a configuration's devices (None when a price is missing)."""
+    prices = [instance.device_types[instance.nodes[node].device_type].price_per_hour
+              for tp, stage in zip(conf.tps, conf.replicas) for node, _ in stage for _ in range(tp)]
+    return None if any(p is None for p in prices) else sum(prices)
+
+
+def _setting_of(plan):
+    """The uneven search's setting closest to a uniform plan's (one recomputation mode, ZeRO at most 2)."""
+    mode = plan.recompute if isinstance(plan.recompute, str) else "full"
+    return plan.sequence_parallel, mode, plan.recompute_layers if mode == "full" else None, min(plan.zero_stage or 0, 2)
+
+
+def _visit(instance, options, tables, cache, conf, settings, found, cutoff, clock) -> list[Evaluation]:
+    """``found`` with the best plan of each setting of one configuration added (top_k kept)."""
+    obj = options.objective
+    for setting in settings:
+        if clock.out_of_time():
+            break
+        kth = _value(found[-1], obj) if len(found) >= options.top_k else cutoff
+        ev = _best_of(instance, options, tables, cache, conf, setting, kth, stop=clock.out_of_time)
+        if ev is not None:
+            found = sorted(found + [ev], key=lambda e: _value(e, obj))[:options.top_k]
+    return found
+
+
+def search_class_stages(instance, options, tables, *, cutoff: float, clock, near=None):
+    """The best plans of the class-stage space R (S6) below ``cutoff``, best bound first (S7):
+    (plans, whether R was searched whole, the least bound over R's configurations not searched).
+    ``near``: a uniform plan whose neighbours in R (:func:`.class_stages.neighbours`) are tried
+    first, in its own setting, for an early incumbent."""
+    bounds = class_stages.Bounds(instance, tables, options.model.schedule)
+    found: list[Evaluation] = []
+    cache: dict = {}
+    obj = options.objective
+    if near is not None:
+        warm = clock.share(WARM_SHARE)
+        for M, order in class_stages.neighbours(instance, near):
+            if warm.out_of_time():
+                break
+            conf = class_stages.configuration(instance, M, order)
+            found = _visit(instance, options, tables, cache, conf, [_setting_of(near)], found, cutoff, warm)
+    for key, M, order in class_stages.ranked(instance, bounds):
+        kth = _value(found[-1], obj) if len(found) >= options.top_k else cutoff
+        if order is None:  # no configuration: only the stops apply
+            if obj == "time" and key >= kth:
+                return found, True, INF
+            if clock.out_of_time():
+                return found, False, key if obj == "time" else 0.0
+            continue
+        scale = 1.0
+        conf = class_stages.configuration(instance, M, order)
+        if obj == "cost" or options.budget is not None:
+            rate = _conf_rate(instance, conf)
+            if rate is None:
+                raise InputError("instance.device_types", "the cost objective and budgets need every price")
+            if options.budget is not None and rate > options.budget * (1 + 1e-12):
+                continue
+            scale = rate / 3600.0 if obj == "cost" else 1.0
+        if obj == "time" and key >= kth:
+            return found, True, INF  # every configuration left is bounded at or above the incumbent
+        if clock.out_of_time():
+            return found, False, key if obj == "time" else 0.0
+        if bounds(M, order) * scale >= kth:
+            continue
+        found = _visit(instance, options, tables, cache, conf, list(_settings(instance.search)), found, cutoff, clock)
+        if clock.out_of_time():
+            return found, False, key if obj == "time" else 0.0
+    return found, True, INF
+
+
 def solve_with_uneven(instance, options, run, clock) -> SolveResult:
-    """The uniform search (``run()``) and the uneven one, merged: the best plans of both, OPTIMAL
-    when both were searched whole (``clock``: the solve's :class:`~amp_opt.search.clock.Clock`)."""
+    """The uniform search (``run(clock)``) and the uneven one, merged: the best plans of both, OPTIMAL
+    when both were searched whole (``clock``: the solve's :class:`~amp_opt.search.clock.Clock`).
+    Past MAX_CONFIGURATIONS the uneven search narrows to the class-stage space (S6) and says so."""
     from ..model.tables import Tables
 
     started = clock.start
-
+    confs, complete = configurations(instance, limit=MAX_CONFIGURATIONS)
+    narrow = options.placement == "free" and not complete
     try:
-        uniform, why_none = run(), None
+        uniform, why_none = run(clock.part(UNIFORM_SHARE) if narrow else clock), None
     except InfeasibleError as exc:  # no uniform plan fits: the uneven ones may
         uniform, why_none = None, exc
-    confs, complete = configurations(instance, limit=MAX_CONFIGURATIONS)
+    except NoPlanFound as exc:  # none found in the uniform search's share of the time: the uneven ones may
+        if not narrow:
+            raise
+        uniform, why_none = None, exc
     within = uniform.solver.within if uniform is not None else None
-    if options.placement != "free" or not complete:
-        why = ("rank-order placement" if options.placement != "free"
-               else f"more than {MAX_CONFIGURATIONS} uneven configurations")
-        within = (within + "; " if within else "") + f"plans whose stages and replicas agree ({why})"
+    if options.placement != "free":
+        within = (within + "; " if within else "") + "plans whose stages and replicas agree (rank-order placement)"
         if uniform is None:
-            raise InfeasibleError(f"{why_none} (uneven plans were not searched: {why})")
+            raise InfeasibleError(f"{why_none} (uneven plans were not searched: rank-order placement)")
         return dataclasses.replace(uniform, solver=dataclasses.replace(uniform.solver, within=within))
     top = list(uniform.top) if uniform is not None else []
     obj = options.objective
     cutoff = _value(top[options.top_k - 1], obj) * (1 + REL) if len(top) >= options.top_k else options.cutoff
-    found, done = search_uneven(instance, options, Tables(instance), confs, cutoff=cutoff,
-                                deadline=clock.deadline if clock.deadline is not None else INF)
+    rest = INF
+    if narrow:
+        found, done, rest = search_class_stages(instance, options, Tables(instance), cutoff=cutoff, clock=clock,
+                                                near=top[0].plan if top else None)
+        within = (within + "; " if within else "") + (
+            f"plans whose stages and replicas agree, or whose every stage sits on one node class with even shares "
+            f"(class stages: more than {MAX_CONFIGURATIONS} uneven configurations)")
+        stats = {"space": "class stages", "searched_whole": done, "plans_found": len(found)}
+    else:
+        found, done = search_uneven(instance, options, Tables(instance), confs, cutoff=cutoff,
+                                    deadline=clock.deadline if clock.deadline is not None else INF)
+        stats = {"configurations": len(confs), "searched_whole": done, "plans_found": len(found)}
+        rest = INF if done else 0.0  # no bound over the configurations not visited
     merged = sorted(top + found, key=lambda e: _value(e, obj))[:options.top_k]
     if not merged:
+        if isinstance(why_none, NoPlanFound) or not done:
+            raise NoPlanFound(clock.stopped_why(), bound=0.0)
         raise InfeasibleError(f"{why_none} (nor does any plan whose stages or replicas differ)")
     best = _value(merged[0], obj)
     if options.top_k > 1:  # the uneven search keeps one plan per configuration and setting
         within = (within + "; " if within else "") + "one plan per configuration of stages and replicas that differ (--top-k)"
-    u_bound = uniform.solver.bound if uniform is not None else INF
-    bound = min(u_bound, best) if done else 0.0
-    extra = {**(uniform.solver.extra if uniform is not None else {}),
-             "uneven": {"configurations": len(confs), "searched_whole": done, "plans_found": len(found)}}
+    u_bound = uniform.solver.bound if uniform is not None else (
+        why_none.bound if isinstance(why_none, NoPlanFound) else INF)  # a uniform search stopped early proved only this
+    bound = min(u_bound, best) if done else min(u_bound, best, rest)
+    stats["uniform_objective"] = _value(top[0], obj) if top else None  # the uniform search's own best
+    extra = {**(uniform.solver.extra if uniform is not None else {}), "uneven": stats}
     base = uniform.solver if uniform is not None else SolverStats(options.solver, "OPTIMAL", 0.0, best, best)
     status = status_of(best, bound) if base.status == "OPTIMAL" or uniform is None else "FEASIBLE"
-    stats = dataclasses.replace(base, status=status if done else "FEASIBLE", objective=best, bound=bound,
+    solver = dataclasses.replace(base, status=status if done else "FEASIBLE", objective=best, bound=bound,
                                 wall_time=time.perf_counter() - started, extra=extra, within=within)
-    return SolveResult(merged[0], tuple(merged), stats)
+    return SolveResult(merged[0], tuple(merged), solver)

@@ -1,0 +1,120 @@
+"""The uneven search past MAX_CONFIGURATIONS (formulations/uneven-search.md, S4, S6, S7): the
+class-stage space R, its lower bound per configuration, and the search over it, against an
+exhaustive walk of R and the brute force on tiny instances."""
+
+import dataclasses
+import itertools
+from collections import Counter
+
+import pytest
+
+import amp_opt
+from amp_opt import parse_instance
+from amp_opt.model.generate import generate_instance
+from amp_opt.model.tables import Tables
+from amp_opt.search import class_stages, uneven
+from amp_opt.search.options import solve_options
+from amp_opt.search.uneven_space import Configuration
+
+REL = 1e-9
+
+
+def small(seed, *, nodes=2, per_node=2, layers=4, batch=8, idle=True, step=True):
+    """Two GPU types; without ``step`` no optimizer-step term (H15) and no fixed step seconds."""
+    doc = generate_instance(seed, nodes=nodes, devices_per_node=per_node, device_types=2, layers=layers,
+                            global_batch=batch)
+    doc["search"].update({"engine": "amp_opt", "micro_batches": [1, 2, 4], "recompute": ["none", "full"],
+                          "zero_stages": [0, 1], "sequence_parallel": [False], "virtual_stages": [1], "idle": idle})
+    inst = parse_instance(doc)
+    if not step:
+        inst = dataclasses.replace(inst, device_types={name: dataclasses.replace(t, memory_bandwidth=None,
+                                                                                 step_overhead=0.0)
+                                                       for name, t in inst.device_types.items()})
+    return inst
+
+
+def every_r(inst):
+    """Every configuration of R (with the uniform ones and every single block), listed plainly:
+    per M, per class no block or one of its blocks, in every order (no heap, no bound)."""
+    batch = inst.training.global_batch
+    top = class_stages.depth(inst)
+    for M in (m for m in range(1, batch + 1) if batch % m == 0):
+        for chosen in itertools.product(*class_stages.blocks(inst, M)):
+            used = [b for b in chosen if b is not None]
+            if used and sum(b.stages for b in used) <= top:
+                for order in itertools.permutations(used):
+                    yield M, order
+
+
+def best_of_configuration(inst, conf: Configuration, tables, cache):
+    """The least predicted seconds over every setting and partition of a configuration (the exact DP)."""
+    options = solve_options()
+    found = [uneven._best_of(inst, options, tables, cache, conf, s, float("inf")) for s in uneven._settings(inst.search)]
+    times = [ev.predicted_time for ev in found if ev is not None]
+    return min(times) if times else None
+
+
+def bound_violations(seeds, factor=1.0):
+    """(configurations compared, those whose bound times ``factor`` exceeds their optimum)."""
+    compared, bad = 0, []
+    for seed in seeds:
+        inst = small(seed, step=False)
+        tables, cache = Tables(inst), {}
+        bounds = class_stages.Bounds(inst, tables, solve_options().model.schedule)
+        for M, order in every_r(inst):
+            best = best_of_configuration(inst, class_stages.configuration(inst, M, order), tables, cache)
+            if best is None:
+                continue
+            compared += 1
+            if factor * bounds(M, order) > best * (1 + REL):
+                bad.append((seed, M, order, factor * bounds(M, order), best))
+    return compared, bad
+
+
+SEEDS = [1, 2]
+
+
+def test_the_bound_holds_on_every_configuration_of_r():
+    compared, bad = bound_violations(SEEDS)
+    assert compared > 30 and bad == []
+
+
+def test_the_bound_one_percent_too_strong_is_caught():
+    """S7 is exact on a one-stage, one-replica configuration without recomputation or step
+    seconds: 1% more is above that configuration's optimum."""
+    compared, bad = bound_violations(SEEDS, factor=1.01)
+    assert bad and all(len(order) == 1 and order[0].stages == 1 and order[0].dp == 1 for _, _, order, _, _ in bad)
+
+
+def test_the_walk_lists_every_non_uniform_configuration_of_r_once_in_key_order():
+    for seed in SEEDS:
+        inst = small(seed)
+        tables = Tables(inst)
+        bounds = class_stages.Bounds(inst, tables, solve_options().model.schedule)
+        walked = [w for w in class_stages.ranked(inst, bounds) if w[2] is not None]
+        keys = [k for k, _, _ in walked]
+        assert keys == sorted(keys)
+        plain = [(M, order) for M, order in every_r(inst) if len({(b.tp, b.dp) for b in order}) > 1]
+        assert Counter((M, order) for _, M, order in walked) == Counter(plain) and len(set(plain)) == len(plain) > 5
+        assert all(k <= bounds(M, order) * (1 + REL) for k, M, order in walked)
+
+
+@pytest.mark.parametrize("seed, nodes, per_node", [(0, 3, 1), (15, 3, 1), (2, 2, 2)])
+def test_the_class_stage_search_equals_an_exhaustive_walk_of_r(monkeypatch, seed, nodes, per_node):
+    """With the whole uneven space made too large (MAX_CONFIGURATIONS 0), solve returns the best of
+    the uniform plans (the brute force, engine megatron) and of R (every configuration's DP), or
+    better (a neighbour of the uniform optimum outside R), never better than S1's brute force, and
+    says OPTIMAL within the class stages."""
+    from amp_opt.bench.brute import brute_force
+
+    inst = small(seed, nodes=nodes, per_node=per_node, layers=3)
+    tables, cache = Tables(inst), {}
+    uniform = brute_force(dataclasses.replace(inst, search=dataclasses.replace(inst.search, engine="megatron")))
+    in_r = [best_of_configuration(inst, class_stages.configuration(inst, M, o), tables, cache) for M, o in every_r(inst)]
+    truth = min([uniform.value] + [t for t in in_r if t is not None])
+    monkeypatch.setattr(uneven, "MAX_CONFIGURATIONS", 0)
+    result = amp_opt.solve(inst)
+    got = result.best.predicted_time
+    assert got <= truth * (1 + 1e-7) and got >= brute_force(inst).value * (1 - 1e-7)
+    assert result.solver.status == "OPTIMAL" and result.solver.extra["uneven"]["searched_whole"]
+    assert "every stage sits on one node class with even shares" in result.solver.within
