@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.classes import node_classes
-from ..model.costs.terms import pipeline_weights
+from ..model.costs.pipeline import pipeline_weights
 from ..model.instance import idle_level
 from ..model.ranges import INF
 from .uneven_space import Configuration
@@ -102,7 +102,7 @@ def ranked(instance, bounds: Bounds):
     key, lazily; the key (S7, the capacity form) is at most the iteration seconds of every plan of
     that configuration and of every one listed after it.  A combination of blocks that is no
     configuration of R yields (key, M, None), so that the caller can stop (key, clock) between any two."""
-    space, batch = instance.search, instance.training.global_batch
+    batch = instance.training.global_batch
     top = depth(instance)
     heap, per_m = [], {}
     for M in (m for m in range(1, batch + 1) if batch % m == 0):
