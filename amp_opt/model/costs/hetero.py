@@ -4,6 +4,9 @@ Each stage runs at its slowest replica's device speed (H1), a boundary's p2p and
 stage's ring allreduce use the slowest link they cross (H3, H4), and every device must
 hold its stage (H5, enforced).  Any placement can be priced: AMP's rank order or the
 search's free grouping.
+
+The module is a little over 400 lines because the model and its bound read the same per-class
+tables (:func:`compute_classes`, the allreduce tables); apart, the bound would rebuild them.
 """
 
 from __future__ import annotations
