@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 import amp_opt  # noqa: E402
 from amp_opt.bench.writers import machine_info  # noqa: E402
 from amp_opt.errors import InputError  # noqa: E402
-from amp_opt.model.candidates import even_partition  # noqa: E402
+from amp_opt.model.engines import even_partition  # noqa: E402
 from amp_opt.model.engines import ENGINES  # noqa: E402
 from amp_opt.model.profiles import layer_times  # noqa: E402
 

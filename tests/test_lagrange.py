@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from amp_opt import parse_instance
-from amp_opt.model.candidates import candidates, even_partition
+from amp_opt.model.candidates import candidates
+from amp_opt.model.engines import even_partition
 from amp_opt.model.evaluate import evaluate
 from amp_opt.model.costs import COST_MODELS
 from amp_opt.model.tables import Tables

@@ -150,7 +150,7 @@ def test_bundled_best_plans_price_alike_on_both_paths(name):
     best = amp_opt.solve(inst).best.plan
     same_as_uniform(inst, best)
     if not priced_here(best):  # the same degrees without the settings the non-uniform path leaves out
-        from amp_opt.model.candidates import even_partition
+        from amp_opt.model.engines import even_partition
 
         assert best.cp == 1
         best = parse_plan({**best.to_json(), "virtual_stages": 1, "zero_stage": min(best.zero_stage or 0, 2),

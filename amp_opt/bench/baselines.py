@@ -24,7 +24,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..model.candidates import allowed_tp, even_partition
+from ..model.candidates import allowed_tp
+from ..model.engines import even_partition
 from ..model.evaluate import Evaluation, evaluate
 from ..model.plan import Plan
 from ..model.tables import Tables

@@ -17,7 +17,8 @@ import itertools
 import math
 from dataclasses import replace
 
-from .engines import engine_of, megatron_split
+from .costs import HETERO
+from .engines import engine_of, even_partition, megatron_split
 from .plan import PER_STAGE_MODES, Candidate
 
 
@@ -27,34 +28,6 @@ def divisors(n: int) -> list[int]:
 
 def allowed_tp(instance) -> list[int]:
     return [m for m in instance.search.tp if all(node.devices % m == 0 for node in instance.nodes)]
-
-
-def even_partition(instance, parts: int, *, exact: bool = False) -> tuple[int, ...] | None:
-    """Megatron's split: transformer layers as evenly as possible over ``parts`` ranges.
-
-    The layers before the first transformer layer (embedding, ...) join the first range,
-    those after the last one (head, ...) the last.  When the counts do not divide, the
-    first ranges get one layer more (numpy's ``array_split`` convention).  With ``exact``
-    the ranges must be equal (Megatron's rule for virtual stages, :func:`.engines.megatron_split`,
-    which may count the embedding and the loss as a layer each), else None.  Without
-    transformer layers, or (without ``exact``) with more ranges than transformer layers,
-    every layer counts.  None if ``parts`` exceeds the layer count.
-    """
-    n = instance.num_layers
-    if parts > n:
-        return None
-    if exact:
-        split = megatron_split(instance, parts)
-        return None if split is None else split.boundaries
-    first, last = instance.transformer_span
-    if last - first < parts:
-        first, last = 0, n
-    size, extra = divmod(last - first, parts)
-    boundaries = [first]
-    for s in range(parts):
-        boundaries.append(boundaries[-1] + size + (1 if s < extra else 0))
-    boundaries[0], boundaries[-1] = 0, n
-    return tuple(boundaries)
 
 
 def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: int) -> list[Candidate]:
@@ -153,8 +126,6 @@ def block_counts(instance, pp: int) -> list[int]:
 
 def candidates(instance, model=None) -> list[Candidate]:
     """Every candidate of the search space, in a fixed order (the cost model's, hetero by default)."""
-    from .costs import HETERO  # the cost models read candidates: imported here to keep this module below them
-
     model = model or HETERO
     n_dev, batch, space = instance.num_devices, instance.training.global_batch, instance.search
     out = []

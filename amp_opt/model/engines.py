@@ -164,3 +164,31 @@ ENGINES = {
 def engine_of(instance) -> Engine:
     """The engine an instance's plans must run on (``search.engine``, default megatron)."""
     return ENGINES[instance.search.engine]
+
+
+def even_partition(instance, parts: int, *, exact: bool = False) -> tuple[int, ...] | None:
+    """Megatron's split: transformer layers as evenly as possible over ``parts`` ranges.
+
+    The layers before the first transformer layer (embedding, ...) join the first range,
+    those after the last one (head, ...) the last.  When the counts do not divide, the
+    first ranges get one layer more (numpy's ``array_split`` convention).  With ``exact``
+    the ranges must be equal (Megatron's rule for virtual stages, :func:`megatron_split`,
+    which may count the embedding and the loss as a layer each), else None.  Without
+    transformer layers, or (without ``exact``) with more ranges than transformer layers,
+    every layer counts.  None if ``parts`` exceeds the layer count.
+    """
+    n = instance.num_layers
+    if parts > n:
+        return None
+    if exact:
+        split = megatron_split(instance, parts)
+        return None if split is None else split.boundaries
+    first, last = instance.transformer_span
+    if last - first < parts:
+        first, last = 0, n
+    size, extra = divmod(last - first, parts)
+    boundaries = [first]
+    for s in range(parts):
+        boundaries.append(boundaries[-1] + size + (1 if s < extra else 0))
+    boundaries[0], boundaries[-1] = 0, n
+    return tuple(boundaries)

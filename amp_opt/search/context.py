@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..model.candidates import even_partition
+from ..model.engines import even_partition
 from ..model.costs.protocol import bound_holds, plan_of
 from ..model.costs.terms import stage_order
 from ..model.evaluate import Evaluation, evaluate

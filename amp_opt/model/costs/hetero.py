@@ -18,7 +18,7 @@ import numpy as np
 from ..classes import node_classes
 from ..ranges import INF, grid, min_max_chain, min_max_step, min_sum_step, range_table, stage_room, start_row
 from ..ranges import weighted as _weighted
-from ..candidates import even_partition
+from ..engines import even_partition
 from .links import hetero_link, link_latency, ring_link, tp_link
 from .protocol import CostModel
 from .terms import CandidateTerms, StageCosts, memory_bandwidth, overlap_share, stage_order
