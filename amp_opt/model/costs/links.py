@@ -26,7 +26,15 @@ def ring_link(instance, nodes, tp: int) -> float:
 
 def hetero_link(instance, nodes) -> float:
     """The hetero model's link rule (eq. H3, H4): intra-node bandwidth when every
-    group sits in one node, else the slowest inter-node link among the nodes."""
+    group sits in one node, else the slowest inter-node link among the nodes.
+
+    Examples
+    --------
+    >>> from amp_opt import load_instance
+    >>> inst = load_instance("instances/amp_het_cluster.json")  # nodes 0-2: V100, 3: T4
+    >>> hetero_link(inst, [0]), hetero_link(inst, [0, 3])  # bytes/s: NVLink, then 10 Gbit/s
+    (21250000000.0, 1250000000.0)
+    """
     used = set(nodes)
     if len(used) == 1:
         return instance.nodes[next(iter(used))].intra_bandwidth

@@ -88,7 +88,17 @@ def _callers(model) -> set[str]:
 def rows_price(model) -> bool:
     """Whether the row-based searches (the MIP rows, the stage-kind search) price plans as the
     model does: its ``stage_costs`` and ``lower_bound`` are amp_opt's own, built from its
-    ``candidate_terms`` (which may be the caller's), the one source the rows read."""
+    ``candidate_terms`` (which may be the caller's), the one source the rows read.
+
+    Examples
+    --------
+    >>> from amp_opt.model.costs.hetero import HETERO, HeteroModel
+    >>> class Mine(HeteroModel):
+    ...     def stage_costs(self, tables, cand, stages, *, chunks=None, modes=None):
+    ...         return super().stage_costs(tables, cand, stages, chunks=chunks, modes=modes)
+    >>> rows_price(HETERO), rows_price(Mine("mine", "1f1b", "a caller's own"))
+    (True, False)
+    """
     return not _callers(model) & {"stage_costs", "lower_bound"}
 
 

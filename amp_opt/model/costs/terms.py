@@ -56,7 +56,14 @@ def memory_bandwidth(instance, device_types) -> float:
 
 def stage_order(partition, pp: int) -> tuple[np.ndarray, tuple[int, ...]]:
     """Layers in stage order and the stages' boundaries in it: with interleaving (pp*v chunks,
-    chunk j on stage j mod pp) a stage's chunks are made contiguous (eq. H11)."""
+    chunk j on stage j mod pp) a stage's chunks are made contiguous (eq. H11).
+
+    Examples
+    --------
+    >>> order, boundaries = stage_order((0, 2, 4, 6, 8), 2)  # 4 chunks on 2 stages
+    >>> order.tolist(), boundaries
+    ([0, 1, 4, 5, 2, 3, 6, 7], (0, 4, 8))
+    """
     chunks = [(partition[j], partition[j + 1]) for j in range(len(partition) - 1)]
     order, boundaries = [], [0]
     for s in range(pp):
