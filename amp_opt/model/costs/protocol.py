@@ -96,6 +96,7 @@ def rows_price(model) -> bool:
     >>> class Mine(HeteroModel):
     ...     def stage_costs(self, tables, cand, stages, *, chunks=None, modes=None):
     ...         return super().stage_costs(tables, cand, stages, chunks=chunks, modes=modes)
+    >>> Mine.__module__ = "my_planner"  # as if written in the caller's own module
     >>> rows_price(HETERO), rows_price(Mine("mine", "1f1b", "a caller's own"))
     (True, False)
     """
