@@ -84,7 +84,7 @@ instances = st.builds(small_instance, seed=st.integers(0, 10**6), nodes=st.integ
                       devices=st.sampled_from([1, 2, 4]), types=st.integers(2, 3), layers=st.integers(5, 10))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # 150 under -m slow
 @given(instance=instances)
 # CP-SAT's integer objective sat 1.3e-6 below the plan's score, which the idle-GPU driver took
 # for an open gap (FEASIBLE); found by the long run below.
