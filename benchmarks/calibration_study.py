@@ -42,7 +42,7 @@ import numpy as np
 from amp_opt.calibrate.predict import peak_of_stage
 from amp_opt.calibrate.metrics import errors, spearman
 from amp_opt.model.costs import cost_model
-from amp_opt.model.costs.pipeline import pipeline_weights
+from amp_opt.model.costs.iteration import pipeline_weights
 from amp_opt.model.evaluate import evaluate
 from amp_opt.model.load import load_instance
 from amp_opt.model.plan import parse_plan

@@ -7,7 +7,7 @@ Usage (from the project root, after `pip install .`):
 On seeded random stage times it compares, for the same per-stage terms, the event simulation
 of Megatron's non-interleaved 1F1B order (``amp_opt.model.schedule.simulate``, the reference),
 H6's (n-1) max E + sum E + sum P and H13's max_s c_s E_s + sum E + 2 sum P
-(``amp_opt.model.costs.pipeline.iteration_time``, the closed and the 1F1B schedule) and the path
+(``amp_opt.model.costs.iteration.iteration_time``, the closed and the 1F1B schedule) and the path
 bound (``amp_opt.model.schedule.path_bound``).  Allreduce is left out (it is the same term
 in all three).  Forward is a third of a stage's time, as everywhere in the cost model.  No
 measurement is involved: this is about the formulas, so it is exact and repeatable.
@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from amp_opt.model.costs.pipeline import iteration_time  # noqa: E402
+from amp_opt.model.costs.iteration import iteration_time  # noqa: E402
 from amp_opt.model.schedule import path_bound, simulate  # noqa: E402
 
 STAGES = (2, 4, 8)

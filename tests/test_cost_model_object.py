@@ -14,7 +14,7 @@ from amp_opt import InfeasibleError, InputError, evaluate, solve
 from amp_opt.bench.brute import brute_force
 from amp_opt.model.costs.amp import AmpModel
 from amp_opt.model.costs.hetero import HeteroCosts, HeteroModel
-from amp_opt.model.costs.protocol import bound_holds, library_priced, rows_price
+from amp_opt.model.costs.contract import bound_holds, library_priced, rows_price
 from amp_opt.model.costs.terms import CandidateTerms
 from amp_opt.model.evaluate import memory_parts
 from amp_opt.model.tables import Tables

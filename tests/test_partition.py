@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from amp_opt import evaluate, parse_instance
 from amp_opt.model.candidates import candidates
 from amp_opt.model.engines import even_partition
-from amp_opt.model.costs.pipeline import Pipeline, pipeline_weights
+from amp_opt.model.costs.iteration import Pipeline, pipeline_weights
 from amp_opt.model.costs.terms import stage_order
 from amp_opt.model.costs import COST_MODELS
 from amp_opt.model.tables import Tables

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..model.costs import cost_model
-from ..model.costs.pipeline import pipeline_weights
+from ..model.costs.iteration import pipeline_weights
 from ..model.evaluate import evaluate
 from ..model.load import load_instance, load_json
 from ..model.plan import check_plan, describe

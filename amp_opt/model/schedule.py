@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costs.pipeline import FORWARD_SHARE, pipeline_weights
+from .costs.iteration import FORWARD_SHARE, pipeline_weights
 from .evaluate import stage_costs
 
 

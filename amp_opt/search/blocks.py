@@ -28,8 +28,8 @@ import numpy as np
 from ..errors import InfeasibleError, NoPlanFound
 from ..model.candidates import candidates
 from ..model.costs import cost_model
-from ..model.costs.pipeline import pipeline_weights
-from ..model.costs.protocol import library_priced
+from ..model.costs.iteration import pipeline_weights
+from ..model.costs.contract import library_priced
 from ..model.costs.amp import blended_times
 from ..model.evaluate import evaluate
 from ..model.profiles import layer_times

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.classes import node_classes
-from ..model.costs.pipeline import pipeline_weights
+from ..model.costs.iteration import pipeline_weights
 from ..model.instance import idle_level
 from ..model.ranges import INF
 from .uneven_space import Configuration

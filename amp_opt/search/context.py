@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..model.engines import even_partition
-from ..model.costs.protocol import bound_holds, plan_of
+from ..model.costs.contract import bound_holds, plan_of
 from ..model.costs.terms import stage_order
 from ..model.evaluate import Evaluation, evaluate
 from ..model.plan import Candidate, Plan

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import SearchTooLarge
 from ..model.classes import class_of_node
 from ..model.costs import HETERO, CostModel, StageCosts, hetero_link, plan_of
-from ..model.costs.links import link_latency, ring_link
+from ..model.costs.link_rules import link_latency, ring_link
 from ..model.costs.terms import stage_order
 from ..model.plan import PER_STAGE_MODES, Candidate, Plan, Stages, rank_order_stages
 from .partition import NO_HOP, Hop, Path, StageGraph, fixed_placement_graph, make_graph, memory_ratio, range_tables

@@ -40,7 +40,7 @@ def k_best_paths(g: StageGraph, *, limit: Callable[[], float] = lambda: INF,
     slowest stage + the sum of the stages):
 
     >>> import numpy as np
-    >>> from amp_opt.model.costs.pipeline import pipeline_weights
+    >>> from amp_opt.model.costs.iteration import pipeline_weights
     >>> from amp_opt.search.partition import make_graph
     >>> k, l = np.meshgrid(np.arange(4), np.arange(4), indexing="ij")
     >>> prefix = np.array([0.0, 1.0, 3.0, 6.0])

@@ -15,7 +15,7 @@ from typing import Callable
 
 from ..errors import InputError
 from ..model.costs import CostModel, cost_model as get_cost_model
-from ..model.costs.protocol import check_rows_price
+from ..model.costs.contract import check_rows_price
 from ..model.fields import whole_number
 from ..model.placement import check_placement
 from .registry import lookup

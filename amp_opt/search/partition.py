@@ -10,7 +10,7 @@ groups still unassigned (see :mod:`amp_opt.search.free_grouping`).  Minimise
 
     f = max_s w_s C_s + max_s A_s + sum_s (C_s + r P_s)
 
-with the cost model's weights (:class:`~amp_opt.model.costs.pipeline.Pipeline`): w_s = n - 1
+with the cost model's weights (:class:`~amp_opt.model.costs.iteration.Pipeline`): w_s = n - 1
 and r = 1 in the closed form H6, w_s by the stage's position and r = 2 under 1F1B (H13).
 
 Two maxima make a plain min-sum DP inexact (AMP's own DP is not exact).  For
@@ -36,7 +36,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..model.costs import StageCosts
-from ..model.costs.pipeline import Pipeline
+from ..model.costs.iteration import Pipeline
 from ..model.ranges import INF, backtrack, grid, min_max_step, stage_room, start_row, weighted
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import inspect
 
 from ..errors import SearchTooLarge
-from ..model.costs.protocol import check_rows_price
+from ..model.costs.contract import check_rows_price
 from ..model.coarsen import coarsen
 from .blocks import solve_blocks
 from .clock import Clock

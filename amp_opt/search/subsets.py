@@ -25,7 +25,7 @@ import time
 from collections import Counter
 
 from ..errors import InfeasibleError, InputError, NoPlanFound
-from ..model.costs.protocol import library_priced
+from ..model.costs.contract import library_priced
 from ..model.plan import Plan, describe
 from . import sidecar, stop
 from .clock import Clock

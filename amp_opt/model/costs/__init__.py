@@ -11,9 +11,9 @@ from __future__ import annotations
 from ...errors import InputError
 from .amp import AMP
 from .hetero import HETERO, HETERO_CLOSED
-from .links import allreduce_factor, hetero_link
-from .pipeline import iteration_time
-from .protocol import CostModel, plan_of
+from .link_rules import allreduce_factor, hetero_link
+from .iteration import iteration_time
+from .contract import CostModel, plan_of
 from .terms import CandidateTerms, StageCosts
 
 COST_MODELS: dict[str, CostModel] = {model.name: model for model in (HETERO, AMP, HETERO_CLOSED)}

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...errors import InputError
 from ..ranges import min_max_chain, range_table
-from .protocol import CostModel
+from .contract import CostModel
 from .terms import StageCosts
 
 AMP_WIRE_BYTES = 4.0  # AMP counts volumes in elements and charges each as fp32

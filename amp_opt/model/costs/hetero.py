@@ -19,8 +19,8 @@ from ..classes import node_classes
 from ..ranges import INF, grid, min_max_chain, min_max_step, min_sum_step, range_table, stage_room, start_row
 from ..ranges import weighted as _weighted
 from ..engines import even_partition
-from .links import hetero_link, link_latency, ring_link, tp_link
-from .protocol import CostModel
+from .link_rules import hetero_link, link_latency, ring_link, tp_link
+from .contract import CostModel
 from .terms import CandidateTerms, StageCosts, memory_bandwidth, overlap_share, stage_order
 
 LABELLED_BUDGET = 1.5e8  # cells of the labelled DP (B2) before falling back to B3

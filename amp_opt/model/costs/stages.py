@@ -24,7 +24,7 @@ import numpy as np
 
 from ...errors import InputError
 from .hetero import HeteroModel
-from .pipeline import pipeline_weights
+from .iteration import pipeline_weights
 from .terms import StageCosts, StagePlacement
 
 

@@ -1,11 +1,11 @@
 """The terms of a candidate and of its stages, as every cost model prices them.
 
 What does not depend on the devices (memory, eq. H5, H7-H10, H14; per-layer effective times;
-volumes) is :class:`CandidateTerms`; a cost model (:mod:`.protocol`) turns a candidate on a
+volumes) is :class:`CandidateTerms`; a cost model (:mod:`.contract`) turns a candidate on a
 placement (the devices of every stage) into a :class:`StageCosts`, which computes the terms of any
 stage for any layer range, vectorised, so that the evaluator, the partition DP and the MIPs all
-read their numbers from one place.  The iteration-time formula is :mod:`.pipeline`'s, the link
-rules :mod:`.links`'.  Every search reads these records through one model method,
+read their numbers from one place.  The iteration-time formula is :mod:`.iteration`'s, the link
+rules :mod:`.link_rules`'.  Every search reads these records through one model method,
 ``candidate_terms`` (``formulations/hetero.md``, "One source of terms").
 
 The module is over 400 lines because every term of ``formulations/hetero.md`` (H1-H19) is a
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import InputError
-from .pipeline import BACKWARD_SHARE, FORWARD_SHARE, pipeline_weights
+from .iteration import BACKWARD_SHARE, FORWARD_SHARE, pipeline_weights
 from ..plan import Candidate, Stages
 
 

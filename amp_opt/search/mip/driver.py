@@ -34,7 +34,7 @@ import numpy as np
 
 from ...errors import InfeasibleError, NoPlanFound
 from ...model.candidates import candidates, why_empty
-from ...model.costs.protocol import check_rows_price
+from ...model.costs.contract import check_rows_price
 from ...model.plan import Candidate, describe_candidate, rank_order_stages
 from ..clock import Clock
 from ..diagnose import verdict

@@ -11,7 +11,7 @@ Every coefficient comes from the cost model's
 devices, its ``candidate_terms``, with the instance as the model prices it), so the program
 prices a plan exactly as the evaluator does (up to the integer resolution of CP-SAT, see
 ``backends.py``); a model whose ``stage_costs`` is not built from ``candidate_terms`` is refused
-before a program is built (:func:`~amp_opt.model.costs.protocol.check_rows_price`).
+before a program is built (:func:`~amp_opt.model.costs.contract.check_rows_price`).
 """
 
 from __future__ import annotations

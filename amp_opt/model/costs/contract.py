@@ -12,7 +12,7 @@ import numpy as np
 
 from ...errors import InputError
 from ..plan import Candidate, Stages
-from .pipeline import Pipeline, pipeline_weights
+from .iteration import Pipeline, pipeline_weights
 from .terms import CandidateTerms, StageCosts, stage_order
 
 def plan_of(model, tables, cand: Candidate, partition, stages: Stages, *, chunks=None):
