@@ -109,22 +109,28 @@ def memory_ratio(costs: StageCosts, num_layers: int, stage: int) -> np.ndarray:
     return costs.memory(stage, g.start, g.stop) / costs.capacity[stage]
 
 
-def fixed_placement_graph(costs: StageCosts, num_layers: int, boundaries=None) -> StageGraph:
-    """The graph of a fixed placement: one state and one transition per stage (the ranges fixed
-    to ``boundaries`` in stage order when given: interleaved chunks).  Stages with the same compute
-    and allreduce tables share a kind, so that the tables stay small on long pipelines."""
-    p, L = costs.pp, num_layers
+def shared_kinds(tables):
+    """Stages' (compute, allreduce) range tables as kinds: one per distinct pair, so that stages
+    with equal tables share one.  Returns the kinds' compute and allreduce tables and each stage's kind."""
     kinds: dict[tuple, int] = {}
     compute, allreduce, kind_of = [], [], []
-    for s in range(p):
-        c, a = range_tables(costs, L, s)
+    for c, a in tables:
         key = (c.tobytes(), a.tobytes())
         if key not in kinds:
             kinds[key] = len(kinds)
             compute.append(c)
             allreduce.append(a)
         kind_of.append(kinds[key])
-    ratio = np.zeros((p, len(kinds), L + 1, L + 1))
+    return compute, allreduce, kind_of
+
+
+def fixed_placement_graph(costs: StageCosts, num_layers: int, boundaries=None) -> StageGraph:
+    """The graph of a fixed placement: one state and one transition per stage (the ranges fixed
+    to ``boundaries`` in stage order when given: interleaved chunks).  Stages with the same compute
+    and allreduce tables share a kind, so that the tables stay small on long pipelines."""
+    p, L = costs.pp, num_layers
+    compute, allreduce, kind_of = shared_kinds(range_tables(costs, L, s) for s in range(p))
+    ratio = np.zeros((p, len(compute), L + 1, L + 1))
     for s in range(p):
         ratio[s, kind_of[s]] = memory_ratio(costs, L, s)
     volume = np.concatenate([[0.0], costs.p2p_volume()])

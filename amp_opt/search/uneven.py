@@ -25,7 +25,7 @@ from ..model.engines import engine_of
 from ..model.evaluate import Evaluation, evaluate
 from ..model.plan import RECOMPUTE, check_plan, parse_plan
 from ..model.ranges import INF, grid
-from .partition import make_graph, optimal_path
+from .partition import make_graph, optimal_path, shared_kinds
 from .result import SolverStats, SolveResult, status_of
 from . import class_stages
 from .uneven_space import Configuration, configurations
@@ -57,18 +57,10 @@ def _graph(costs: UnevenCosts, L: int):
     allreduce) table (stages of one block share one: memory stays O(kinds * p * L^2)), the
     boundary before each stage priced per position (U2), memory as the tightest replica's ratio (U4)."""
     g, p = grid(L), costs.pp
-    kinds: dict[tuple, int] = {}
-    compute, allreduce, kind_of = [], [], []
-    for s in range(p):
-        c = np.where(g.nonempty, costs.compute(s, g.start, g.stop), INF)
-        a = np.where(g.nonempty, costs.allreduce(s, g.start, g.stop), INF)
-        key = (c.tobytes(), a.tobytes())
-        if key not in kinds:
-            kinds[key] = len(kinds)
-            compute.append(c)
-            allreduce.append(a)
-        kind_of.append(kinds[key])
-    ratio = np.full((p, len(kinds), L + 1, L + 1), INF)
+    compute, allreduce, kind_of = shared_kinds((np.where(g.nonempty, costs.compute(s, g.start, g.stop), INF),
+                                                np.where(g.nonempty, costs.allreduce(s, g.start, g.stop), INF))
+                                               for s in range(p))
+    ratio = np.full((p, len(compute), L + 1, L + 1), INF)
     for s in range(p):
         ratio[s, kind_of[s]] = np.max([m / c for m, c in costs.replica_memory(s, g.start, g.stop)], axis=0)
     volume = np.zeros((p, L + 1))
