@@ -2,7 +2,7 @@
 (amp_opt.bench.brute.brute_top, written apart from the search) on random tiny instances."""
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from amp_opt import InfeasibleError, solve
@@ -19,12 +19,13 @@ def listed(inst, k, objective="time", solver="enumerate"):
     return values, result
 
 
-def check_top(inst, k, objective="time"):
+def check_top(inst, k, objective="time", solver="enumerate"):
     truth = brute_top(inst, k, objective=objective)
-    values, result = listed(inst, k, objective)
+    values, result = listed(inst, k, objective, solver)
     assert values == pytest.approx(truth, rel=REL), (values, truth)
     if result is not None:
         assert result.solver.status == "OPTIMAL"
+        assert "--top-k" not in (result.solver.within or "")  # no part of the space listed one plan per candidate
         assert len({str(ev.plan.to_json()) for ev in result.top}) == len(values)  # distinct plans
 
 
@@ -41,6 +42,36 @@ def test_the_k_best_plans_equal_the_brute_forces(case, k, objective):
 @given(case=cases, k=st.integers(2, 12), objective=st.sampled_from(["time", "cost"]))
 def test_the_k_best_plans_equal_the_brute_forces_slow(case, k, objective):
     check_top(tiny(**case), k, objective)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases, k=st.integers(2, 6), objective=st.sampled_from(["time", "cost"]),
+       solver=st.sampled_from(["cpsat", "cbc", "highs"]))
+@example(case={"seed": 0, "devices": 2, "layers": 3, "engine": "megatron", "idle": False}, k=2, objective="time",
+         solver="cpsat")  # two plans tie at the best value: a candidate's own plan must not cut it off
+def test_the_mip_solvers_list_the_k_best_plans_too(case, k, objective, solver):
+    """On the MIP path the candidates the enumerator can walk are listed exactly (search/mip/listing.py)."""
+    check_top(tiny(**case), k, objective, solver)
+
+
+def test_a_candidate_too_large_to_list_is_named(monkeypatch):
+    """With no candidate small enough to list, the programs give one plan per candidate: the
+    result says so whenever that may miss a plan, and is the K best whenever it does not."""
+    from amp_opt.search.mip import listing
+    monkeypatch.setattr(listing, "MAX_TRANSITIONS", 0)
+    named = 0
+    for seed in range(6):
+        inst = tiny(seed * 5 + 2, devices=3, layers=4, engine="megatron", idle=False)
+        truth = brute_top(inst, 4)
+        values, result = listed(inst, 4, solver="cpsat")
+        if result is None:
+            continue
+        if result.solver.within is not None:
+            assert "too large to list" in result.solver.within
+            named += 1
+        else:
+            assert values == pytest.approx(truth, rel=REL)
+    assert named > 0
 
 
 def _block_instance(seed):

@@ -85,10 +85,11 @@ def _visit(search, walk: _Walk, cand, lower_left: list[float]) -> bool:
     except Stopped:
         walk.timed_out, walk.remaining_lb = True, min(lower_left)
         return True
-    best = _best_plans(graph, to_plan, cand, walk.found, opts, kth, search.out_of_time, search.instance)
+    first = best_plans(graph, to_plan, cand, walk.found, top_k=opts.top_k, one=opts.per_candidate, cutoff=kth,
+                       stop=search.out_of_time, instance=search.instance)
     if search.out_of_time():  # the DP may have stopped early: this candidate is not proven
         walk.timed_out, walk.remaining_lb = True, min(lower_left)
-    if not best and not walk.found and not walk.timed_out:
+    if first is None and not walk.found and not walk.timed_out:
         walk.tightest = least_overfull(graph, to_plan, walk.tightest)
     return False
 
@@ -120,28 +121,30 @@ def _result(search, walk: _Walk, count: int) -> SolveResult:
     return SolveResult(evaluations[0], evaluations, stats)
 
 
-def _best_plans(graph, to_plan, cand, found: list, opts, cutoff: float, stop, instance) -> bool:
-    """Add the candidate's best plan below ``cutoff`` to ``found`` (kept sorted, at most top_k
-    long); with ``top_k`` K > 1 its K best distinct plans (:mod:`.kbest`).  Whether it has a
-    plan (with K > 1: one below the cutoff)."""
-    if opts.top_k == 1 or opts.per_candidate:
+def best_plans(graph, to_plan, cand, found: list, *, top_k: int, cutoff: float, stop, instance,
+               one: bool = False) -> float | None:
+    """Add the candidate's best plan below ``cutoff`` to ``found`` (kept sorted, distinct, at most
+    ``top_k`` long); with ``top_k`` K > 1 (and not ``one``: one plan per candidate) its K best
+    distinct plans (:mod:`.kbest`), each below the K-th best of ``found`` and ``cutoff``.  Returns the value of its best path (with K > 1:
+    of its best path below the cutoff), None when it has none: the candidate's exact bound."""
+    if top_k == 1 or one:
         best = optimal_path(graph, cutoff=cutoff, stop=stop)
         if best is None or best[0] >= cutoff:
-            return best is not None
+            return None if best is None else best[0]
         found.append(Incumbent.of_plan(best[0], cand, to_plan(best[1])))
         found.sort(key=Incumbent.key)
-        del found[opts.top_k:]
-        return True
+        del found[top_k:]
+        return best[0]
 
     def kth() -> float:
-        return found[opts.top_k - 1].value if len(found) >= opts.top_k else cutoff
+        return min(found[top_k - 1].value, cutoff) if len(found) >= top_k else cutoff
 
-    seen = {_plan_key(instance, f.plan) for f in found}
-    any_path = False
+    seen = {plan_key(instance, f.plan) for f in found}
+    first = None
     for value, path in k_best_paths(graph, limit=kth, stop=stop):
-        any_path = True
+        first = value if first is None else first
         plan = to_plan(path)
-        key = _plan_key(instance, plan)
+        key = plan_key(instance, plan)
         # One plan, several paths (formulations/exactness.md, "The k best plans"): a per-stage
         # candidate's path in a slower mode than fits gives the faster path's plan (plan_of), a
         # block count covering every range plain full recomputation's; the first came first.
@@ -150,11 +153,11 @@ def _best_plans(graph, to_plan, cand, found: list, opts, cutoff: float, stop, in
         seen.add(key)
         found.append(Incumbent.of_plan(value, cand, plan))
         found.sort(key=Incumbent.key)
-        del found[opts.top_k:]
-    return any_path
+        del found[top_k:]
+    return first
 
 
-def _plan_key(instance, plan) -> str:
+def plan_key(instance, plan) -> str:
     """One key per plan: a block count that covers every range of the partition is written as
     plain full recomputation (every recomputing layer recomputes either way)."""
     doc = plan.to_json()

@@ -103,17 +103,19 @@ class FreeGraph:
 
 
 def candidate_graph(tables, cand: Candidate, model, placement: str, chunks=None,
-                    stop: Callable[[], bool] | None = None) -> tuple[StageGraph, Callable[[Path], Plan]]:
+                    stop: Callable[[], bool] | None = None,
+                    max_transitions: int = MAX_TRANSITIONS) -> tuple[StageGraph, Callable[[Path], Plan]]:
     """The stage graph of a candidate under a placement (with interleaving, its ``chunks`` fixed),
     and a function from a path to the plan.
 
-    Raises Stopped when ``stop()`` turns true while the free-grouping graph is built."""
+    Raises Stopped when ``stop()`` turns true while the free-grouping graph is built, and
+    SearchTooLarge past ``max_transitions`` (:func:`free_graph`)."""
     if placement == "rank-order":
         stages = rank_order_stages(cand.tp, cand.dp, cand.pp, cand.cp)
         costs = model.stage_costs(tables, cand, stages, chunks=chunks)
         graph = fixed_placement_graph(costs, tables.instance.num_layers, _stage_boundaries(cand, chunks))
         return graph, lambda path: plan_of(model, tables, cand, chunks or path.boundaries, stages, chunks=chunks)
-    fg = free_graph(tables, cand, chunks, stop=stop, model=model)
+    fg = free_graph(tables, cand, chunks, max_transitions, stop=stop, model=model)
     return fg.graph, lambda path: plan_of(model, tables, cand, chunks or path.boundaries,
                                           stages_of_path(tables.instance, cand, fg, path.transitions), chunks=chunks)
 

@@ -9,10 +9,10 @@ seconds per candidate.  So ``auto`` estimates the walk first, with no walking:
   groups, the multisets of groups left per node: partitions that fit in a k x g box.
   Their counts by total are the coefficients of the Gaussian binomial [k+g, k](x),
   computed with the recursion G(k, g) = G(k, g-1) + x^g G(k-1, g); the product over
-  classes counts whole states, and its coefficient at s * dp (the box is symmetric)
-  those after s stages.
-* Moves per state are estimated by the first stage's count T1 (the coefficient at dp:
-  the ways to take dp groups), the last stage has one move per state, so a candidate
+  classes counts whole states, and its coefficient at s * d (d = dp x cp groups per stage;
+  the box is symmetric) those after s stages.
+* Moves per state are estimated by the first stage's count T1 (the coefficient at d:
+  the ways to take d groups), the last stage has one move per state, so a candidate
   has about ``T1 + T1 * sum_{0<s<p-1} N_s + N_{p-1}`` transitions.  The walk also
   remembers which single node hosted the previous stage and its link, which multiplies
   the states; ``FLAG_FACTOR`` covers that (measured: 0.3x to 3.5x of the count above on
@@ -54,7 +54,7 @@ def walk_estimate(instance, cand) -> float:
     poly = np.ones(1)
     for c in node_classes(instance):
         poly = np.convolve(poly, _box(len(c.nodes), c.devices // cand.tp))
-    d, p = cand.dp, cand.pp
+    d, p = cand.replicas, cand.pp  # tensor-parallel groups per stage (dp x cp)
     coef = lambda r: float(poly[r]) if r < len(poly) else 0.0  # noqa: E731
     if p == 1:
         return 1.0

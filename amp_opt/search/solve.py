@@ -45,8 +45,8 @@ def solve(instance, *, started: float | None = None, **options) -> SolveResult:
         Default: free under hetero, rank-order under amp.
     top_k : int
         How many of the best plans to return: the K best distinct plans
-        (``formulations/exactness.md``, "The k best plans"; with a MIP solver the best plan of
-        each of the K best candidates, and the result says so).
+        (``formulations/exactness.md``, "The k best plans"; a MIP solver lists one plan for a
+        candidate whose free grouping is too large to list, and the result then says so).
     per_candidate : bool
         With ``top_k``: the best plan of each of the K best candidates (AMP's ranking).
     time_limit : float, optional

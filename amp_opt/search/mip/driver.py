@@ -45,11 +45,7 @@ from ..tuning import (BOUNDS_SHARE, KIND_FIRST, P1_KINDS_SHARE, P1_QUICK_SHARE, 
 from .backends import Program, Settings, resolution_for, run_backend
 from .fixed_orders import heuristic
 from .formulation import build
-
-# What --top-k K lists from the programs: each candidate's best plan, so the K best of those (the
-# enumerator lists the K best plans, :mod:`amp_opt.search.kbest`).
-ONE_PER_CANDIDATE = "each candidate's best plan (--top-k with a MIP solver; --solver enumerate lists the K best plans)"
-
+from .listing import Listing, PlanKeys, left_out, list_candidates
 
 @dataclass
 class Proofs:
@@ -109,7 +105,11 @@ def solve_mip(search) -> SolveResult:
         if phase is not None:
             best = phase.refine(incumbents, lower, best, SAME)
             search.trace.update(best if np.isfinite(best) else None, _dual(cands, lower))
-        proofs = _programs(search, cands, lower, incumbents, phase)
+        keys = PlanKeys(instance)
+        # --top-k K: the K best plans of the candidates the enumerator can walk, listed exactly first.
+        listing = (list_candidates(search, cands, lower, incumbents, keys)
+                   if opts.top_k > 1 and not opts.per_candidate else None)
+        proofs = _programs(search, cands, lower, incumbents, phase, listing, keys)
     finally:
         if carry is not None:  # what this run proved, for the next one
             # (a candidate without its first bound keeps what phase 1b proved of it, if anything)
@@ -127,7 +127,7 @@ def solve_mip(search) -> SolveResult:
             raise NoPlanBelow(opts.cutoff)
         example = " rank-order plan (free grouping was searched too)" if opts.placement == "free" else ""
         raise InfeasibleError(verdict(search, example=example))
-    return _result(search, cands, proofs)
+    return _result(search, cands, proofs, listing, keys)
 
 
 def _first_bounds(search, cands, lower: dict, labelled: bool, until: Clock) -> set:
@@ -213,8 +213,10 @@ def leanest_siblings(cands) -> dict:
     return out
 
 
-def _programs(search, cands, lower: dict, incumbents: dict, phase: KindPhase | None = None) -> Proofs:
-    """Phase 2: the programs, most promising first, each cut off at the k-th best value so far.
+def _programs(search, cands, lower: dict, incumbents: dict, phase: KindPhase | None = None,
+              listing: Listing | None = None, keys: PlanKeys | None = None) -> Proofs:
+    """Phase 2: the programs, most promising first, each cut off at the k-th best value so far
+    (the candidates ``listing`` listed exactly are done: their plans and bounds are taken as they are).
     Under a time limit, a candidate whose kind search phase 1b kept first gets one more round of
     that bound, within KIND_FIRST of its share (a program on a large cluster seldom proves anything
     in a fraction of a second; the kind bound often rules the candidate out), and its program only
@@ -224,10 +226,15 @@ def _programs(search, cands, lower: dict, incumbents: dict, phase: KindPhase | N
     proofs = Proofs()
     if opts.carry is not None:  # a build this solve timed before (another run, another subset)
         proofs.build_rate = opts.carry.build_rate
+    if listing is not None:
+        proofs.results += listing.found
+        proofs.bound.update(listing.bound)
 
     def kth_best():
-        values = sorted([r.value for r in proofs.results]
-                        + [incumbents[x].value for x in incumbents if x not in proofs.bound])
+        plans = proofs.results + [incumbents[x] for x in incumbents if x not in proofs.bound]
+        if keys is not None and opts.top_k > 1:  # each plan once (two candidates may write one plan)
+            return keys.kth(plans, opts.top_k, opts.cutoff)
+        values = sorted(r.value for r in plans)
         return min(values[opts.top_k - 1] if len(values) >= opts.top_k else np.inf, opts.cutoff)
 
     def share(i, kth) -> Clock:
@@ -239,6 +246,8 @@ def _programs(search, cands, lower: dict, incumbents: dict, phase: KindPhase | N
         return search.clock.share(PROGRAM_SHARE, among=still_open, floor=PROGRAM_FLOOR)
 
     for i, c in enumerate(order):
+        if listing is not None and c in listing.bound:
+            continue
         kth = kth_best()
         kind_first = (lower[c] < kth * (1 - SAME) and phase is not None and phase.kept(c)
                       and not search.out_of_time() and search.clock.deadline is not None)
@@ -356,9 +365,12 @@ def _record_proof(proofs: Proofs, c: Candidate, out, inc: Incumbent | None, lowe
         proofs.bound[c] = max(lower, out.bound if out.bound is not None else -np.inf)
 
 
-def _result(search, cands, proofs: Proofs) -> SolveResult:
+def _result(search, cands, proofs: Proofs, listing: Listing | None, keys: PlanKeys) -> SolveResult:
     opts = search.options
-    ranked = sorted(proofs.results, key=lambda r: (r.value, r.candidate))
+    if opts.top_k > 1:  # each plan once
+        ranked = keys.distinct(proofs.results)
+    else:
+        ranked = sorted(proofs.results, key=lambda r: (r.value, r.candidate))
     top = ranked[:opts.top_k]
     evaluations = tuple(search.evaluate(r.plan) for r in top)
     objective = top[0].objective if top[0].objective is not None else top[0].value
@@ -377,6 +389,7 @@ def _result(search, cands, proofs: Proofs) -> SolveResult:
                **({"stopped": search.stopped_why()} if status_of(objective, bound) != "OPTIMAL" and search.out_of_time() else {})},
         trace=search.trace.as_tuple(),
         programs=tuple(proofs.programs),
-        within=ONE_PER_CANDIDATE if opts.top_k > 1 and not opts.per_candidate else None,
+        within=(left_out(listing, proofs.bound, keys.kth(top, opts.top_k, np.inf))
+                if listing is not None else None),
     )
     return SolveResult(evaluations[0], evaluations, stats)
