@@ -59,7 +59,7 @@ def main() -> None:
                             text=True).stdout.strip()
     print("# `--top-k` against one plan\n")
     print(f"- Command: `python benchmarks/top_k.py --k {args.k} --time-limit {args.time_limit:g}` (commit {commit})")
-    print(f"  Machine: {machine_info()}\n")
+    print("  Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()) + "\n")
     print(f"Per instance: `solve FILE --json` (one plan), `solve FILE --top-k {args.k} --json` (the default "
           f"solver) and `solve FILE --solver enumerate --top-k {args.k} --json`; each with "
           f"`--time-limit {args.time_limit:g}`. \"same list\": the two top-{args.k} lists' values agree to 1e-9 relative.\n")

@@ -147,3 +147,31 @@ def test_every_search_crosses_the_node_link_least_where_latency_decides(solver, 
     result = solve(inst, solver=solver, placement=placement)
     _priced_in_full(result)
     assert result.best.predicted_time == pytest.approx(truth.value, rel=1e-7)
+
+
+def test_every_free_grouping_path_prices_as_the_evaluator_when_latencies_differ():
+    """Six one-GPU nodes of one type whose node links differ only in latency (two of them 5 ms per
+    message): a pipeline of 3 stages of 2 replicas reaches the same groups left after stage 1 with
+    that stage on the slow or on the fast nodes, and the next boundary's latency tells them apart.
+    Every path of the free-grouping graph, in increasing value, is the evaluator's price of its
+    plan (a state key that forgot the previous stage's latency merges them and misprices one)."""
+    from itertools import islice
+
+    from amp_opt.model.candidates import candidates
+    from amp_opt.model.costs.hetero import HETERO
+    from amp_opt.model.tables import Tables
+    from amp_opt.search.free_grouping import candidate_graph
+    from amp_opt.search.kbest import k_best_paths
+
+    doc = generate_instance(5, nodes=6, devices_per_node=1, device_types=1, layers=5, global_batch=8)
+    (entry,) = doc["nodes"]
+    doc["nodes"] = [dict(entry, name=f"n{j}", count=2, intra_latency=0.0, inter_latency=5e-3 if j == 1 else 0.0)
+                    for j in range(3)]
+    doc["search"].update(tp=[1], micro_batches=[1], recompute=["none"], zero_stages=[0], idle=False)
+    inst = parse_instance(doc)
+    cand = next(c for c in candidates(inst) if (c.dp, c.pp, c.cp) == (2, 3, 1))
+    graph, to_plan = candidate_graph(Tables(inst), cand, HETERO, "free")
+    paths = list(islice(k_best_paths(graph), 300))
+    assert len(paths) > 20
+    for value, path in paths:
+        assert value == pytest.approx(evaluate(inst, to_plan(path)).predicted_time, rel=1e-9)
