@@ -31,6 +31,7 @@ from . import sidecar, stop
 from .clock import Clock
 from .context import Carry, Search
 from .device_sets import DeviceSet, device_sets, set_bound, throughput_bound
+from .mip.listing import left_out, without_listing
 from .result import SAME, NoPlanBelow, SolverStats, SolveResult, status_of
 from .trace import Trace
 from .tuning import DEEPEN, FIRST_SHARE, REVISIT_PASSES, REVISIT_SECONDS
@@ -91,6 +92,7 @@ class SubsetSearch:
         self.ran: set = set()
         self.cut = 0  # sets skipped by their bound
         self.results: list[SolveResult] = []
+        self.scales: list[float] = []  # per result: objective units per second of its set
         self.stopped: dict = {}  # sets whose last search stopped with no plan and no proof
         self.spent: dict = {}  # seconds of each set's last search
         self.carries: dict = {}  # what each set's search left for its next run
@@ -179,6 +181,7 @@ class SubsetSearch:
         proven = result.best.predicted_time if optimal else result.solver.bound
         self.bound[part.key] = max(self.bound[part.key], proven * scale)
         self.results.append(result)
+        self.scales.append(scale)
         alone = len(self.allowed) == 1
         for t, primal, dual in result.solver.trace:
             self.marks.append((offset + t, primal * scale if math.isfinite(primal) else None,
@@ -271,7 +274,7 @@ class SubsetSearch:
         for at, primal, dual in sorted(self.marks, key=lambda m: m[0]):
             trace.update(primal, dual, at=at)
         trace.update(objective, lower)
-        extra = dict(last.solver.extra)
+        extra = {k: v for k, v in last.solver.extra.items() if not k.startswith("top_k_")}
         extra.update(subsets_searched=len(self.ran), subsets_cut_off=self.cut,
                      node_classes_used=_classes_of(self.instance, top[0].plan), processes=1 + self.helpers)
         if self.cost:
@@ -280,8 +283,21 @@ class SubsetSearch:
                             wall_time=self.whole.elapsed(), objective=objective, bound=max(0.0, min(lower, objective)),
                             extra=extra, trace=trace.as_tuple(),
                             programs=tuple(p for r in self.results for p in r.solver.programs),
-                            within=_joined(within, *(r.solver.within for r in self.results)))
+                            within=_joined(within, *(p for r in self.results for p in without_listing(r.solver.within)),
+                                           self._unlisted(found)))
         return SolveResult(top[0], top, stats)
+
+    def _unlisted(self, found: list) -> str | None:
+        """With --top-k on the MIP path: what the list may miss, against the K-th plan over every set
+        (a set's own K-th may be far above it), or None (search/mip/listing.py)."""
+        k = self.options.top_k
+        kth = found[k - 1][0] if len(found) >= k else math.inf
+        names, stopped = [], False
+        for result, scale in zip(self.results, self.scales):
+            stopped |= bool(result.solver.extra.get("top_k_stopped"))
+            names += [name for name, bound in result.solver.extra.get("top_k_open", ())
+                      if bound * scale < kth * (1 - SAME)]
+        return left_out(list(dict.fromkeys(names)), stopped)
 
     def _raise_none_found(self):
         if self.stopped:  # a set's search stopped unproven: a share of the time is said as the caller's limit

@@ -45,7 +45,7 @@ from ..tuning import (BOUNDS_SHARE, KIND_FIRST, P1_KINDS_SHARE, P1_QUICK_SHARE, 
 from .backends import Program, Settings, resolution_for, run_backend
 from .fixed_orders import heuristic
 from .formulation import build
-from .listing import Listing, PlanKeys, left_out, list_candidates
+from .listing import Listing, PlanKeys, left_out, list_candidates, open_candidates
 
 @dataclass
 class Proofs:
@@ -378,6 +378,10 @@ def _result(search, cands, proofs: Proofs, listing: Listing | None, keys: PlanKe
     # Every candidate's bound is proven (solved, cut off, or bounded), so a bound that meets
     # the objective proves it optimal even when some program stopped at the time limit.
     search.trace.update(top[0].value, min(bound, objective))
+    # With --top-k: the candidates listed one plan each that may hold more of the K best (the idle-GPU
+    # search decides this again against the K-th plan over every set of devices, subsets.py).
+    unlisted = open_candidates(listing, proofs.bound, keys.kth(top, opts.top_k, np.inf)) if listing else []
+    listed = {"top_k_open": unlisted, "top_k_stopped": listing.stopped} if listing else {}
     stats = SolverStats(
         name=opts.solver,
         status=status_of(objective, bound),
@@ -386,10 +390,10 @@ def _result(search, cands, proofs: Proofs, listing: Listing | None, keys: PlanKe
         bound=min(bound, objective),
         extra={"placement": opts.placement, "candidates": len(cands), **proofs.sizes,
                **({"time_resolution_relative": 1e-8} if opts.backend == "cpsat" else {}),
-               **({"stopped": search.stopped_why()} if status_of(objective, bound) != "OPTIMAL" and search.out_of_time() else {})},
+               **({"stopped": search.stopped_why()} if status_of(objective, bound) != "OPTIMAL" and search.out_of_time() else {}),
+               **listed},
         trace=search.trace.as_tuple(),
         programs=tuple(proofs.programs),
-        within=(left_out(listing, proofs.bound, keys.kth(top, opts.top_k, np.inf))
-                if listing is not None else None),
+        within=left_out([name for name, _ in unlisted], listing.stopped) if listing else None,
     )
     return SolveResult(evaluations[0], evaluations, stats)

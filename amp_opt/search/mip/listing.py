@@ -103,14 +103,29 @@ def list_candidates(search, cands, lower: dict, incumbents: dict, keys: PlanKeys
     return out
 
 
-def left_out(listing: Listing, bound: dict, kth: float) -> str | None:
-    """What the list may miss: the candidates a program solved (one plan each) whose bound is
-    below the final K-th plan, named; None when the list is the K best plans."""
-    if listing.stopped:
-        return "the K best plans of the candidates listed before the time limit, one plan for the others (--top-k)"
-    open_ = [c for c in listing.too_large if bound.get(c, -np.inf) < kth * (1 - SAME)]
-    if not open_:
+UNLISTED = "one plan for each candidate whose free grouping is too large to list"
+STOPPED = "the K best plans of the candidates listed before the time limit, one plan for the others (--top-k)"
+
+
+def open_candidates(listing: Listing, bound: dict, kth: float) -> list[tuple[str, float]]:
+    """The candidates a program solved (one plan each) whose bound is below ``kth`` (seconds):
+    each may hold a second plan among the K best.  (name, bound) pairs, lowest bound first."""
+    out = [(describe_candidate(c), float(bound.get(c, -np.inf))) for c in listing.too_large
+           if bound.get(c, -np.inf) < kth * (1 - SAME)]
+    return sorted(out, key=lambda x: x[1])
+
+
+def left_out(names: list[str], stopped: bool) -> str | None:
+    """What a K-best list may miss, said once (None when it is the K best plans): the candidates
+    too large to list whose bound is below the final K-th plan, named, or a listing cut short."""
+    if stopped:
+        return STOPPED
+    if not names:
         return None
-    names = ", ".join(describe_candidate(c) for c in open_[:3]) + (f" and {len(open_) - 3} more" if len(open_) > 3 else "")
-    return (f"one plan for each candidate whose free grouping is too large to list ({names}; "
-            "--top-k lists the K best plans of the others)")
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"{UNLISTED}: {shown} (--top-k lists the K best plans of the others)"
+
+
+def without_listing(within: str | None) -> list[str]:
+    """The parts of a run's ``within`` other than what its list left out (decided again over all runs)."""
+    return [part for part in (within or "").split("; ") if part and not part.startswith((UNLISTED, STOPPED))]
