@@ -8,7 +8,8 @@ Usage (from the project root):
 For each instance (instances/suite/gen/*.json with 2-4 GPU types, instances/amp_het_cluster.json,
 docs/hetero/*.json) it writes two copies, ``search.engine`` "megatron" (uniform plans only) and
 "amp_opt" (uniform plans and those whose stages and replicas differ), and runs on each, as a
-child process, ``python -m amp_opt solve FILE --time-limit T --json``.  The gain is
+child process, ``python -m amp_opt solve FILE --time-limit T --json`` (the copies in a temporary
+folder, the model's ``hf_config`` path made absolute).  The gain is
 (uniform - uneven) / uniform of the predicted iteration seconds; the in-run gain compares the
 "amp_opt" run's best plan with the best uniform plan of that same run (``solver.uneven.uniform_objective``),
 which is what the plans whose stages differ add (the uniform searches of the two runs, both cut by
@@ -23,6 +24,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,13 +49,14 @@ def solve(path: Path, engine: str, time_limit: float) -> dict:
     """One solve of the instance under an engine: the solver block and plan, or the error line."""
     doc = json.loads(path.read_text())
     doc.setdefault("search", {})["engine"] = engine
-    copy = path.parent / f".uneven_gain-{path.stem}-{engine}.json"  # beside it: relative profile paths hold
-    copy.write_text(json.dumps(doc))
-    try:
+    config = doc.get("model", {}).get("hf_config")
+    if config:  # the one path an instance holds, relative to its file: made absolute for the copy
+        doc["model"]["hf_config"] = str((path.parent / config).resolve())
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / f"{path.stem}-{engine}.json"
+        copy.write_text(json.dumps(doc))
         done = run_measured([sys.executable, "-m", "amp_opt", "solve", str(copy), "--time-limit", f"{time_limit:g}",
-                             "--json"], cwd=path.parent)
-    finally:
-        copy.unlink()
+                             "--json"], cwd=ROOT)
     if done.code != 0:
         lines = done.stderr.strip().splitlines()
         return {"exit": done.code, "seconds": done.wall, "message": lines[-1] if lines else ""}
