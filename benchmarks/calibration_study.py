@@ -199,7 +199,7 @@ def analyse(out: Path, report: Path, log: list, command: str) -> None:
     primary = next(iter(models))
     before, after = models[primary]
     lines = ["# Calibration study on this machine", "",
-             f"Command: `{command}`  ",
+             f"Command: `{command}` (commit {_commit()})  ",
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
              f"({len(os.sched_getaffinity(0))} usable), Python {platform.python_version()}, "
              f"{_torch_version()}  ",
@@ -502,6 +502,12 @@ def _schedule_section(before, after, records, held) -> list[str]:
             "search optimise it exactly with the stage index they already know; "
             "`benchmarks/results/schedule_bounds.md` measures it against the schedule beyond this study."]
     return out
+
+
+def _commit() -> str:
+    """The checkout's short commit (the code that measured and scored)."""
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
 
 
 def main() -> None:
