@@ -147,11 +147,11 @@ def _alive(pid: int) -> bool:
 def test_interrupt_is_clean(tmp_path, solver, sig):
     """A real signal to a real solve while its MIP runs: the best plan so far is printed, the
     exit code is 128 + the signal, and no child process or temporary folder is left.  With
-    --top-k 10 the programs cannot prune each other and run for a minute or more, so the signal
-    lands while they run (not as the solve ends)."""
+    --top-k 10 --per-candidate (each candidate's best plan) the programs cannot prune each other and
+    run for a minute or more, so the signal lands while they run (not as the solve ends)."""
     env = dict(os.environ, TMPDIR=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-m", "amp_opt", "solve", HET, "--solver", solver, "--json",
-                             "--top-k", "10"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             "--top-k", "10", "--per-candidate"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     seen: set[int] = set()
     deadline = time.perf_counter() + 30
     while time.perf_counter() < deadline and proc.poll() is None:
