@@ -160,6 +160,24 @@ def test_rings_share_the_nics_of_their_nodes():
     assert times[2] == pytest.approx(4 * times[None], rel=1e-12)
 
 
+def test_a_ring_uses_every_nic_of_its_nodes():
+    """tp 2 over two nodes of 8 with 8 NICs: each of the 2 rings of a stage gets 4 NICs' worth (a
+    communicator's channels leave through different NICs), so the reduction takes a quarter of the
+    time with one NIC's worth (nics 2: one each); never faster than the node's own link."""
+    times = {}
+    for nics in (2, 8, 64):
+        doc = preset_doc(nodes=(("A100-80GB", 2, 8),), global_batch=16)
+        doc["nodes"][0]["nics"] = nics
+        inst = parse_instance(doc)
+        p = single_stage(inst, tp=2, dp=8, micro_batch=1, zero_stage=0)
+        bare = dataclasses.replace(inst, device_types={n: dataclasses.replace(t, memory_bandwidth=None)
+                                                       for n, t in inst.device_types.items()})
+        times[nics] = evaluate(bare, p).stages[0].allreduce
+        node = inst.nodes[0]
+    assert times[2] == pytest.approx(4 * times[8], rel=1e-12)
+    assert times[64] == pytest.approx(times[8] * 4 * node.inter_bandwidth / node.intra_bandwidth, rel=1e-12)
+
+
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1))
 def test_every_search_prices_shared_nics_as_the_brute_force(seed):

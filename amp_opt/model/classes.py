@@ -28,7 +28,7 @@ class NodeClass:
 
     def ring_inter(self, tp: int) -> float:
         """Bytes/s of one data-parallel ring leaving a node of the class (eq. H17)."""
-        return ring_share(self.inter, self.nics, tp)
+        return ring_share(self.inter, self.nics, tp, self.intra)
 
     @property
     def compute_key(self) -> tuple[str, float]:
@@ -53,11 +53,18 @@ def group_nodes(nodes) -> tuple[NodeClass, ...]:
     return tuple(NodeClass(i, *key[:4], tuple(group), *key[4:]) for i, (key, group) in enumerate(members.items()))
 
 
-def ring_share(inter: float, nics: int | None, tp: int) -> float:
+def ring_share(inter: float, nics: int | None, tp: int, intra: float = float("inf")) -> float:
     """Bytes/s one of the ``tp`` rings of a stage (one per tensor-parallel rank, reducing at once)
-    gets from a node's ``nics`` NICs of ``inter`` bytes/s each (eq. H17): all of one while there
-    are NICs enough, else an equal share; ``inter`` whole when the NICs are not stated."""
-    return inter if nics is None else inter * min(1.0, nics / tp)
+    gets from a node's ``nics`` NICs of ``inter`` bytes/s each (eq. H17): an equal share of all of
+    them (a communicator spreads its channels over the node's NICs), at most the node's own link
+    ``intra``; ``inter`` whole when the NICs are not stated.
+
+    Examples
+    --------
+    >>> ring_share(25e9, 8, 1, intra=300e9), ring_share(25e9, 8, 8), ring_share(25e9, 2, 8), ring_share(25e9, None, 4)
+    (200000000000.0, 25000000000.0, 6250000000.0, 25000000000.0)
+    """
+    return inter if nics is None else min(intra, inter * nics / tp)
 
 
 def node_classes(instance) -> tuple[NodeClass, ...]:

@@ -21,7 +21,8 @@ def ring_link(instance, nodes, tp: int) -> float:
     used = set(nodes)
     if len(used) == 1:
         return instance.nodes[next(iter(used))].intra_bandwidth
-    return min(ring_share(instance.nodes[j].inter_bandwidth, instance.nodes[j].nics, tp) for j in used)
+    nodes = instance.nodes
+    return min(ring_share(nodes[j].inter_bandwidth, nodes[j].nics, tp, nodes[j].intra_bandwidth) for j in used)
 
 
 def hetero_link(instance, nodes) -> float:
