@@ -142,20 +142,24 @@ def test_a_tensor_parallel_group_across_two_nodes_is_priced_on_the_inter_node_li
 
 
 # -- H17: the NIC shared by the rings that leave a node -------------------------------------------
+def _reduction(nics, tp: int, global_batch: int):
+    """Seconds of the gradient reduction of one stage over two nodes of 8 A100s with ``nics`` NICs
+    each (no optimizer step), and the instance."""
+    doc = preset_doc(nodes=(("A100-80GB", 2, 8),), global_batch=global_batch)
+    if nics is not None:
+        doc["nodes"][0]["nics"] = nics
+    inst = parse_instance(doc)
+    p = single_stage(inst, tp=tp, dp=16 // tp, micro_batch=1, zero_stage=0)
+    bare = dataclasses.replace(inst, device_types={n: dataclasses.replace(t, memory_bandwidth=None)
+                                                   for n, t in inst.device_types.items()})
+    return evaluate(bare, p).stages[0].allreduce, inst
+
+
 def test_rings_share_the_nics_of_their_nodes():
     """tp 8 over two nodes of 8: the 8 rings of a stage leave each node at once; with 2 NICs each
     ring gets a quarter of one (the gradient reduction takes 4 times as long), with 8 NICs or
     none stated one each (as before)."""
-    times = {}
-    for nics in (None, 2, 8):
-        doc = preset_doc(nodes=(("A100-80GB", 2, 8),), global_batch=8)
-        if nics is not None:
-            doc["nodes"][0]["nics"] = nics
-        inst = parse_instance(doc)
-        p = single_stage(inst, tp=8, dp=2, micro_batch=1, zero_stage=0)
-        bare = dataclasses.replace(inst, device_types={n: dataclasses.replace(t, memory_bandwidth=None)
-                                                       for n, t in inst.device_types.items()})
-        times[nics] = evaluate(bare, p).stages[0].allreduce
+    times = {nics: _reduction(nics, 8, 8)[0] for nics in (None, 2, 8)}
     assert times[8] == pytest.approx(times[None], rel=1e-12)
     assert times[2] == pytest.approx(4 * times[None], rel=1e-12)
 
@@ -164,16 +168,8 @@ def test_a_ring_uses_every_nic_of_its_nodes():
     """tp 2 over two nodes of 8 with 8 NICs: each of the 2 rings of a stage gets 4 NICs' worth (a
     communicator's channels leave through different NICs), so the reduction takes a quarter of the
     time with one NIC's worth (nics 2: one each); never faster than the node's own link."""
-    times = {}
-    for nics in (2, 8, 64):
-        doc = preset_doc(nodes=(("A100-80GB", 2, 8),), global_batch=16)
-        doc["nodes"][0]["nics"] = nics
-        inst = parse_instance(doc)
-        p = single_stage(inst, tp=2, dp=8, micro_batch=1, zero_stage=0)
-        bare = dataclasses.replace(inst, device_types={n: dataclasses.replace(t, memory_bandwidth=None)
-                                                       for n, t in inst.device_types.items()})
-        times[nics] = evaluate(bare, p).stages[0].allreduce
-        node = inst.nodes[0]
+    times = {nics: _reduction(nics, 2, 16)[0] for nics in (2, 8, 64)}
+    node = _reduction(2, 2, 16)[1].nodes[0]
     assert times[2] == pytest.approx(4 * times[8], rel=1e-12)
     assert times[64] == pytest.approx(times[8] * 4 * node.inter_bandwidth / node.intra_bandwidth, rel=1e-12)
 
