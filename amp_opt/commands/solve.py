@@ -55,7 +55,8 @@ def run(args) -> int:
     instance = load_instance(args.instance)
     try:
         result = solve(instance, solver=args.solver, cost_model=args.cost_model, placement=args.placement,
-                       top_k=args.top_k, per_candidate=args.per_candidate, time_limit=args.time_limit, seed=args.seed, workers=args.workers,
+                       top_k=args.top_k, per_candidate=args.per_candidate, time_limit=args.time_limit,
+                       seed=args.seed, workers=args.workers,
                        objective=args.objective, budget=args.budget, processes=args.processes,
                        progress=None if args.json else progress_printer(), started=getattr(args, "started", None))
     except (InfeasibleError, NoPlanFound) as exc:

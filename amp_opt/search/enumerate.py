@@ -125,8 +125,9 @@ def best_plans(graph, to_plan, cand, found: list, *, top_k: int, cutoff: float, 
                one: bool = False) -> float | None:
     """Add the candidate's best plan below ``cutoff`` to ``found`` (kept sorted, distinct, at most
     ``top_k`` long); with ``top_k`` K > 1 (and not ``one``: one plan per candidate) its K best
-    distinct plans (:mod:`.kbest`), each below the K-th best of ``found`` and ``cutoff``.  Returns the value of its best path (with K > 1:
-    of its best path below the cutoff), None when it has none: the candidate's exact bound."""
+    distinct plans (:mod:`.kbest`), each below the K-th best of ``found`` and ``cutoff``.  Returns
+    the value of its best path (with K > 1: of its best path below the cutoff), None when it has
+    none: the candidate's exact bound."""
     if top_k == 1 or one:
         best = optimal_path(graph, cutoff=cutoff, stop=stop)
         if best is None or best[0] >= cutoff:

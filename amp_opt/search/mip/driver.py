@@ -47,6 +47,7 @@ from .fixed_orders import heuristic
 from .formulation import build
 from .listing import Listing, PlanKeys, left_out, list_candidates, open_candidates
 
+
 @dataclass
 class Proofs:
     """What phase 2 found and proved, per candidate."""
