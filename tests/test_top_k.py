@@ -54,6 +54,14 @@ def test_the_mip_solvers_list_the_k_best_plans_too(case, k, objective, solver):
     check_top(tiny(**case), k, objective, solver)
 
 
+@pytest.mark.slow
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases, k=st.integers(2, 12), objective=st.sampled_from(["time", "cost"]),
+       solver=st.sampled_from(["cpsat", "cbc", "highs"]))
+def test_the_mip_solvers_list_the_k_best_plans_too_slow(case, k, objective, solver):
+    check_top(tiny(**case), k, objective, solver)
+
+
 def test_a_candidate_too_large_to_list_is_named(monkeypatch):
     """With no candidate small enough to list, the programs give one plan per candidate: the
     result says so whenever that may miss a plan, and is the K best whenever it does not."""
