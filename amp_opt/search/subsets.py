@@ -31,7 +31,7 @@ from . import sidecar, stop
 from .clock import Clock
 from .context import Carry, Search
 from .device_sets import DeviceSet, device_sets, set_bound, throughput_bound
-from .mip.listing import left_out, without_listing
+from .mip.listing import left_out
 from .result import SAME, NoPlanBelow, SolverStats, SolveResult, status_of
 from .trace import Trace
 from .tuning import DEEPEN, FIRST_SHARE, REVISIT_PASSES, REVISIT_SECONDS
@@ -283,8 +283,7 @@ class SubsetSearch:
                             wall_time=self.whole.elapsed(), objective=objective, bound=max(0.0, min(lower, objective)),
                             extra=extra, trace=trace.as_tuple(),
                             programs=tuple(p for r in self.results for p in r.solver.programs),
-                            within=_joined(within, *(p for r in self.results for p in without_listing(r.solver.within)),
-                                           self._unlisted(found)))
+                            within=_joined(within, *(r.solver.within for r in self.results), self._unlisted(found)))
         return SolveResult(top[0], top, stats)
 
     def _unlisted(self, found: list) -> str | None:

@@ -45,7 +45,7 @@ from ..tuning import (BOUNDS_SHARE, KIND_FIRST, P1_KINDS_SHARE, P1_QUICK_SHARE, 
 from .backends import Program, Settings, resolution_for, run_backend
 from .fixed_orders import heuristic
 from .formulation import build
-from .listing import Listing, PlanKeys, left_out, list_candidates, open_candidates
+from .listing import Listing, PlanKeys, list_candidates, open_candidates
 
 
 @dataclass
@@ -379,8 +379,8 @@ def _result(search, cands, proofs: Proofs, listing: Listing | None, keys: PlanKe
     # Every candidate's bound is proven (solved, cut off, or bounded), so a bound that meets
     # the objective proves it optimal even when some program stopped at the time limit.
     search.trace.update(top[0].value, min(bound, objective))
-    # With --top-k: the candidates listed one plan each that may hold more of the K best (the idle-GPU
-    # search decides this again against the K-th plan over every set of devices, subsets.py).
+    # With --top-k: the candidates listed one plan each that may hold more of the K best; whether the
+    # list may miss a plan is decided against the K-th plan over every set of devices (subsets.py).
     unlisted = open_candidates(listing, proofs.bound, keys.kth(top, opts.top_k, np.inf)) if listing else []
     listed = {"top_k_open": unlisted, "top_k_stopped": listing.stopped} if listing else {}
     stats = SolverStats(
@@ -395,6 +395,5 @@ def _result(search, cands, proofs: Proofs, listing: Listing | None, keys: PlanKe
                **listed},
         trace=search.trace.as_tuple(),
         programs=tuple(proofs.programs),
-        within=left_out([name for name, _ in unlisted], listing.stopped) if listing else None,
     )
     return SolveResult(evaluations[0], evaluations, stats)

@@ -8,6 +8,9 @@ each one whose free-grouping graph the enumerator can walk (MAX_TRANSITIONS).  T
 see the listed plans in their cutoff and solve only the candidates left, one plan each.  The list
 is exact when no candidate left to a program has a bound below the final K-th plan
 (``formulations/exactness.md``, "The k best plans"); otherwise the result names those candidates.
+A run reports them with their bounds (``top_k_open``, ``top_k_stopped`` in its statistics), and
+the search over sets of devices, which knows the K-th plan over all of them, words the result
+(:func:`left_out`, called by :mod:`amp_opt.search.subsets`).
 """
 
 from __future__ import annotations
@@ -103,10 +106,6 @@ def list_candidates(search, cands, lower: dict, incumbents: dict, keys: PlanKeys
     return out
 
 
-UNLISTED = "one plan for each candidate whose free grouping is too large to list"
-STOPPED = "the K best plans of the candidates listed before the time limit, one plan for the others (--top-k)"
-
-
 def open_candidates(listing: Listing, bound: dict, kth: float) -> list[tuple[str, float]]:
     """The candidates a program solved (one plan each) whose bound is below ``kth`` (seconds):
     each may hold a second plan among the K best.  (name, bound) pairs, lowest bound first."""
@@ -119,13 +118,9 @@ def left_out(names: list[str], stopped: bool) -> str | None:
     """What a K-best list may miss, said once (None when it is the K best plans): the candidates
     too large to list whose bound is below the final K-th plan, named, or a listing cut short."""
     if stopped:
-        return STOPPED
+        return "the K best plans of the candidates listed before the time limit, one plan for the others (--top-k)"
     if not names:
         return None
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return f"{UNLISTED}: {shown} (--top-k lists the K best plans of the others)"
-
-
-def without_listing(within: str | None) -> list[str]:
-    """The parts of a run's ``within`` other than what its list left out (decided again over all runs)."""
-    return [part for part in (within or "").split("; ") if part and not part.startswith((UNLISTED, STOPPED))]
+    return (f"one plan for each candidate whose free grouping is too large to list: {shown} "
+            "(--top-k lists the K best plans of the others)")
