@@ -4,6 +4,7 @@ with all decisions open."""
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 
@@ -468,6 +469,32 @@ def test_a_subset_stopped_once_and_proven_infeasible_on_its_second_run_is_a_verd
     with pytest.raises(InfeasibleError, match="nothing fits"):
         solve_subsets(inst, solve_options(solver="enumerate", time_limit=5.0), run)
     assert len(calls) > len(set(calls))  # a subset was run twice
+
+
+def test_a_set_searched_again_lists_each_of_its_plans_once():
+    """--top-k over sets of devices: a set whose first run ended unproven is run again, and its
+    second run returns the plans of its first; each plan is listed once, and the K-th plan (the
+    cutoff of later runs) counts distinct plans."""
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.solve import run_builtin
+    from amp_opt.search.subsets import solve_subsets
+
+    inst = parse_instance(by_classes(slow_and_fast()))
+    runs = []
+
+    def run(sub, options, started):
+        result = run_builtin(sub, dataclasses.replace(options, cutoff=math.inf), started)
+        runs.append(len(sub.nodes))
+        if runs.count(len(sub.nodes)) == 1:  # the first run of each set: unproven
+            result = dataclasses.replace(result, solver=dataclasses.replace(result.solver, status="FEASIBLE", bound=0.0))
+        return result
+
+    result = solve_subsets(inst, solve_options(solver="enumerate", time_limit=5.0, top_k=4), run)
+    assert len(runs) > len(set(runs))  # a set was run again
+    keys = [json.dumps(ev.plan.to_json(), sort_keys=True) for ev in result.top]
+    assert len(keys) == len(set(keys)) == 4
+    alone = solve(inst, solver="enumerate", top_k=4)
+    assert [ev.predicted_time for ev in result.top] == pytest.approx([ev.predicted_time for ev in alone.top])
 
 
 def test_only_the_first_subset_searches_for_its_infeasibility_diagnosis():

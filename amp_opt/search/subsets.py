@@ -31,6 +31,7 @@ from . import sidecar, stop
 from .clock import Clock
 from .context import Carry, Search
 from .device_sets import DeviceSet, device_sets, set_bound, throughput_bound
+from .enumerate import plan_key
 from .mip.listing import left_out
 from .result import SAME, NoPlanBelow, SolverStats, SolveResult, status_of
 from .trace import Trace
@@ -88,6 +89,7 @@ class SubsetSearch:
         self.by_key = {part.key: part for part in self.allowed}
         self.bound = dict(floor)  # per set: what no plan on it beats (objective units)
         self.found: list[tuple[float, object]] = []  # (objective value, Evaluation) of every plan
+        self.listed: set[str] = set()  # the plan keys in ``found``
         self.reasons: list[str] = []  # why sets are infeasible, the diagnosed one first
         self.ran: set = set()
         self.cut = 0  # sets skipped by their bound
@@ -188,6 +190,10 @@ class SubsetSearch:
                                dual * scale if alone and math.isfinite(dual) else None))
         for ev in result.top:
             plan = self.whole.evaluate(part.to_global(ev.plan))
+            key = plan_key(self.instance, plan.plan)
+            if key in self.listed:  # a set run again returns what its last run found: listed once
+                continue
+            self.listed.add(key)
             self.found.append((plan.predicted_time * scale, plan))
             if self.shared is not None:
                 sidecar.lower(self.shared, plan.predicted_time * scale)
