@@ -169,3 +169,44 @@ def test_a_fully_measured_plan_keeps_the_plain_table(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path / "inst.json"), str(tmp_path / "plan.json")]) == 0
     header = next(line for line in capsys.readouterr().out.splitlines() if "compute ms" in line)
     assert header.split()[-1] == "GiB" and "measured" not in header
+
+
+ALPHA = 2e-4  # seconds per message of the tp group's link (H19)
+
+
+def test_each_tp_allreduce_pays_its_ring_steps_latency():
+    """H2, A2-A3 with H19: every allreduce of a layer (``tp_comm_messages``) pays 2 (tp-1) ring steps
+    at the link's latency; a measured time is kept as measured, and the compute part of a measured
+    tp > 1 time is its time less its own bytes and steps."""
+    inst = parse_instance(doc())
+    assert [layer.tp_comm_messages for layer in inst.layers] == [1] * 4  # bytes, no kind: one message
+    steps = 2 * ALPHA  # tp 2: 2 (tp-1) steps of ALPHA per allreduce
+    assert layer_times(inst, "cpu", INTRA, 1, 1, latency=ALPHA).seconds == pytest.approx(T1)
+    assert layer_times(inst, "cpu", INTRA, 2, 1, latency=ALPHA).seconds == pytest.approx(
+        [x / 2 + comm(2, 1) + steps for x in T1])
+    datasheet = FLOPS / (4 * 5e10 * 0.4) + comm(4, 1)
+    assert layer_times(inst, "new", INTRA, 4, 1, latency=ALPHA).seconds == pytest.approx([datasheet + 6 * ALPHA] * 4)
+    t2 = [x / 2 + comm(2, 1) + steps for x in T1]  # measured at tp 2 on a link of latency ALPHA
+    measured = parse_instance(doc([{"device_type": "cpu", "tp": 2, "micro_batch": 1, "layer_times": t2}]))
+    assert layer_times(measured, "cpu", INTRA, 4, 1, latency=ALPHA).seconds == pytest.approx(
+        [x / 4 + comm(4, 1) + 6 * ALPHA for x in T1])
+    assert layer_times(measured, "cpu", INTRA, 2, 1, latency=ALPHA).seconds == pytest.approx(t2)
+
+
+def test_a_layer_says_how_many_allreduces_it_runs():
+    d = doc()
+    d["model"]["layers"][0]["kind"] = "transformer"  # Megatron's two forward, two backward
+    d["model"]["layers"][1]["tp_comm_messages"] = 3
+    d["model"]["layers"][2]["tp_comm_bytes"] = 0  # sends nothing: no message
+    assert [layer.tp_comm_messages for layer in parse_instance(d).layers] == [4, 3, 0, 1]
+
+
+def test_evaluate_prices_the_tp_allreduces_latency_on_the_group_s_node():
+    """The same plan on nodes whose links differ only in latency: each tp-2 stage's compute per
+    micro-batch grows by its layers' messages times 2 (tp-1) steps of its own node's latency."""
+    base = evaluate(parse_instance(doc()), plan(2, 1, (0, 4)))
+    d = doc()
+    d["nodes"][0]["intra_latency"], d["nodes"][1]["intra_latency"] = ALPHA, 3 * ALPHA
+    slow = evaluate(parse_instance(d), plan(2, 1, (0, 4)))
+    added = [s.compute - b.compute for s, b in zip(slow.stages, base.stages)]
+    assert added == pytest.approx([2 * 2 * ALPHA, 2 * 2 * 3 * ALPHA])  # 2 layers, one message each, 2 steps

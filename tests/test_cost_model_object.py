@@ -40,8 +40,8 @@ class _ScaledTerms(CandidateTerms):
         super().__init__(tables, cand, **kw)
         self.device_type, self.factor = device_type, factor
 
-    def layer_seconds(self, device_type, intra, mode):
-        out = super().layer_seconds(device_type, intra, mode)
+    def layer_seconds(self, device_type, intra, mode, latency=0.0):
+        out = super().layer_seconds(device_type, intra, mode, latency)
         return out * self.factor if device_type == self.device_type else out
 
 

@@ -149,6 +149,36 @@ def test_every_search_crosses_the_node_link_least_where_latency_decides(solver, 
     assert result.best.predicted_time == pytest.approx(truth.value, rel=1e-7)
 
 
+@functools.cache
+def _tp_latency(latency: float):
+    """Two nodes of two GPUs, tp 2 only, the first node's tp links ``latency`` seconds per message:
+    the nodes differ in nothing else, so a search that keys a group's compute by its device type and
+    bandwidth alone prices one node's layers at the other's latency.  Its brute force, once."""
+    from amp_opt.bench.brute import brute_force
+
+    doc = generate_instance(11, nodes=2, devices_per_node=2, device_types=1, layers=4, global_batch=8)
+    (node,) = doc["nodes"]
+    doc["nodes"] = [dict(node, count=1, name=f"n{i}", intra_latency=lat) for i, lat in enumerate((latency, 0.0))]
+    doc["search"].update(tp=[2], idle=False)
+    doc["profiles"] = []  # estimated: a measured tp-2 time already holds its node's latency
+    inst = parse_instance(doc)
+    return inst, brute_force(inst)
+
+
+@pytest.mark.parametrize("solver, placement", [("enumerate", "free"), ("cpsat", "free"), ("cbc", "free"),
+                                               ("highs", "free"), ("enumerate", "rank-order"), ("cpsat", "rank-order")])
+def test_every_search_prices_the_tp_allreduces_at_their_own_node_s_latency(solver, placement):
+    """H2 with H19: a tp group's allreduces pay its own node's latency per ring step; every search
+    equals the brute force when the nodes differ only in that."""
+    from amp_opt import solve
+
+    inst, truth = _tp_latency(5e-3)
+    assert truth.value > _tp_latency(0.0)[1].value * 1.01  # the latency matters here
+    result = solve(inst, solver=solver, placement=placement)
+    _priced_in_full(result)
+    assert result.best.predicted_time == pytest.approx(truth.value, rel=1e-7)
+
+
 def test_every_free_grouping_path_prices_as_the_evaluator_when_latencies_differ():
     """Six one-GPU nodes of one type whose node links differ only in latency (two of them 5 ms per
     message): a pipeline of 3 stages of 2 replicas reaches the same groups left after stage 1 with

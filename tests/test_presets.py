@@ -77,7 +77,7 @@ def test_layer_list_shape():
     recompute = {"attention_memory_bytes", "attention_flops", "kv_bytes"}
     for layer in layers:
         assert set(layer) - {"tie"} - recompute == {"name", "kind", "params", "activation_bytes",
-                                                   "activation_memory_bytes", "flops", "tp_comm_bytes"}
+                                                   "activation_memory_bytes", "flops", "tp_comm_bytes", "tp_comm_messages"}
         assert (recompute <= set(layer)) == (layer["kind"] == "transformer")
         assert isinstance(layer["params"]["replicated"], int)
         assert isinstance(layer["params"]["sharded"], int)

@@ -179,7 +179,8 @@ def ideal_bound(instance) -> IdealBound:
     devices: dict[str, int] = {}
     for node in instance.nodes:
         best = min(
-            m * float(tables.layer_times(node.device_type, node.intra_bandwidth, m, b).seconds.sum()) / b
+            m * float(tables.layer_times(node.device_type, node.intra_bandwidth, m, b,
+                                         latency=node.intra_latency).seconds.sum()) / b
             for m in tps
             for b in instance.search.micro_batches
         )

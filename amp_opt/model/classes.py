@@ -31,9 +31,10 @@ class NodeClass:
         return ring_share(self.inter, self.nics, tp, self.intra)
 
     @property
-    def compute_key(self) -> tuple[str, float]:
-        """What a layer's time on a group of this class depends on (eq. H2)."""
-        return self.device_type, self.intra
+    def compute_key(self) -> tuple[str, float, float]:
+        """What a layer's time on a group of this class depends on (eq. H2, H19): the device type and
+        the group's link, bandwidth and latency."""
+        return self.device_type, self.intra, self.intra_latency
 
     def groups_per_node(self, tp: int) -> int:
         """Tensor-parallel groups of ``tp`` devices one node offers."""

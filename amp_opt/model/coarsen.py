@@ -109,4 +109,5 @@ def _block(members) -> Layer:
                  flops=flops, tp_comm_bytes=sum(m.tp_comm_bytes for m in members),
                  attention_memory_bytes=total("attention_memory_bytes"),
                  attention_flops=sum(m.attention_flops for m in members), kv_bytes=total("kv_bytes"),
+                 tp_comm_messages=sum(m.tp_comm_messages for m in members),
                  members=tuple(members))

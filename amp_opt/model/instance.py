@@ -50,6 +50,7 @@ class Layer:
     attention_memory_bytes: Split = Split()  # part of activation_memory_bytes selective recompute frees
     attention_flops: float = 0.0  # forward FLOPs of the attention core per sample (selective recomputes it)
     kv_bytes: Split = Split()  # keys and values of one sample (context parallelism exchanges them)
+    tp_comm_messages: int = 0  # the tp group's allreduces per micro-batch, fwd+bwd (each 2 (tp-1) ring steps, H19)
     # A block of consecutive layers (:mod:`amp_opt.model.coarsen`) keeps its members, for the
     # terms that are not sums: what full recomputation keeps, the largest member's buffers.
     members: tuple["Layer", ...] = ()
@@ -200,6 +201,11 @@ class Instance:
     def layer_tp_comm(self) -> np.ndarray:
         """Per layer: bytes all-reduced in the tensor-parallel group per sample."""
         return np.array([layer.tp_comm_bytes for layer in self.layers], dtype=float)
+
+    @cached_property
+    def layer_tp_messages(self) -> np.ndarray:
+        """Per layer: allreduces the tensor-parallel group runs per micro-batch (H19)."""
+        return np.array([layer.tp_comm_messages for layer in self.layers], dtype=float)
 
     @cached_property
     def transformer_span(self) -> tuple[int, int]:

@@ -89,6 +89,7 @@ def _split_ok(x, integer: bool = False) -> bool:
 
 
 LAYER_KEYS = {"name", "kind", "params", "activation_bytes", "activation_memory_bytes", "flops", "tp_comm_bytes",
+              "tp_comm_messages",
               "tie", "tied_params", "attention_memory_bytes", "attention_flops", "kv_bytes"}  # the schema's $defs/layer
 
 
@@ -99,9 +100,18 @@ def _layer_ok(x) -> bool:
             and "params" in x and "activation_bytes" in x and isinstance(x.get("kind", ""), str)
             and _split_ok(x["params"], integer=True) and _split_ok(x["activation_bytes"])
             and _split_ok(x.get("activation_memory_bytes", 0)) and _number(x.get("flops", 0))
-            and _number(x.get("tp_comm_bytes", 0)) and isinstance(x.get("tie", ""), str)
+            and _number(x.get("tp_comm_bytes", 0)) and _number(x.get("tp_comm_messages", 0), integer=True) and isinstance(x.get("tie", ""), str)
             and _number(x.get("tied_params", 0), integer=True) and _split_ok(x.get("attention_memory_bytes", 0))
             and _number(x.get("attention_flops", 0)) and _split_ok(x.get("kv_bytes", 0)))
+
+
+def _default_messages(raw: dict) -> int:
+    """A layer's tp allreduces per micro-batch where it does not say (H19): a transformer layer's
+    four (Megatron's two in forward, two in backward), one for any other layer that all-reduces
+    bytes (bytes sent take at least one message), none for a layer that sends none."""
+    if not raw.get("tp_comm_bytes"):
+        return 0
+    return 4 if raw.get("kind") == "transformer" else 1
 
 
 def _shortened(data: Any) -> Any:
@@ -249,6 +259,7 @@ def _parse_model(model: Mapping, base_dir: Path, notes: list[str]) -> tuple[tupl
                 attention_memory_bytes=_split(raw.get("attention_memory_bytes", 0.0), default_sharded=False),
                 attention_flops=float(raw.get("attention_flops", 0.0)),
                 kv_bytes=_split(raw.get("kv_bytes", 0.0), default_sharded=True),
+                tp_comm_messages=int(raw.get("tp_comm_messages", _default_messages(raw))),
             )
         )
         scores, kept = layers[-1].attention_memory_bytes, layers[-1].activation_memory_bytes

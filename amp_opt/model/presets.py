@@ -82,7 +82,8 @@ size, forward + backward): transformer layer 4*b*s*h (Megatron's g in forward
 and f in backward, for attention and for MLP); vocab-parallel embedding b*s*h
 (forward); head b*s*h (backward of the column-parallel projection's input) plus
 3 fp32 values per token for the vocab-parallel cross entropy (max, sum of
-exponentials, target logit).
+exponentials, target logit).  ``tp_comm_messages`` counts the allreduces behind them
+(4, 1 and 4), each paying its ring steps' latency (H19).
 
 The module is a little over 400 lines because it states every preset's per-layer formulas
 (parameters, FLOPs, activations, communication) side by side, one function per layer kind.
@@ -316,9 +317,16 @@ def head_tp_comm_bytes(s: int, h: int, b: int) -> float:
     return float(b * s * h + 3 * 4 * s)
 
 
+# The allreduces behind each of the three (H19: each pays its ring steps' latency).
+TRANSFORMER_TP_MESSAGES = 4  # g, g forward; f, f backward
+EMBEDDING_TP_MESSAGES = 1  # the vocab-parallel embedding's output
+HEAD_TP_MESSAGES = 4  # the projection input's gradient; the cross entropy's max, sum and target logit
+
+
 # ---------------------------------------------------------------- assembly
 
 def _layer(name, kind, params, act, act_mem, flops, tp_comm, tie=None, tied_params=0, **extra) -> dict:
+    bytes_, messages = tp_comm
     layer = {
         "name": name,
         "kind": kind,
@@ -326,7 +334,8 @@ def _layer(name, kind, params, act, act_mem, flops, tp_comm, tie=None, tied_para
         "activation_bytes": {"replicated": float(act[0]), "sharded": float(act[1])},
         "activation_memory_bytes": {"replicated": float(act_mem[0]), "sharded": float(act_mem[1])},
         "flops": float(flops),
-        "tp_comm_bytes": float(tp_comm),
+        "tp_comm_bytes": float(bytes_),
+        "tp_comm_messages": int(messages),
     }
     if tie is not None:
         layer["tie"] = tie
@@ -350,7 +359,7 @@ def build_layers(m: ModelShape) -> list[dict]:
     layers = [_layer("embedding", "embedding",
                      embedding_params(h, v, m.max_positions if m.position_embeddings else 0),
                      hidden_out, embedding_activation_memory(s, h, m.dropout),
-                     0.0, embedding_tp_comm_bytes(s, h, b), tie, v * h)]
+                     0.0, (embedding_tp_comm_bytes(s, h, b), EMBEDDING_TP_MESSAGES), tie, v * h)]
 
     if m.preset == "gpt":
         params = gpt_layer_params(h, m.ffn)
@@ -362,7 +371,7 @@ def build_layers(m: ModelShape) -> list[dict]:
     memory = transformer_activation_memory(s, h, a, m.kv_dim, m.ffn, b, m.gated_mlp, m.dropout, flash)
     core = attention_core_forward_flops(s, h, skips_masked=flash and m.causal)
     flops = training_flops(transformer_forward_flops(s, h, _matmul_weights(m), core))
-    comm = transformer_tp_comm_bytes(s, h, b)
+    comm = (transformer_tp_comm_bytes(s, h, b), TRANSFORMER_TP_MESSAGES)
     recompute = dict(attention_memory_bytes={"replicated": 0.0,
                                              "sharded": attention_score_memory(s, a, b, m.dropout, flash)},
                      attention_flops=core,
@@ -373,7 +382,7 @@ def build_layers(m: ModelShape) -> list[dict]:
     layers.append(_layer("head", "head", head_params(h, v, norm), (0.0, 0.0),
                          head_activation_memory(s, h, v, b),
                          training_flops(head_forward_flops(s, h, v)),
-                         head_tp_comm_bytes(s, h, b), tie, v * h))
+                         (head_tp_comm_bytes(s, h, b), HEAD_TP_MESSAGES), tie, v * h))
     return layers
 
 

@@ -13,7 +13,8 @@ Three sources, in order of preference (``formulations/hetero.md``, eq. H2 and
   communication term is added (eq. A2-A4);
 * ``datasheet``: nothing was measured on the device type, so the time is estimated from
   FLOPs at ``training.analytic_efficiency`` of the declared peak:
-  ``t = b ** beta * flops / (tp * peak * efficiency) + 2 (tp-1)/tp * b * tp_comm_bytes / intra_bw``.
+  ``t = b ** beta * flops / (tp * peak * efficiency) + 2 (tp-1)/tp * b * tp_comm_bytes / intra_bw``
+  ``+ 2 (tp-1) * latency * tp_comm_messages`` (the allreduces' ring steps, H19).
 
 Either is multiplied by the device type's ``compute_scale`` (1 unless calibrated, C1 in
 ``formulations/calibration.md``).
@@ -75,14 +76,16 @@ def _interpolate(measured: list[tuple[int, tuple[float, ...]]], b: int, exponent
     return (1 - w) * times[lo] + w * times[hi]
 
 
-def _tp_comm(instance, intra_bw: float, tp: int, b: int) -> np.ndarray:
-    """Seconds per layer of the tensor-parallel allreduces of one micro-batch (eq. H2's second term)."""
+def _tp_comm(instance, intra_bw: float, tp: int, b: int, latency: float) -> np.ndarray:
+    """Seconds per layer of the tensor-parallel allreduces of one micro-batch (eq. H2's second term):
+    their bytes over the group's link, and each allreduce's 2 (tp-1) ring steps at its latency (H19)."""
     if tp == 1:
         return np.zeros(instance.num_layers)
-    return 2 * (tp - 1) / tp * b * instance.layer_tp_comm / intra_bw
+    return (2 * (tp - 1) / tp * b * instance.layer_tp_comm / intra_bw
+            + 2 * (tp - 1) * latency * instance.layer_tp_messages)
 
 
-def _analytic(instance, device_type: str, intra_bw: float, tp: int, b: int) -> np.ndarray:
+def _analytic(instance, device_type: str, intra_bw: float, tp: int, b: int, latency: float) -> np.ndarray:
     dev = instance.device_types[device_type]
     eff = instance.training.analytic_efficiency
     flops = instance.layer_flops
@@ -94,18 +97,19 @@ def _analytic(instance, device_type: str, intra_bw: float, tp: int, b: int) -> n
             "instance.profiles",
             f"no measured profile for device type {device_type!r}, and {missing} to estimate it from",
         )
-    return b ** dev.batch_exponent * flops / (tp * dev.peak_flops * eff) + _tp_comm(instance, intra_bw, tp, b)
+    return b ** dev.batch_exponent * flops / (tp * dev.peak_flops * eff) + _tp_comm(instance, intra_bw, tp, b, latency)
 
 
-def _device_seconds(instance, device_type: str, intra_bw: float, tp: int, b: int) -> np.ndarray:
+def _device_seconds(instance, device_type: str, intra_bw: float, tp: int, b: int, latency: float) -> np.ndarray:
     """u(l, tp, b) = tp * (t - comm): the device-seconds of a layer's compute measured at a measured
     tp degree (eq. A2), the measured time's own tp communication taken off (never below zero)."""
     dev = instance.device_types[device_type]
     t = _interpolate(_measured(instance, device_type, tp), b, dev.batch_exponent)
-    return tp * np.maximum(t - _tp_comm(instance, intra_bw, tp, b), 0.0)
+    return tp * np.maximum(t - _tp_comm(instance, intra_bw, tp, b, latency), 0.0)
 
 
-def _anchored(instance, device_type: str, intra_bw: float, tp: int, b: int, degrees: list[int]) -> np.ndarray:
+def _anchored(instance, device_type: str, intra_bw: float, tp: int, b: int, latency: float,
+              degrees: list[int]) -> np.ndarray:
     """A layer time at a tp degree the device type was not measured at (eq. A3-A4): the compute
     device-seconds of the nearest measured degrees, over tp, plus the tp communication at tp."""
     below = [m for m in degrees if m < tp]
@@ -116,9 +120,10 @@ def _anchored(instance, device_type: str, intra_bw: float, tp: int, b: int, degr
         lo, hi = below[-2], below[-1]
     else:  # one measured degree on this side: its efficiency carries over unchanged
         nearest = below[-1] if below else above[0]
-        return _device_seconds(instance, device_type, intra_bw, nearest, b) / tp + _tp_comm(instance, intra_bw, tp, b)
-    u_lo = _device_seconds(instance, device_type, intra_bw, lo, b)
-    u_hi = _device_seconds(instance, device_type, intra_bw, hi, b)
+        return (_device_seconds(instance, device_type, intra_bw, nearest, b, latency) / tp
+                + _tp_comm(instance, intra_bw, tp, b, latency))
+    u_lo = _device_seconds(instance, device_type, intra_bw, lo, b, latency)
+    u_hi = _device_seconds(instance, device_type, intra_bw, hi, b, latency)
     anchor = u_hi if tp > hi else u_lo
     with np.errstate(divide="ignore", invalid="ignore"):
         slope = np.log(u_hi / u_lo) / math.log(hi / lo)
@@ -129,12 +134,14 @@ def _anchored(instance, device_type: str, intra_bw: float, tp: int, b: int, degr
     else:
         base = lo
     u = np.where(usable, anchor * (tp / base) ** np.where(usable, slope, 0.0), np.where(tp > hi, u_hi, u_lo))
-    return u / tp + _tp_comm(instance, intra_bw, tp, b)
+    return u / tp + _tp_comm(instance, intra_bw, tp, b, latency)
 
 
-def layer_times(instance, device_type: str, intra_bw: float, tp: int, micro_batch: int) -> LayerTimes:
+def layer_times(instance, device_type: str, intra_bw: float, tp: int, micro_batch: int, *,
+                latency: float = 0.0) -> LayerTimes:
     """Forward+backward seconds of every layer for one micro-batch on one tp group (eq. H2, A1-A4).
 
+    ``intra_bw`` (bytes/s) and ``latency`` (seconds per message) are the group's link (H2, H19).
     A pure function of the instance; :class:`amp_opt.model.tables.Tables` remembers its results.
 
     Examples
@@ -154,6 +161,7 @@ def layer_times(instance, device_type: str, intra_bw: float, tp: int, micro_batc
         source = "measured" if any(b == micro_batch for b, _ in measured) else "derived"
         return LayerTimes(dev.compute_scale * _interpolate(measured, micro_batch, dev.batch_exponent), source)
     if degrees:
-        return LayerTimes(dev.compute_scale * _anchored(instance, device_type, intra_bw, tp, micro_batch, degrees),
-                          "derived")
-    return LayerTimes(dev.compute_scale * _analytic(instance, device_type, intra_bw, tp, micro_batch), "datasheet")
+        return LayerTimes(dev.compute_scale * _anchored(instance, device_type, intra_bw, tp, micro_batch, latency,
+                                                        degrees), "derived")
+    return LayerTimes(dev.compute_scale * _analytic(instance, device_type, intra_bw, tp, micro_batch, latency),
+                      "datasheet")

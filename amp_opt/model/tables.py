@@ -126,11 +126,12 @@ class Tables:
         out._sums, out._arrays = self._sums, self._arrays
         return out
 
-    def layer_times(self, device_type: str, intra_bw: float, tp: int, micro_batch: int) -> LayerTimes:
-        """Seconds per layer for one micro-batch (eq. H2), see :func:`amp_opt.model.profiles.layer_times`."""
-        key = (device_type, intra_bw, tp, micro_batch)
+    def layer_times(self, device_type: str, intra_bw: float, tp: int, micro_batch: int, *,
+                    latency: float = 0.0) -> LayerTimes:
+        """Seconds per layer for one micro-batch (eq. H2, H19), see :func:`amp_opt.model.profiles.layer_times`."""
+        key = (device_type, intra_bw, tp, micro_batch, latency)
         if key not in self._times:
-            self._times[key] = layer_times(self.instance, device_type, intra_bw, tp, micro_batch)
+            self._times[key] = layer_times(self.instance, device_type, intra_bw, tp, micro_batch, latency=latency)
         return self._times[key]
 
     def layer_sums(self, tp: int, order=None) -> LayerSums:

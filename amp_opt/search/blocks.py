@@ -69,7 +69,7 @@ def layer_bound(instance, model) -> float:
     if not library_priced(model):  # the bound reads the layer tables, which a caller's model may not
         return 0.0
     sums: dict[tuple[int, int], tuple[float, float]] = {}
-    keys = sorted({(n.device_type, n.intra_bandwidth) for n in instance.nodes})
+    keys = sorted({(n.device_type, n.intra_bandwidth, n.intra_latency) for n in instance.nodes})
     schedule = model.schedule
     best = np.inf
     for cand in candidates(instance, model):
@@ -78,8 +78,8 @@ def layer_bound(instance, model) -> float:
             if model.name == "amp":
                 per_layer = blended_times(_Uncached(instance), cand.tp, cand.micro_batch)[0]
             else:
-                per_layer = np.min([layer_times(instance, t, bw, cand.tp, cand.micro_batch).seconds
-                                    for t, bw in keys], axis=0)
+                per_layer = np.min([layer_times(instance, t, bw, cand.tp, cand.micro_batch, latency=lat).seconds
+                                    for t, bw, lat in keys], axis=0)
             sums[key] = float(per_layer.sum()), float(per_layer.max())
         F, f_max = (x / cand.cp for x in sums[key])  # context parallelism splits every layer's work
         v = cand.virtual_stages

@@ -149,9 +149,10 @@ class Bounds:
         """Per layer, the seconds of one micro-batch at the block's (type, link, tp, share) without
         recomputation (H2: no setting makes a layer faster), and the type's fixed step seconds."""
         c = self.classes[b.cls]
-        key = (c.device_type, c.intra, b.tp, b.share)
+        key = (*c.compute_key, b.tp, b.share)
         if key not in self._times:
-            t = np.asarray(self.tables.layer_times(c.device_type, c.intra, b.tp, b.share).seconds, dtype=float)
+            t = np.asarray(self.tables.layer_times(c.device_type, c.intra, b.tp, b.share, latency=c.intra_latency).seconds,
+                           dtype=float)
             self._times[key] = (t, float(self.instance.device_types[c.device_type].step_overhead or 0.0))
         return self._times[key]
 

@@ -152,7 +152,7 @@ def throughput_bound(instance, tables) -> dict:
                 continue
             for b in instance.search.micro_batches:
                 try:
-                    seconds = tables.layer_times(c.device_type, c.intra, tp, b).seconds
+                    seconds = tables.layer_times(c.device_type, c.intra, tp, b, latency=c.intra_latency).seconds
                 except InputError:
                     continue
                 d = seconds * tp / b

@@ -33,9 +33,11 @@ class HeteroCosts(StageCosts):
         nodes, v = self.instance.nodes, self.cand.virtual_stages
         for s, place in enumerate(self.placement):
             # Compute classes: each device's type at its group's tp link (H16: the slowest
-            # inter-node link when the group spans nodes, else its node's intra link).
-            keys = sorted({(nodes[j].device_type, tp_link(self.instance, group)) for group in place.groups for j in group})
-            self._compute_prefixes.append([self._class_prefixes(t, bw, s) for t, bw in keys])
+            # inter-node link when the group spans nodes, else its node's intra link), bandwidth
+            # and latency (H19).
+            keys = sorted({(nodes[j].device_type, tp_link(self.instance, group), link_latency(self.instance, group))
+                           for group in place.groups for j in group})
+            self._compute_prefixes.append([self._class_prefixes(t, bw, lat, s) for t, bw, lat in keys])
         # H3: one micro-batch's boundary activation over the slowest link of the two stages;
         # interleaved, every boundary is crossed v times (H11).
         self._p2p_factor = [v / self.boundary_bandwidth(s) for s in range(self.pp - 1)] + [0.0]
@@ -82,7 +84,7 @@ def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
     capacity and the fastest ring link a stage holding such a group can have (its node's, if a
     node can hold the stage)."""
     inst, cand = terms.instance, terms.cand
-    info: dict[tuple[str, float], list] = {}
+    info: dict[tuple[str, float, float], list] = {}
     for c in node_classes(inst):
         link = max(c.ring_inter(cand.tp), c.intra if c.groups_per_node(cand.tp) >= cand.replicas else 0.0)
         entry = info.setdefault(c.compute_key, [0, 0.0])
@@ -91,10 +93,10 @@ def compute_classes(terms: CandidateTerms) -> list[ComputeClass]:
     ring = _ring_bytes_per_layer(terms)
     # Per layer, the base mode's times: exact for a whole-stage mode, a lower bound under the
     # block method (whose first layers recompute on top).
-    out = [ComputeClass(terms.layer_seconds(t, bw, terms.base_mode(0)) + ring / link, g, inst.device_types[t].capacity,
+    out = [ComputeClass(terms.layer_seconds(t, bw, terms.base_mode(0), lat) + ring / link, g, inst.device_types[t].capacity,
                         link, inst.device_types[t].step_overhead, memory_bandwidth(inst, (t,)),
-                        terms.layer_seconds(t, bw, cand.recompute))
-           for (t, bw), (g, link) in info.items()]
+                        terms.layer_seconds(t, bw, cand.recompute, lat))
+           for (t, bw, lat), (g, link) in info.items()]
     return sorted(out, key=lambda c: float(c.times.sum()))
 
 

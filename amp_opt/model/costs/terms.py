@@ -252,15 +252,16 @@ class CandidateTerms:
             self._max[what] = table
         return self._max[what][k, l]
 
-    def layer_seconds(self, device_type: str, intra: float, mode: str) -> np.ndarray:
+    def layer_seconds(self, device_type: str, intra: float, mode: str, latency: float = 0.0) -> np.ndarray:
         """Effective forward+backward seconds per layer of one micro-batch (eq. H2, H8): the
-        measured or estimated time, plus what recomputation ``mode`` runs again, over cp ranks."""
-        times = self.tables.layer_times(device_type, intra, self.tp, self.micro_batch)
+        measured or estimated time on a tp group whose link has bandwidth ``intra`` and
+        ``latency`` (H19), plus what recomputation ``mode`` runs again, over cp ranks."""
+        times = self.tables.layer_times(device_type, intra, self.tp, self.micro_batch, latency=latency)
         seconds = times.seconds if self.order is None else times.seconds[self.order]
         return seconds * (1.0 + self.extra[mode]) / self.cand.cp
 
-    def estimated(self, device_type: str, intra: float) -> bool:
-        return self.tables.layer_times(device_type, intra, self.tp, self.micro_batch).estimated
+    def estimated(self, device_type: str, intra: float, latency: float = 0.0) -> bool:
+        return self.tables.layer_times(device_type, intra, self.tp, self.micro_batch, latency=latency).estimated
 
     def comm_layer_bytes(self, mode: str) -> np.ndarray:
         """Per layer, the bytes per rank a context-parallel ring moves per micro-batch in recomputation
@@ -419,13 +420,14 @@ class StageCosts:
     def _price(self) -> None:  # pragma: no cover - every cost model defines it
         raise NotImplementedError
 
-    def _class_prefixes(self, device_type: str, intra: float, s: int) -> tuple[np.ndarray, np.ndarray, float]:
+    def _class_prefixes(self, device_type: str, intra: float, latency: float,
+                        s: int) -> tuple[np.ndarray, np.ndarray, float]:
         """Prefix sums of a compute class's layer seconds on stage s: its mode's, and without
         recomputation; and the class's fixed seconds per micro-batch (calibrated step overhead, C3)."""
-        self.estimated |= self.terms.estimated(device_type, intra)
+        self.estimated |= self.terms.estimated(device_type, intra, latency)
         mode = self.terms.modes[s]
-        return (_prefix(self.terms.layer_seconds(device_type, intra, mode)),
-                _prefix(self.terms.layer_seconds(device_type, intra, "none")),
+        return (_prefix(self.terms.layer_seconds(device_type, intra, mode, latency)),
+                _prefix(self.terms.layer_seconds(device_type, intra, "none", latency)),
                 self.instance.device_types[device_type].step_overhead)
 
     @property

@@ -17,7 +17,8 @@ def node_orders(search, cand: Candidate) -> list[list[int]]:
     orders = [list(range(len(instance.nodes)))]
     if search.options.placement == "free":  # speeds as the model prices them (its candidate_terms)
         terms = search.model.candidate_terms(search.tables, cand, chunks=search.chunks(cand))
-        speed = [float(terms.layer_seconds(n.device_type, n.intra_bandwidth, "none").sum()) for n in instance.nodes]
+        speed = [float(terms.layer_seconds(n.device_type, n.intra_bandwidth, "none", n.intra_latency).sum())
+                 for n in instance.nodes]
         fast_first = sorted(range(len(speed)), key=lambda j: (speed[j], j))
         orders += [fast_first, fast_first[::-1]]
     return [o for i, o in enumerate(orders) if o not in orders[:i]]

@@ -47,9 +47,9 @@ def class_terms(terms) -> list[ClassTerms]:
     inst, cand = terms.instance, terms.cand
     out = []
     for c in node_classes(inst):
-        base = terms.layer_seconds(c.device_type, c.intra, terms.base_mode(0))
+        base = terms.layer_seconds(c.device_type, c.intra, terms.base_mode(0), c.intra_latency)
         varies = terms.base_mode(0) != cand.recompute  # the program decides which layers recompute
-        extra = terms.layer_seconds(c.device_type, c.intra, cand.recompute) - base if varies else None
+        extra = terms.layer_seconds(c.device_type, c.intra, cand.recompute, c.intra_latency) - base if varies else None
         out.append(ClassTerms(c, c.groups_per_node(cand.tp), inst.device_types[c.device_type].capacity, base,
                               per_node=c.groups_per_node(cand.tp) >= cand.replicas,
                               step=inst.device_types[c.device_type].step_overhead, extra=extra))
