@@ -74,6 +74,7 @@ def main() -> None:
             node["intra_latency"] = 0.0
         without = parse_instance(without)
         alpha = with_latency.nodes[0].intra_latency
+        links = doc["measurements"]["links"]["cpu"]
         rows = []
         for b in SIZES:
             plan = {"tp": 2, "dp": 1, "pp": 1, "micro_batch": b, "partition": [0, with_latency.num_layers]}
@@ -105,17 +106,41 @@ def main() -> None:
         "layer by layer, for reference (the model does not read it).",
         "",
         "| plan | compute per micro-batch: run | predicted, without latency | predicted, with latency | "
-        "profile --tp 2 | iteration: run | predicted, without | predicted, with | run / with |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "profile --tp 2 | tp collectives per micro-batch: run | predicted bytes | predicted latency | "
+        "iteration: run | predicted, without | predicted, with | run / with |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    bw = with_latency.nodes[0].intra_bandwidth
+    messages = float(with_latency.layer_tp_messages.sum())
     for b, record, new, old, tp2, _ in rows:
-        run_mb = record["stages"][0]["compute_per_micro_batch"]
+        stage = record["measured"]["stages"][0]
+        n = record["measured"]["micro_batches_per_iteration"]
+        size = 2 * (2 - 1) / 2 * b * float(with_latency.layer_tp_comm.sum()) / bw  # H2's bytes term at tp 2
+        steps = 2 * (2 - 1) * alpha * messages  # H19's steps at tp 2
         lines.append(
-            f"| tp=2 micro_batch={b} | {1e3 * run_mb:.2f} | {1e3 * old.stages[0].compute:.2f} | "
-            f"{1e3 * new.stages[0].compute:.2f} | {1e3 * tp2:.2f} | {record['iteration_time']:.4f} s | "
+            f"| tp=2 micro_batch={b} | {1e3 * stage['compute_per_micro_batch']:.2f} | {1e3 * old.stages[0].compute:.2f} | "
+            f"{1e3 * new.stages[0].compute:.2f} | {1e3 * tp2:.2f} | {1e3 * stage['tp_comm'] / n:.2f} | "
+            f"{1e3 * size:.2f} | {1e3 * steps:.2f} | {record['iteration_time']:.4f} s | "
             f"{old.predicted_time:.4f} s | {new.predicted_time:.4f} s | {record['iteration_time'] / new.predicted_time:.2f} |")
     lines += ["", "tp-1 profile, per micro-batch (ms): "
-              + ", ".join(f"b={b} {1e3 * tp1:.2f}" for b, *_, tp1 in rows), ""]
+              + ", ".join(f"b={b} {1e3 * tp1:.2f}" for b, *_, tp1 in rows)
+              + f". The model's tp collectives per micro-batch: {messages:.0f} allreduces of the layers' "
+              f"tp_comm_bytes over {bw / 1e9:.2f} GB/s (the link `profile --links` measured).", ""]
+    # The isolated allreduces profile --links timed, against the alpha-beta line the model prices
+    # (2 (p-1) steps of alpha plus 2 (p-1)/p of the bytes over the measured bus bandwidth; p = 2).
+    link = links["allreduce"]
+    lines += ["The allreduces `profile --links` timed alone (2 processes, median), against the model's "
+              "2 (p-1) alpha + 2 (p-1)/p n / B with its alpha and B from the same measurements (us):", "",
+              "| bytes | measured | model | measured / model |", "|---|---|---|---|",
+              f"| 4 | {2e6 * alpha:.1f} | {2e6 * alpha:.1f} | 1.00 |"]
+    for entry in link:
+        model = 2 * alpha + entry["bytes"] / bw
+        lines.append(f"| {entry['bytes']} | {1e6 * entry['seconds']:.1f} | {1e6 * model:.1f} | "
+                     f"{entry['seconds'] / model:.2f} |")
+    block = next(layer for layer in with_latency.layers if layer.kind == "transformer")
+    lines.append(f"\nA block's tp messages at micro-batch 1: {block.tp_comm_bytes / block.tp_comm_messages:.0f} bytes "
+                 "(s h elements).")
+    lines.append("")
     Path(args.report).write_text("\n".join(lines))
     print("\n".join(lines))
 
