@@ -90,6 +90,7 @@ def test_profile_writes_a_solvable_instance(workflow):
         assert p["provenance"]["warmup"] == 0  # --warmup 0 is accepted, as by run
         assert len(p["activation_memory_bytes"]) == 4
     assert doc["training"]["model_state_bytes_per_param"] == {"weights": 4, "gradients": 4, "optimizer": 8}
+    assert doc["training"]["gradient_buffer_bytes_per_param"] == 4  # the flat copy the runtime reduces
     assert doc["search"]["recompute"] == ["none", "selective", "full"] and doc["search"]["zero_stages"] == [0, 1]
     assert doc["search"]["virtual_stages"] == [1] and doc["search"]["sequence_parallel"] == [False, True]
     instance = load_instance(tmp / "profiled.json")  # the schema takes what profile writes

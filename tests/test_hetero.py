@@ -122,6 +122,21 @@ def test_zero1_divides_optimizer_state_by_dp():
     assert s0.memory == pytest.approx(1e6 * (2 + 2 + 12 / 2) + 2 * 2 * 1e7 + GB)
 
 
+def test_a_stated_gradient_buffer_is_held_by_stages_with_replicas_only():
+    """training.gradient_buffer_bytes_per_param (H9): a stage with data-parallel replicas holds it per
+    parameter beside its state, whatever its ZeRO stage; a stage without replicas reduces nothing."""
+    plan = {"tp": 1, "pp": 2, "micro_batch": 2, "partition": [0, 1, 4]}
+    two = parse_plan(dict(plan, dp=2, stages=[[[0], [2]], [[1], [3]]]))
+    one = parse_plan(dict(plan, dp=1, micro_batch=1, stages=[[[0]], [[1]]]))
+    for zero in (0, 1):
+        base, held = (evaluate(parse_instance(tiny(zero_stage=zero, **extra)), two, "hetero").stages[0]
+                      for extra in ({}, {"gradient_buffer_bytes_per_param": 4}))
+        assert held.memory - base.memory == pytest.approx(4 * 1e6)  # stage 0 holds one layer of 1e6 parameters
+    alone, held_alone = (evaluate(parse_instance(tiny(**extra)), one, "hetero").stages[0]
+                         for extra in ({}, {"gradient_buffer_bytes_per_param": 4}))
+    assert held_alone.memory == pytest.approx(alone.memory)
+
+
 def test_memory_violation_makes_plan_infeasible_and_names_the_stage():
     doc = tiny()
     doc["device_types"][1]["memory"] = 1.03 * GB  # GB now holds 1.03 GB

@@ -120,6 +120,7 @@ def memory_candidates(runs: RunSet, records: Sequence[RunRecord]) -> list[Parame
     for t in types:
         out.append(Parameter(f"memory_overhead[{t}]", ("device_types", t, "memory_overhead"), 0.0,
                              0.25 * float(np.median(peaks[t])), False))
-    out.append(Parameter("gradient_buffer_bytes_per_param", ("gradient_buffer_bytes_per_param",), 0.0, grad,
+    stated = max(inst.training.gradient_buffer_bytes_per_param for inst in runs.instances.values())
+    out.append(Parameter("gradient_buffer_bytes_per_param", ("gradient_buffer_bytes_per_param",), stated, grad,
                          False, 0.0))
     return out

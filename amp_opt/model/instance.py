@@ -118,7 +118,7 @@ class Training:
     memory_reserve: float  # bytes per device
     analytic_efficiency: float
     activation_factor: float = 1.0  # measured / modelled activation bytes (calibration C6)
-    gradient_buffer_bytes_per_param: float = 0.0  # reduction buffers of a stage with replicas (calibration C7)
+    gradient_buffer_bytes_per_param: float = 0.0  # reduction buffers of a stage with replicas (H9; calibration C7)
     communicator_bytes: tuple[float, float] = (0.0, 0.0)  # NCCL buffers per communicator of 2 ranks, of more (H14)
     fragmentation: float = 0.0  # allocator bytes lost to fragmentation, per allocated byte (H14)
     overlap_grad_reduce: bool = False  # the engine reduces gradients during the last backward pass (H18)

@@ -401,6 +401,7 @@ def _parse_training(raw: Mapping) -> Training:
         communicator_bytes=communicators,
         fragmentation=float(raw.get("fragmentation", 0.0)),
         overlap_grad_reduce=bool(raw.get("overlap_grad_reduce", False)),
+        gradient_buffer_bytes_per_param=float(raw.get("gradient_buffer_bytes_per_param", 0.0)),
     )
 
 

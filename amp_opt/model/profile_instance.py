@@ -31,10 +31,11 @@ from typing import Any, Sequence
 
 
 def runtime_training(dtype_bytes: int) -> dict:
-    """What the runtime stores per parameter: weights, gradients and Adam's two moments in the run's dtype."""
+    """What the runtime stores per parameter: weights, gradients and Adam's two moments in the run's
+    dtype, and with data-parallel replicas the flat copy of the gradients it reduces (:mod:`amp_opt.runtime.zero`)."""
     return {"model_state_bytes_per_param": {"weights": dtype_bytes, "gradients": dtype_bytes,
                                             "optimizer": 2 * dtype_bytes},
-            "gradient_allreduce_bytes_per_param": dtype_bytes}
+            "gradient_allreduce_bytes_per_param": dtype_bytes, "gradient_buffer_bytes_per_param": dtype_bytes}
 
 
 def profiled_instance(merged: dict, instance, results: Sequence, *, device_type: str, device: str, dtype_bytes: int,
@@ -88,8 +89,9 @@ def _make_solvable(out: dict, device: str, dtype_bytes: int) -> list[str]:
     training = out.setdefault("training", {})
     if "model_state_bytes_per_param" not in training and "gradient_allreduce_bytes_per_param" not in training:
         training.update(runtime_training(dtype_bytes))
-        notes.append(f"training.model_state_bytes_per_param and gradient_allreduce_bytes_per_param set to the "
-                     f"runtime's: weights, gradients and two Adam moments of {dtype_bytes} bytes each")
+        notes.append(f"training.model_state_bytes_per_param, gradient_allreduce_bytes_per_param and "
+                     f"gradient_buffer_bytes_per_param set to the runtime's: weights, gradients and two Adam "
+                     f"moments of {dtype_bytes} bytes each, and with replicas a flat copy of the gradients to reduce")
     if device == "cpu" and "memory_reserve" not in training:
         training["memory_reserve"] = 0
         notes.append("training.memory_reserve set to 0: a CPU process has no CUDA context to reserve for")
