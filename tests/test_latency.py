@@ -179,6 +179,28 @@ def test_every_search_prices_the_tp_allreduces_at_their_own_node_s_latency(solve
     assert result.best.predicted_time == pytest.approx(truth.value, rel=1e-7)
 
 
+@pytest.mark.parametrize("solver", ["enumerate", "cpsat", "highs"])
+def test_stages_over_nodes_that_differ_only_in_their_tp_latency_are_priced_apart(solver):
+    """Four nodes of two GPUs, tp 2, at most two stages (so each stage spans two nodes), the second
+    node's tp links slow per message: a stage with that node and one without are different kinds
+    of stage; a search that keys a stage's compute by device type and bandwidth alone merges them
+    (the free-grouping walk did, and returned a plan 3.6 times slower than the brute force's)."""
+    from amp_opt import solve
+    from amp_opt.bench.brute import brute_force
+
+    doc = generate_instance(11, nodes=4, devices_per_node=2, device_types=1, layers=4, global_batch=8)
+    (node,) = doc["nodes"]
+    doc["nodes"] = [dict(node, count=1, name=f"n{i}", intra_latency=lat) for i, lat in enumerate((0.0, 5e-3, 0.0, 0.0))]
+    doc["search"].update(tp=[2], idle=False, micro_batches=[1], recompute=["none"], zero_stages=[0],
+                         sequence_parallel=[False], virtual_stages=[1], max_pp=2)
+    doc["profiles"] = []  # estimated, so that the tp links' latency is priced
+    inst = parse_instance(doc)
+    truth = brute_force(inst)
+    result = solve(inst, solver=solver)
+    _priced_in_full(result)
+    assert result.best.predicted_time == pytest.approx(truth.value, rel=1e-7)
+
+
 def test_every_free_grouping_path_prices_as_the_evaluator_when_latencies_differ():
     """Six one-GPU nodes of one type whose node links differ only in latency (two of them 5 ms per
     message): a pipeline of 3 stages of 2 replicas reaches the same groups left after stage 1 with
