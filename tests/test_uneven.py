@@ -254,6 +254,22 @@ def test_the_amp_model_refuses_a_non_uniform_plan():
         amp_opt.evaluate(inst, parse_plan({**UNEVEN, "tp": 1}), "amp")
 
 
+def test_replicas_on_nodes_that_differ_only_in_their_tp_latency_are_priced_apart():
+    """Two tp-2 replicas of a stage, each on its own node, the second node's tp links slower per
+    message (H2 with H19): each replica's compute is its own node's, not the first replica's."""
+    doc = generate_instance(3, nodes=3, devices_per_node=2, device_types=1, layers=4, global_batch=8)
+    (node,) = doc["nodes"]
+    doc["nodes"] = [dict(node, count=1, name=f"n{i}", intra_latency=lat) for i, lat in enumerate((0.0, 1e-3, 0.0))]
+    doc["search"]["engine"] = "amp_opt"
+    doc["profiles"] = []  # estimated: the tp allreduces' latency is priced
+    inst = parse_instance(doc)
+    plan = parse_plan({"tp": 2, "dp": [2, 1], "pp": 2, "shares": [[2, 2], [4]], "partition": [0, 2, 4],
+                       "stages": [[[0, 1], [2, 3]], [[4, 5]]]})
+    fast, slow = amp_opt.evaluate(inst, plan).stages[0].replica_compute
+    steps = 2 * (2 - 1) * 1e-3 * sum(layer.tp_comm_messages for layer in inst.layers[:2])
+    assert slow - fast == pytest.approx(steps, rel=1e-9)
+
+
 def tiny_uneven(seed, *, devices=3, layers=3, batch=8, engine="amp_opt", idle=True):
     """A tiny instance of two GPU types, one per node, with a few settings open."""
     doc = generate_instance(seed, nodes=devices, devices_per_node=1, device_types=2, layers=layers,

@@ -80,13 +80,13 @@ class UnevenCosts:
 
     def _replica(self, views: dict, s: int, r: int) -> Replica:
         """Replica r of stage s, its view shared with every replica of the same candidate and
-        compute class (device type and node link)."""
+        compute class (device type and node link, its bandwidth and latency)."""
         plan, inst = self.plan, self.tables.instance
         share, cp = plan.shares_at(s)[r], plan.cp
         groups = plan.stages[s][r * cp:(r + 1) * cp]
         cand = plan.stage_candidate(s, share)
         node = inst.nodes[int(inst.device_node[groups[0][0]])]
-        key = (self.model.name, "replica", cand, s, node.device_type, node.intra_bandwidth)
+        key = (self.model.name, "replica", cand, s, node.device_type, node.intra_bandwidth, node.intra_latency)
         if key not in views:
             views[key] = self.model.stage_costs(self.tables, cand, (groups,) * plan.pp)
         return Replica(share, groups, views[key])
