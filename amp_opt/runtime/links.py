@@ -7,7 +7,7 @@
 * latency: the same two with one float (4 bytes), ``LATENCY_REPEATS`` times: the one-way p2p
   seconds and the allreduce seconds over its 2 (p-1) ring steps, seconds per message (eq. H19).
 
-Medians over ``repeats`` after one warm-up, bytes/s.  On one host these are
+Medians over ``repeats`` after ``WARMUP`` untimed rounds per size, bytes/s.  On one host these are
 shared-memory / loopback figures, a property of this machine, not of a network.
 """
 
@@ -27,6 +27,10 @@ torch = require_torch()
 
 DEFAULT_SIZES = (2**16, 2**20, 2**23)
 LATENCY_REPEATS = 200  # tiny messages take microseconds: many repeats for a stable median
+# Untimed rounds before each size's timed ones: gloo's first collectives of a size on a fresh group
+# run several times slower than its later ones (benchmarks/results/tp_latency.md), so one warm-up
+# left the first size measured far above its steady time.
+WARMUP = 5
 
 
 def measure_links(*, processes: int = 2, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5,
@@ -71,9 +75,9 @@ def links_worker(task: dict, rank: int, world: int) -> dict:
             torch.cuda.synchronize()
 
     def timed(buf, repeats):
-        """Median one-way p2p and allreduce seconds of ``buf`` over ``repeats`` (after a warm-up)."""
+        """Median one-way p2p and allreduce seconds of ``buf`` over ``repeats`` (after WARMUP rounds)."""
         trips, reduces = [], []
-        for r in range(repeats + 1):
+        for r in range(repeats + WARMUP):
             dist.barrier()
             start = time.perf_counter()
             if rank == 0:
@@ -89,7 +93,7 @@ def links_worker(task: dict, rank: int, world: int) -> dict:
             dist.all_reduce(buf)
             sync()
             reduce = time.perf_counter() - start
-            if r:
+            if r >= WARMUP:
                 trips.append(trip)
                 reduces.append(reduce)
         return statistics.median(trips) / 2, statistics.median(reduces)
