@@ -210,3 +210,11 @@ def test_evaluate_prices_the_tp_allreduces_latency_on_the_group_s_node():
     slow = evaluate(parse_instance(d), plan(2, 1, (0, 4)))
     added = [s.compute - b.compute for s, b in zip(slow.stages, base.stages)]
     assert added == pytest.approx([2 * 2 * ALPHA, 2 * 2 * 3 * ALPHA])  # 2 layers, one message each, 2 steps
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, "four"])
+def test_a_bad_message_count_is_refused_naming_the_field(bad):
+    d = doc()
+    d["model"]["layers"][1]["tp_comm_messages"] = bad
+    with pytest.raises(InputError, match=r"instance\.model\.layers\[1\]\.tp_comm_messages"):
+        parse_instance(d)

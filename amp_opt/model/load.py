@@ -100,7 +100,8 @@ def _layer_ok(x) -> bool:
             and "params" in x and "activation_bytes" in x and isinstance(x.get("kind", ""), str)
             and _split_ok(x["params"], integer=True) and _split_ok(x["activation_bytes"])
             and _split_ok(x.get("activation_memory_bytes", 0)) and _number(x.get("flops", 0))
-            and _number(x.get("tp_comm_bytes", 0)) and _number(x.get("tp_comm_messages", 0), integer=True) and isinstance(x.get("tie", ""), str)
+            and _number(x.get("tp_comm_bytes", 0)) and _number(x.get("tp_comm_messages", 0), integer=True)
+            and isinstance(x.get("tie", ""), str)
             and _number(x.get("tied_params", 0), integer=True) and _split_ok(x.get("attention_memory_bytes", 0))
             and _number(x.get("attention_flops", 0)) and _split_ok(x.get("kv_bytes", 0)))
 

@@ -121,7 +121,8 @@ class KindModel:
             mid = terms.split(0, g.start, g.stop) if not terms.per_stage else g.stop if mode == "full" else g.start
             ranges[mode], layers[mode] = [], []
             for c in self.classes:
-                own, base = (np.concatenate([[0.0], np.cumsum(terms.layer_seconds(c.device_type, c.intra, m, c.intra_latency))])
+                own, base = (np.concatenate([[0.0], np.cumsum(terms.layer_seconds(c.device_type, c.intra, m,
+                                                                                   c.intra_latency))])
                              for m in (self.cand.recompute, terms.base_mode(0)))
                 layers[mode].append((own[mid] - own[g.start]) + (base[g.stop] - base[mid]))
                 ranges[mode].append(layers[mode][-1] + self.instance.device_types[c.device_type].step_overhead)
