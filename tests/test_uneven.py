@@ -270,6 +270,25 @@ def test_replicas_on_nodes_that_differ_only_in_their_tp_latency_are_priced_apart
     assert slow - fast == pytest.approx(steps, rel=1e-9)
 
 
+def test_a_replica_whose_tp_group_spans_nodes_is_priced_on_its_own_link():
+    """H16 in an uneven plan: replica A's tp group sits in a node, replica B's spans two nodes (its
+    allreduces cross the slower node link). Each is priced on its own link, in either order (a
+    replica took the view of the first replica of its device type and node link)."""
+    doc = generate_instance(3, nodes=3, devices_per_node=2, device_types=1, layers=4, global_batch=8)
+    doc["search"]["engine"] = "amp_opt"
+    doc["profiles"] = []  # estimated: the tp allreduces are priced on the group's link
+    inst = parse_instance(doc)
+
+    def replicas(first, second):
+        plan = parse_plan({"tp": 2, "dp": [2, 1], "pp": 2, "shares": [[2, 2], [4]], "partition": [0, 2, 4],
+                           "stages": [[first, second], [[3, 5]]]})
+        return amp_opt.evaluate(inst, plan).stages[0].replica_compute
+
+    inside, across = replicas([0, 1], [2, 4])
+    assert across > inside * 1.01
+    assert replicas([2, 4], [0, 1]) == pytest.approx((across, inside), rel=1e-12)
+
+
 def tiny_uneven(seed, *, devices=3, layers=3, batch=8, engine="amp_opt", idle=True):
     """A tiny instance of two GPU types, one per node, with a few settings open."""
     doc = generate_instance(seed, nodes=devices, devices_per_node=1, device_types=2, layers=layers,

@@ -25,6 +25,7 @@ import numpy as np
 from ...errors import InputError
 from .hetero import HeteroModel
 from .iteration import pipeline_weights
+from .link_rules import link_latency, ring_link, tp_link
 from .terms import StageCosts, StagePlacement
 
 
@@ -80,13 +81,21 @@ class UnevenCosts:
 
     def _replica(self, views: dict, s: int, r: int) -> Replica:
         """Replica r of stage s, its view shared with every replica of the same candidate and
-        compute class (device type and node link, its bandwidth and latency)."""
+        compute classes (device types and tp link, its bandwidth and latency)."""
         plan, inst = self.plan, self.tables.instance
         share, cp = plan.shares_at(s)[r], plan.cp
         groups = plan.stages[s][r * cp:(r + 1) * cp]
         cand = plan.stage_candidate(s, share)
-        node = inst.nodes[int(inst.device_node[groups[0][0]])]
-        key = (self.model.name, "replica", cand, s, node.device_type, node.intra_bandwidth, node.intra_latency)
+        # The view prices the replica's compute by each group's device types and tp link (H2, H16,
+        # H19) and the ring its cp groups share per micro-batch (H10): replicas alike in these
+        # share it, whatever nodes they sit on.
+        node_of = inst.device_node
+        nodes = [tuple(sorted({int(node_of[d]) for d in group})) for group in groups]
+        compute = tuple(sorted({(inst.nodes[j].device_type, tp_link(inst, n), link_latency(inst, n))
+                                for n in nodes for j in n}))
+        every = sorted({j for n in nodes for j in n})
+        ring = (ring_link(inst, every, cand.tp), link_latency(inst, every))
+        key = (self.model.name, "replica", cand, s, compute, ring)
         if key not in views:
             views[key] = self.model.stage_costs(self.tables, cand, (groups,) * plan.pp)
         return Replica(share, groups, views[key])
