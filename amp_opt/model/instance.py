@@ -95,6 +95,12 @@ class Node:
     intra_latency: float = 0.0  # seconds per message between two devices of this node (H19)
     inter_latency: float = 0.0  # seconds per message on this node's link to other nodes (H19)
 
+    @property
+    def compute_key(self) -> tuple[str, float, float]:
+        """What a layer's time on a tp group inside this node depends on (eq. H2, H19): the device
+        type and the node's link, bandwidth and latency (:attr:`NodeClass.compute_key` of its class)."""
+        return self.device_type, self.intra_bandwidth, self.intra_latency
+
 
 @dataclass(frozen=True)
 class Profile:

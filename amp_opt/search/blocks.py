@@ -69,7 +69,7 @@ def layer_bound(instance, model) -> float:
     if not library_priced(model):  # the bound reads the layer tables, which a caller's model may not
         return 0.0
     sums: dict[tuple[int, int], tuple[float, float]] = {}
-    keys = sorted({(n.device_type, n.intra_bandwidth, n.intra_latency) for n in instance.nodes})
+    keys = sorted({n.compute_key for n in instance.nodes})
     schedule = model.schedule
     best = np.inf
     for cand in candidates(instance, model):

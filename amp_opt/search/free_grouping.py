@@ -232,7 +232,7 @@ def _kind_key(instance, used: tuple[int, ...], tp: int):
     """What a stage's own cost depends on: its compute classes (device type and tp link, H2, H19) and
     its ring link (H4, H17, H19)."""
     nodes = instance.nodes
-    classes = frozenset((nodes[j].device_type, nodes[j].intra_bandwidth, nodes[j].intra_latency) for j in used)
+    classes = frozenset(nodes[j].compute_key for j in used)
     return classes, ring_link(instance, used, tp), link_latency(instance, used), len(set(used)) == 1
 
 
