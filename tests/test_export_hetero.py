@@ -6,9 +6,11 @@ of ``RankMapper.build_rank_mapping`` and ``ProcessMesh`` (order "tp-cp-ep-dp-pp"
 flagscale/train/hetero/parallel_context.py, the hostfile of ``parse_hostfile`` in
 flagscale/runner/utils.py, and Megatron's ``ConstantNumMicroBatchesCalculator``
 (megatron/core/num_microbatches_calculator.py: the global batch is a whole number of
-micro_batch_size * data_parallel_size).
+micro_batch_size * data_parallel_size); the per-stage recomputation flags as ``post_validate_args``
+parses them.
 """
 
+import ast
 import json
 import re
 import subprocess
@@ -79,9 +81,32 @@ def flagscale_accepts(instance, plan, out):
         assert all(share == dp0 * mbs // dps[i] for share in plan.shares_at(s))
         kinds = [instance.layers[k].kind for k in plan.stage_layers(s)]
         assert split[s] == kinds.count("transformer")
+    _recompute_accepted(plan, system, model, dp0, mbs)
     world = sum(t * c * d * p for t, c, d, p in zip(tps, cps, dps, pps))
     assert world == plan.devices == out["launch"]["world_size"]
     _ranks_land_on_the_plan(instance, plan, out, tps, cps, dps, pps, types)
+
+
+def _recompute_accepted(plan, system, model, dp0, mbs):
+    """post_validate_args's parse of the per-stage flags (each entry [stages, n0, flag0, n1, flag1, ...]
+    expanded to one flag per micro-batch of each stage, global / (micro_batch_size * dp) of them, the
+    stages adding up to pp; flags 0 or 1; only beside full granularity and a method), and what the
+    patched TransformerBlock then runs on each stage: full recomputation where the flag is 1."""
+    entries = system.get("recompute_granularity_per_stage_micro_batch")
+    if entries is None:
+        assert isinstance(plan.recompute, str)
+        return
+    assert system["recompute_granularity"] == "full" and system.get("recompute_method") is not None
+    flags = []
+    for entry in (ast.literal_eval(str(e)) for e in entries):  # the runner passes each entry as str(entry)
+        for _ in range(entry[0]):
+            per_micro = [f for k in range(len(entry) // 2) for f in [entry[2 + 2 * k]] * entry[1 + 2 * k]]
+            assert len(per_micro) == model["global_batch_size"] // (mbs * dp0)
+            assert all(f in (0, 1) for f in per_micro)
+            flags.append(per_micro)
+    assert len(flags) == system["pipeline_model_parallel_size"]
+    assert [("full" if set(f) == {1} else "none" if set(f) == {0} else None) for f in flags] == [
+        plan.recompute_of(s) for s in range(plan.pp)]
 
 
 def _ranks_land_on_the_plan(instance, plan, out, tps, cps, dps, pps, types):
@@ -196,13 +221,18 @@ def test_zero1_with_a_tied_embedding_needs_the_end_dps_to_divide():
     assert out["config"]["system"]["hetero"]["use_partial_reduce_for_shared_embedding"] is True
 
 
-def test_a_recomputation_mode_per_stage_is_refused():
-    """(DeepSpeed's engine rules allow one; FlagScale's per-stage lists are not written.)"""
-    instance = parse_instance(dict(two_types(), search={"engine": "deepspeed"}))
-    plan = parse_plan({"tp": 1, "dp": 2, "pp": 2, "micro_batch": 1, "partition": [0, 3, 6],
-                       "recompute": ["full", "none"]})
-    with pytest.raises(InputError, match=r"plan\.recompute: a mode per stage is not exported to FlagScale"):
-        export_flagscale(instance, plan)
+def test_a_recomputation_mode_per_stage_is_flagscale_s_per_stage_list():
+    """Stage 1 (the A100 at tp 2) recomputes, stages 0 and 2 do not: FlagScale's per-stage,
+    per-micro-batch flags, 16 / 4 = 4 micro-batches each, beside full uniform recomputation."""
+    instance = parse_instance(two_types())
+    plan = parse_plan(dict(THREE, recompute=["none", "full", "none"]))
+    out = export_flagscale(instance, plan)
+    flagscale_accepts(instance, plan, out)
+    system = out["config"]["system"]
+    assert system["recompute_granularity_per_stage_micro_batch"] == [[1, 4, 0], [1, 4, 1], [1, 4, 0]]
+    assert (system["recompute_granularity"], system["recompute_method"], system["recompute_num_layers"]) == (
+        "full", "uniform", 1)
+    assert "recompute_granularity_per_stage_micro_batch: [[1, 4, 0], [1, 4, 1], [1, 4, 0]]" in out["yaml"]
 
 
 def test_interleaving_is_refused():

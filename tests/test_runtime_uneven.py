@@ -82,6 +82,19 @@ def test_uneven_plan_runs_the_same_training_step(single, uneven):
     assert m["losses"] == pytest.approx(single["measured"]["losses"], rel=1e-5)
 
 
+def test_an_uneven_plan_recomputing_on_one_stage_runs_the_same_training_step(single):
+    """A mode per stage (engine amp_opt) on an uneven plan: stage 0's two replicas recompute in
+    full and keep less than without it, stage 1 keeps what it keeps without it; the same losses."""
+    staged = {"tp": 1, "dp": [2, 1], "pp": 2, "shares": [[3, 1], [4]], "partition": [0, 2, 4]}
+    runs = [run_plan(amp_doc(devices=3), staged | {"recompute": mode}, oversubscribe=True, **RUN)
+            for mode in (["full", "none"], "none")]
+    for record in runs:
+        assert "failed" not in record, record.get("error")
+        assert record["measured"]["losses"] == pytest.approx(single["measured"]["losses"], rel=1e-5)
+    kept = [[s["memory"]["activations_peak"] for s in r["measured"]["stages"]] for r in runs]
+    assert kept[0][0] < kept[1][0] and kept[0][1] == kept[1][1]
+
+
 def test_uneven_replicas_reduce_to_the_single_process_gradients(single, uneven, grads):
     """Both replicas of stage 0 (3 and 1 samples) hold the whole batch's gradient after the dp sum,
     the tied word embedding's included; stage 1's replicated tensors too, and its tp shards stack up

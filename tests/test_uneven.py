@@ -443,14 +443,14 @@ def test_the_search_graph_prices_each_configuration_as_the_evaluator_does():
     assert complete and len(confs) > 20
     compared = 0
     for conf in confs:
-        for sp, mode, layers, zero in _settings(inst.search):
+        for sp, mode, layers, zero in _settings(inst):
             fields = {**conf.plan_doc(inst), "partition": [0, *range(1, conf.pp), 4], "recompute": mode,
                       "zero_stage": zero}
             try:
                 plan = check_plan(inst, parse_plan(fields))
             except InputError:
                 continue
-            found = optimal_path(_graph(UnevenCosts(model, tables, plan, cache=cache), 4))
+            found = optimal_path(_graph([UnevenCosts(model, tables, plan, cache=cache)], 4))
             if found is None:
                 continue
             ev = amp_opt.evaluate(inst, parse_plan({**fields, "partition": list(found[1].boundaries)}))

@@ -49,7 +49,7 @@ def every_r(inst):
 def best_of_configuration(inst, conf: Configuration, tables, cache):
     """The least predicted seconds over every setting and partition of a configuration (the exact DP)."""
     options = solve_options()
-    found = [uneven._best_of(inst, options, tables, cache, conf, s, float("inf")) for s in uneven._settings(inst.search)]
+    found = [uneven._best_of(inst, options, tables, cache, conf, s, float("inf")) for s in uneven._settings(inst)]
     times = [ev.predicted_time for ev in found if ev is not None]
     return min(times) if times else None
 

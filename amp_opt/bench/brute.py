@@ -33,10 +33,10 @@ import math
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..model.engines import engine_of
+from ..model.engines import PER_STAGE_MODES, engine_of
 from ..model.evaluate import Evaluation, evaluate
 from ..model.instance import idle_level
-from ..model.plan import PER_STAGE_MODES, parse_plan
+from ..model.plan import parse_plan
 from ..model.tables import Tables
 
 

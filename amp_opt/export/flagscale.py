@@ -13,8 +13,16 @@ follow Megatron's order tp-cp-ep-dp-pp from the mesh's offset.
 
 A plan FlagScale cannot express is refused with one line naming the field: uneven shares inside
 a stage, replicas of one stage on different device types, a device type whose meshes are not
-consecutive, interleaving, per-stage recomputation lists, ZeRO-2/3, different tp at the two ends
-of a tied word embedding (and with ZeRO-1, dp at the two ends of which neither divides the other).
+consecutive, interleaving, ZeRO-2/3, different tp at the two ends of a tied word embedding (and
+with ZeRO-1, dp at the two ends of which neither divides the other).
+
+A recomputation mode per stage becomes FlagScale's ``recompute_granularity_per_stage_micro_batch``
+(``post_validate_args`` in flagscale/train/arguments.py parses it; the patched Megatron
+``TransformerBlock.forward`` reads it): per stage ``[1, n, flag]``, n the micro-batches of an
+iteration and flag 1 where the stage recomputes in full, 0 where it does not, beside full,
+uniform recomputation of one layer at a time (amp_opt's "full", H7).  A stage's flag is the same
+for every micro-batch: FlagScale's block clears the stage's recomputation on a 0 and does not
+set it back, so flags that change within a stage would not run as written.
 """
 
 from __future__ import annotations
@@ -93,9 +101,6 @@ def _refuse(instance, plan: Plan) -> None:
     if plan.virtual_stages > 1:
         raise InputError("plan.virtual_stages", f"FlagScale's heterogeneous training runs no interleaved schedule "
                                                 f"('virtual pipeline not support now' in {SOURCE})")
-    if not isinstance(plan.recompute, str):
-        raise InputError("plan.recompute", "a mode per stage is not exported to FlagScale (its per-stage recompute "
-                                           "lists are not written): use one mode for every stage")
     if plan.zero_stage and plan.zero_stage >= 2:
         raise InputError("plan.zero_stage", f"ZeRO-{plan.zero_stage} is not exported to FlagScale's heterogeneous "
                                             "meshes (Megatron-FSDP); use 0 or 1 (the distributed optimizer)")
@@ -129,6 +134,15 @@ def _system_flags(flags: list[str]) -> dict[str, Any]:
     return out
 
 
+def _per_stage_recompute(instance, plan: Plan) -> dict[str, Any]:
+    """``train.system`` keys for a mode per stage: full, uniform recomputation of one layer at a
+    time, switched on or off per stage for all of the iteration's micro-batches."""
+    n_micro = instance.training.global_batch // plan.pipeline_micro_batch
+    return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1,
+            "recompute_granularity_per_stage_micro_batch": [[1, n_micro, int(plan.recompute_of(s) == "full")]
+                                                            for s in range(plan.pp)]}
+
+
 def export_flagscale(instance, plan: Plan) -> dict[str, Any]:
     """FlagScale's heterogeneous-training config for a plan, with the meshes, ranks and hostfile.
 
@@ -157,6 +171,12 @@ def export_flagscale(instance, plan: Plan) -> dict[str, Any]:
     }
     system: dict[str, Any] = {"tensor_model_parallel_size": found[0].tp, "pipeline_model_parallel_size": plan.pp,
                               **_system_flags(flags)}
+    if not isinstance(plan.recompute, str):
+        system.update(_per_stage_recompute(instance, plan))
+        notes.append("recomputation per stage: stages " + ", ".join(str(s) for s in range(plan.pp)
+                                                                    if plan.recompute_of(s) == "full")
+                     + " recompute every transformer layer (recompute_granularity_per_stage_micro_batch), the "
+                       "others keep their activations")
     if plan.zero_stage == 1 and _tied(instance) and found[0].dp != found[-1].dp:
         hetero["use_partial_reduce_for_shared_embedding"] = True  # FlagScale asserts it in this case
     system["hetero"] = hetero

@@ -18,8 +18,8 @@ import math
 from dataclasses import replace
 
 from .costs import HETERO
-from .engines import engine_of, even_partition, megatron_split
-from .plan import PER_STAGE_MODES, Candidate
+from .engines import PER_STAGE_MODES, engine_of, even_partition, megatron_split
+from .plan import Candidate
 
 
 def divisors(n: int) -> list[int]:
@@ -42,7 +42,7 @@ def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: i
     recomputation frees nothing when no layer keeps attention scores (FlashAttention) but
     still costs time, so it is left out then.  Full recomputation also comes with each block
     count of :func:`block_counts`.  On an engine whose stages may recompute differently
-    (DeepSpeed), one candidate whose stages each choose full recomputation or none replaces
+    (DeepSpeed, amp_opt), one candidate whose stages each choose full recomputation or none replaces
     the two uniform ones: it holds both, and each stage's faster fitting mode.
     """
     space, engine = instance.search, engine_of(instance)

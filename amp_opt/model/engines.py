@@ -9,7 +9,8 @@ ZeRO-2/3 through Megatron-FSDP, which amp_opt plans without pipeline parallelism
 Torch-FSDP2 requires and Megatron-FSDP's documentation does not promise otherwise) and DeepSpeed (``PipelineModule``: no interleaved schedule, ZeRO
 stages 2 and 3 only without pipeline parallelism, activation checkpointing of whole
 layers, which each stage's own layer code may apply or not).  ``amp_opt`` (amp_opt's own
-runtime) keeps Megatron's rules and alone runs plans whose stages and replicas differ.
+runtime) keeps Megatron's rules, lets each stage recompute in full or not at all (as DeepSpeed),
+and alone runs plans whose stages and replicas differ.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InputError
+
+PER_STAGE_MODES = ("none", "full")  # what each stage chooses between where stages recompute differently, fastest first
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,8 @@ class Engine:
             # the rule below sees the candidate's most recomputing mode only, which hides a selective stage
             raise InputError(f"{where}.recompute", f"{self.name} recomputes whole layers only (no selective "
                                                    f"recomputation), got {list(plan.recompute)}")
+        if not isinstance(plan.recompute, str):
+            _check_per_stage(plan, where)
         # a non-uniform plan (only on an engine that runs it, :func:`.plan_stages.check_uneven`)
         # keeps every rule on each stage's own degrees, at its largest share
         cands = [plan.candidate] if plan.uniform else [plan.stage_candidate(s, max(plan.shares_at(s)))
@@ -93,6 +98,21 @@ class Engine:
             broken = self.rule(instance, cand)
             if broken is not None:
                 raise InputError(f"{where}.{broken[0]}", f"{broken[1]} (engine {self.name})")
+
+
+def _check_per_stage(plan, where: str) -> None:
+    """A mode per stage is what the searches choose (``formulations/hetero.md``, H7): each stage
+    recomputes all of its layers or none, with one chunk per stage and no block method."""
+    if set(plan.recompute) - set(PER_STAGE_MODES):
+        raise InputError(f"{where}.recompute", f"a mode per stage is 'none' or 'full' (each stage recomputes all of "
+                                               f"its layers or none), got {list(plan.recompute)}: give one mode "
+                                               "for every stage to recompute selectively")
+    if plan.recompute_layers:
+        raise InputError(f"{where}.recompute_layers", "the block method recomputes the first layers of every stage "
+                                                      "in one mode: drop recompute_layers, or give one mode")
+    if plan.virtual_stages > 1:
+        raise InputError(f"{where}.recompute", "a mode per stage needs virtual_stages 1 (an interleaved stage's "
+                                               "chunks would each need one): give one mode")
 
 
 @dataclass(frozen=True)
@@ -153,10 +173,11 @@ ENGINES = {
     "deepspeed": Engine("deepspeed", interleaving=False, context_parallel=False, sequence_parallel=False,
                         selective_recompute=False, per_stage_recompute=True, block_recompute=False,
                         sharded_zero_with_pipeline=1),
-    # amp_opt's own runtime (``python -m amp_opt run``): Megatron's rules for uniform plans, and
-    # the whole space of per-stage degrees, replicas on different types and uneven shares.
+    # amp_opt's own runtime (``python -m amp_opt run``): Megatron's rules for uniform plans, a
+    # recomputation mode per stage (none or full), and the whole space of per-stage degrees,
+    # replicas on different types and uneven shares.
     "amp_opt": Engine("amp_opt", interleaving=True, context_parallel=True, sequence_parallel=True,
-                      selective_recompute=True, per_stage_recompute=False, block_recompute=True,
+                      selective_recompute=True, per_stage_recompute=True, block_recompute=True,
                       sharded_zero_with_pipeline=1, uneven=True),
 }
 

@@ -29,7 +29,6 @@ from .plan_stages import check_uneven, parse_degrees, parse_shares, parse_stages
 
 Stages = tuple[tuple[tuple[int, ...], ...], ...]
 RECOMPUTE = ("none", "selective", "full")
-PER_STAGE_MODES = ("none", "full")  # what each stage of a ``per_stage`` candidate chooses between, fastest first
 PLAN_KEYS = ("tp", "dp", "pp", "micro_batch", "partition", "stages", "cp", "sequence_parallel", "recompute",
              "recompute_layers", "zero_stage", "virtual_stages", "shares")
 Degrees = "int | tuple[int, ...]"

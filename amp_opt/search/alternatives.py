@@ -129,7 +129,7 @@ def _block_method(instance, plan, cost_model: str) -> list[Alternative]:
 
 
 def _per_stage(instance, plan, cost_model: str) -> list[Alternative]:
-    """On an engine whose stages may recompute differently (DeepSpeed): each stage in its faster
+    """On an engine whose stages may recompute differently (DeepSpeed, amp_opt): each stage in its faster
     mode that fits, full recomputation or none (what the search chooses per stage)."""
     if not engine_of(instance).per_stage_recompute or plan.pp == 1 or not plan.uniform:
         return []

@@ -27,7 +27,8 @@ from ..model.classes import class_of_node
 from ..model.costs import HETERO, CostModel, StageCosts, hetero_link, plan_of
 from ..model.costs.link_rules import link_latency, ring_link
 from ..model.costs.terms import stage_order
-from ..model.plan import PER_STAGE_MODES, Candidate, Plan, Stages, rank_order_stages
+from ..model.engines import PER_STAGE_MODES
+from ..model.plan import Candidate, Plan, Stages, rank_order_stages
 from .partition import NO_HOP, Hop, Path, StageGraph, fixed_placement_graph, make_graph, memory_ratio, range_tables
 from .tuning import MAX_TRANSITIONS, STOP_EVERY
 

@@ -4,7 +4,8 @@ Exact on small clusters (``formulations/uneven-search.md``, S2): every configura
 :mod:`.uneven_space` (stages' tp, replicas on nodes, shares, M), one per symmetry class, and
 every training setting is priced by the cost terms U1-U4
 (:class:`~amp_opt.model.costs.stages.UnevenCosts`); for each, the exact stage DP of
-:mod:`.partition` finds the best layer partition.  Past ``MAX_CONFIGURATIONS`` it narrows to the
+:mod:`.partition` finds the best layer partition (and, in the setting PER_STAGE, each stage's
+recomputation mode: S2 step 3).  Past ``MAX_CONFIGURATIONS`` it narrows to the
 class-stage space of :mod:`.class_stages` (S6), walked best bound first (S7) and cut off at the
 incumbent, and the result says "OPTIMAL within plans whose stages and replicas agree, or whose
 every stage sits on one node class with even shares".  The uniform plans are searched by the
@@ -21,7 +22,7 @@ import numpy as np
 from ..errors import InfeasibleError, InputError, NoPlanFound
 from ..model.costs.hetero import HeteroModel
 from ..model.costs.stages import UnevenCosts
-from ..model.engines import engine_of
+from ..model.engines import PER_STAGE_MODES, engine_of
 from ..model.evaluate import Evaluation, evaluate
 from ..model.plan import RECOMPUTE, check_plan, parse_plan
 from ..model.ranges import INF, grid
@@ -42,33 +43,52 @@ def applies(instance, options) -> bool:
     return engine_of(instance).uneven and isinstance(options.model, HeteroModel)
 
 
-def _settings(space):
+PER_STAGE = "per stage"  # the setting whose stages each recompute in full or not at all, as the DP picks
+
+
+def _settings(instance):
     """Every (sequence_parallel, recompute, recompute_layers, zero_stage) the search section lists
-    that an uneven plan may take (one recomputation mode for every stage; ZeRO at most 2)."""
+    that an uneven plan may take (ZeRO at most 2).  Where the engine lets stages recompute
+    differently, the setting PER_STAGE (each stage "none" or "full", chosen by the DP) replaces
+    the two uniform ones it holds."""
+    space, engine = instance.search, engine_of(instance)
+    modes = [m for m in RECOMPUTE if m in space.recompute]
+    if engine.per_stage_recompute and space.per_stage_recompute and set(PER_STAGE_MODES) <= set(modes):
+        modes = [PER_STAGE] + [m for m in modes if m not in PER_STAGE_MODES]
     for sp in space.sequence_parallel:
-        for mode in (m for m in RECOMPUTE if m in space.recompute):
+        for mode in modes:
             for zero in (z for z in space.zero_stages if z <= 2):
-                for layers in [None] + (list(space.recompute_layers) if mode == "full" else []):
-                    yield sp, mode, layers, zero
+                yield sp, mode, None, zero
+                if mode in ("full", PER_STAGE):  # the block method: "full" on every stage
+                    for layers in space.recompute_layers:
+                        yield sp, "full", layers, zero
 
 
-def _graph(costs: UnevenCosts, L: int):
-    """The stage graph of one configuration and setting: one kind per distinct (compute,
-    allreduce) table (stages of one block share one: memory stays O(kinds * p * L^2)), the
-    boundary before each stage priced per position (U2), memory as the tightest replica's ratio (U4)."""
-    g, p = grid(L), costs.pp
-    compute, allreduce, kind_of = shared_kinds((np.where(g.nonempty, costs.compute(s, g.start, g.stop), INF),
-                                                np.where(g.nonempty, costs.allreduce(s, g.start, g.stop), INF))
-                                               for s in range(p))
+def _graph(views: list[UnevenCosts], L: int):
+    """The stage graph of one configuration and setting, ``views`` its costs in each recomputation
+    mode a stage may take (one, or PER_STAGE_MODES): per stage one transition per mode, with one kind
+    per distinct (compute, allreduce) table of a mode (stages of one block share one: memory stays
+    O(kinds * p * L^2)), the boundary before each stage priced per position (U2), memory as the
+    tightest replica's ratio (U4)."""
+    g, p = grid(L), views[0].pp
+    compute, allreduce, kinds = [], [], []
+    for costs in views:
+        c, a, kind_of = shared_kinds((np.where(g.nonempty, costs.compute(s, g.start, g.stop), INF),
+                                      np.where(g.nonempty, costs.allreduce(s, g.start, g.stop), INF))
+                                     for s in range(p))
+        kinds.append([k + len(compute) for k in kind_of])
+        compute += c
+        allreduce += a
     ratio = np.full((p, len(compute), L + 1, L + 1), INF)
-    for s in range(p):
-        ratio[s, kind_of[s]] = np.max([m / c for m, c in costs.replica_memory(s, g.start, g.stop)], axis=0)
+    for costs, kind_of in zip(views, kinds):
+        for s in range(p):
+            ratio[s, kind_of[s]] = np.max([m / c for m, c in costs.replica_memory(s, g.start, g.stop)], axis=0)
     volume = np.zeros((p, L + 1))
     for s in range(1, p):
-        volume[s, 1:] = costs.p2p(s - 1, np.arange(1, L + 1))
-    transitions = tuple(((0, kind_of[s], 1.0, 0),) for s in range(p))
-    return make_graph(costs.n_micro, np.stack(compute), np.stack(allreduce), ratio, True, volume, transitions,
-                      pipeline=costs.pipeline)
+        volume[s, 1:] = views[0].p2p(s - 1, np.arange(1, L + 1))  # activations: the same in every mode
+    transitions = tuple(tuple((0, kind_of[s], 1.0, 0) for kind_of in kinds) for s in range(p))
+    return make_graph(views[0].n_micro, np.stack(compute), np.stack(allreduce), ratio, True, volume, transitions,
+                      pipeline=views[0].pipeline)
 
 
 def _rate(instance, plan) -> float | None:
@@ -83,25 +103,31 @@ def _best_of(instance, options, tables, cache: dict, conf: Configuration, settin
     ``stop()`` true ends the DP early (its best path so far, not proven: the caller knows)."""
     sp, mode, layers, zero = setting
     L = instance.num_layers
-    doc = {**conf.plan_doc(instance), "partition": [0, *range(1, conf.pp), L], "sequence_parallel": sp,
-           "recompute": mode, "zero_stage": zero, **({"recompute_layers": layers} if layers else {})}
-    try:
-        plan = check_plan(instance, parse_plan(doc))
-    except InputError:  # an engine rule on some stage's degrees
-        return None
+    modes = PER_STAGE_MODES if mode == PER_STAGE else (mode,)
+    plans = []
+    for m in modes:
+        doc = {**conf.plan_doc(instance), "partition": [0, *range(1, conf.pp), L], "sequence_parallel": sp,
+               "recompute": m, "zero_stage": zero, **({"recompute_layers": layers} if layers else {})}
+        try:
+            plans.append(check_plan(instance, parse_plan(doc)))
+        except InputError:  # an engine rule on some stage's degrees
+            return None
     scale = 1.0
     if options.objective == "cost" or options.budget is not None:
-        rate = _rate(instance, plan)
+        rate = _rate(instance, plans[0])
         if rate is None:
             raise InputError("instance.device_types", "the cost objective and budgets need every price")
         if options.budget is not None and rate > options.budget * (1 + 1e-12):
             return None
         scale = rate / 3600.0 if options.objective == "cost" else 1.0
-    found = optimal_path(_graph(UnevenCosts(options.model, tables, plan, cache=cache), L), cutoff=kth / scale,
-                         stop=stop)
+    views = [UnevenCosts(options.model, tables, plan, cache=cache) for plan in plans]
+    found = optimal_path(_graph(views, L), cutoff=kth / scale, stop=stop)
     if found is None or found[0] * scale >= kth:
         return None
-    ev = evaluate(instance, dataclasses.replace(plan, partition=found[1].boundaries), options.model, tables=tables)
+    chosen = tuple(modes[t] for t in found[1].transitions)
+    recompute = chosen[0] if len(set(chosen)) == 1 else chosen
+    plan = dataclasses.replace(plans[0], partition=found[1].boundaries, recompute=recompute)
+    ev = evaluate(instance, plan, options.model, tables=tables)
     return ev if ev.feasible else None
 
 
@@ -117,7 +143,7 @@ def search_uneven(instance, options, tables, confs, *, cutoff: float, deadline: 
     for conf in confs:
         if time.perf_counter() > deadline:
             return found, False
-        for setting in _settings(instance.search):
+        for setting in _settings(instance):
             kth = _value(found[-1], options.objective) if len(found) >= options.top_k else cutoff
             ev = _best_of(instance, options, tables, cache, conf, setting, kth)
             if ev is not None:
@@ -132,10 +158,14 @@ def _conf_rate(instance, conf: Configuration) -> float | None:
     return None if any(p is None for p in prices) else sum(prices)
 
 
-def _setting_of(plan):
-    """The uneven search's setting closest to a uniform plan's (one recomputation mode, ZeRO at most 2)."""
-    mode = plan.recompute if isinstance(plan.recompute, str) else "full"
-    return plan.sequence_parallel, mode, plan.recompute_layers if mode == "full" else None, min(plan.zero_stage or 0, 2)
+def _setting_of(instance, plan):
+    """The uneven search's setting closest to a uniform plan's (ZeRO at most 2): its own, or PER_STAGE
+    where that holds its mode (:func:`_settings`)."""
+    mode = plan.recompute if isinstance(plan.recompute, str) else PER_STAGE
+    layers = plan.recompute_layers if mode == "full" else None
+    if mode in PER_STAGE_MODES and not layers and any(m == PER_STAGE for _, m, _, _ in _settings(instance)):
+        mode = PER_STAGE
+    return plan.sequence_parallel, mode, layers, min(plan.zero_stage or 0, 2)
 
 
 def _visit(instance, options, tables, cache, conf, settings, found, cutoff, clock) -> list[Evaluation]:
@@ -166,7 +196,7 @@ def search_class_stages(instance, options, tables, *, cutoff: float, clock, near
             if warm.out_of_time():
                 break
             conf = class_stages.configuration(instance, M, order)
-            found = _visit(instance, options, tables, cache, conf, [_setting_of(near)], found, cutoff, warm)
+            found = _visit(instance, options, tables, cache, conf, [_setting_of(instance, near)], found, cutoff, warm)
     for key, M, order in class_stages.ranked(instance, bounds):
         kth = _value(found[-1], obj) if len(found) >= options.top_k else cutoff
         if order is None:  # no configuration: only the stops apply
@@ -190,7 +220,7 @@ def search_class_stages(instance, options, tables, *, cutoff: float, clock, near
             return found, False, key if obj == "time" else 0.0
         if bounds(M, order) * scale >= kth:
             continue
-        found = _visit(instance, options, tables, cache, conf, list(_settings(instance.search)), found, cutoff, clock)
+        found = _visit(instance, options, tables, cache, conf, list(_settings(instance)), found, cutoff, clock)
         if clock.out_of_time():
             return found, False, key if obj == "time" else 0.0
     return found, True, INF

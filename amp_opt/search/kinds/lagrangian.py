@@ -27,7 +27,7 @@ import numpy as np
 from ...model.classes import node_classes
 from ...model.costs import HETERO, CandidateTerms, CostModel
 from ...model.costs.terms import memory_bandwidth, overlap_share, stage_order
-from ...model.plan import PER_STAGE_MODES
+from ...model.engines import PER_STAGE_MODES
 from ...model.ranges import INF, backtrack, band_min_sum_step, chain_window, grid, min_max_chain
 from ...model.ranges import weighted as _weighted
 from ..tuning import MAX_KINDS
