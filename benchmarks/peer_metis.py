@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 import amp_opt  # noqa: E402
 from amp_opt.bench.writers import machine_info  # noqa: E402
+from amp_opt.model.plan import check_plan  # noqa: E402
 
 PROFILES = "sailor/Planner/baselines/Metis/profiles/GPT-Neo-2.7"
 TYPES = {"A100": ("A100-40GB", "A100-40", 100, 40), "V100": ("V100-16GB", "V100-16", 50, 16)}  # amp_opt, Sailor, intra, GB
@@ -253,12 +254,24 @@ def metis_price(metis: Path, run: Path, plan: dict) -> float:
     return float(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
 
 
-def label(doc: dict | str) -> str:
-    """A plan document in one line (or the reason it has none)."""
+def _row(shares: list[int]) -> str:
+    return f"{len(shares)}x{shares[0]}" if len(set(shares)) == 1 else "+".join(map(str, shares))
+
+
+def label(instance, doc: dict | str) -> str:
+    """A plan in one line, stage by stage: its GPUs' types, tp, samples per replica and layers
+    (or the reason it has none)."""
     if isinstance(doc, str):
         return doc
-    split = f"shares {doc['shares']}" if "shares" in doc else f"micro-batch {doc['micro_batch']}"
-    return f"tp {doc['tp']} dp {doc['dp']} pp {doc['pp']} {split} partition {doc['partition']}"
+    plan = amp_opt.parse_plan(doc)
+    stages = plan.stages if plan.stages is not None else check_plan(instance, plan).stages
+    out = []
+    for s in range(plan.pp):
+        kinds = sorted({instance.nodes[int(instance.device_node[d])].device_type.split("-")[0]
+                        for group in stages[s] for d in group})
+        out.append(f"{'+'.join(kinds)} tp {plan.tp_at(s)} shares {_row(list(plan.shares_at(s)))} "
+                   f"layers {plan.partition[s]}-{plan.partition[s + 1] - 1}")
+    return "; ".join(out)
 
 
 def main() -> None:
@@ -308,7 +321,7 @@ def main() -> None:
                 else:
                     cells = "- | -"
                 print(f"| {plan['rank']}{again} | {plan['cost_ms']:.1f} | {' > '.join(plan['sequence'])} | "
-                      f"{plan['strategies']} | {plan['batches']} | {label(doc)} | {cells} |", flush=True)
+                      f"{plan['strategies']} | {plan['batches']} | {label(instance, doc)} | {cells} |", flush=True)
             start = time.perf_counter()
             done = subprocess.run([sys.executable, "-m", "amp_opt", "solve", str(run / "instance.json"),
                                    "--time-limit", f"{args.time_limit:g}", "--json"], capture_output=True, text=True,
@@ -327,7 +340,11 @@ def main() -> None:
             print(f"\n{broken} of the {min(args.top, len(plans))} have no amp_opt plan (reason in the row).")
             print(f"\namp_opt solve ({solve_wall:.1f} s, {result['solver']['status']} within "
                   f"{result['solver'].get('within') or 'the whole space'}): {ev.predicted_time:.4f} s per iteration, "
-                  f"{label(result['plan'])}, stages {result['plan'].get('stages')}; under Metis's cost model: {theirs}.")
+                  f"{label(instance, result['plan'])}; under Metis's cost model: {theirs}.")
+            uniform = result["solver"].get("uneven", {}).get("uniform_objective")
+            if uniform:
+                print(f"The best plan of one tp and dp on every stage that the same solve found: {uniform:.4f} s "
+                      f"(the plans whose stages differ gain {100 * (uniform - ev.predicted_time) / uniform:.1f}%).")
             if fitting:
                 rival = min((e for e in priced if e.feasible), key=lambda e: e.predicted_time)
                 print(f"Against the best of Metis's plans that fit under amp_opt's model ({rival.predicted_time:.4f} s): "
