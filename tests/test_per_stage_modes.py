@@ -93,12 +93,17 @@ def test_one_stage_takes_either_mode():
     assert best[uneven.PER_STAGE].predicted_time == best["full"].predicted_time
 
 
+TP_SP = {"tp": [1, 2], "sequence_parallel": [False, True]}
+
+
 @pytest.mark.parametrize("a100_gib, v100_gib, search", [(4, 4, {}), (6, 3, {}), (6.5, 3.5, {}), (8, 6, {}),
-                                                        (7.5, 6, {}), (10, 8, {}), (8, 8, {"max_pp": 1})])
+                                                        (7.5, 6, {}), (10, 8, {}), (8, 8, {"max_pp": 1}),
+                                                        (4, 3, TP_SP), (3.5, 3.5, TP_SP)])
 def test_every_search_equals_the_brute_force_where_stages_recompute_differently(a100_gib, v100_gib, search):
     """Memory from tight to loose: the best plan recomputes on some stages or none (or, one stage
-    at most, in full on an uneven stage); the searches (uniform and uneven, with the DP and with
-    CP-SAT) equal the brute force over every raw plan."""
+    at most, in full on an uneven stage; with tp 2 open, the two V100s at tp 2 beside the A100 at
+    tp 1, one of the two stages recomputing); the searches (uniform and uneven, with the DP and
+    with CP-SAT) equal the brute force over every raw plan."""
     inst = two_types(a100_gib, v100_gib, **search)
     truth = brute_force(inst)
     assert truth is not None
