@@ -101,8 +101,8 @@ class Engine:
 
 
 def _check_per_stage(plan, where: str) -> None:
-    """A mode per stage is what the searches choose (``formulations/hetero.md``, H7): each stage
-    recomputes all of its layers or none, with one chunk per stage and no block method."""
+    """A mode per stage is what the searches choose (``formulations/hetero.md``, "Decisions"):
+    each stage recomputes all of its layers or none, with one chunk per stage and no block method."""
     if set(plan.recompute) - set(PER_STAGE_MODES):
         raise InputError(f"{where}.recompute", f"a mode per stage is 'none' or 'full' (each stage recomputes all of "
                                                f"its layers or none), got {list(plan.recompute)}: give one mode "
