@@ -124,3 +124,19 @@ def test_a_mode_per_stage_beats_both_uniform_modes_on_the_amp_opt_engine():
         except amp_opt.InfeasibleError:
             continue
         assert best.predicted_time < other
+
+
+def test_explain_offers_each_stage_its_own_mode_on_an_uneven_plan():
+    """The uneven plan of the DP test without recomputation does not fit (its A100 stage); explain's
+    fastest fitting alternative recomputes that stage only, the plan the DP picks."""
+    from amp_opt.search.alternatives import explain_plan
+
+    inst = two_types(8, 6)
+    plan = {"tp": 1, "dp": [1, 2], "pp": 2, "shares": [[4], [2, 2]], "partition": [0, 4, 6],
+            "stages": [[[0]], [[1], [2]]], "recompute": "none", "zero_stage": 0}
+    doc = explain_plan(inst, parse_plan(plan))
+    assert not doc["fits"]
+    fitting = [a for a in doc["alternatives"] if a["fits"]]
+    best = min(fitting, key=lambda a: a["predicted_time"])
+    assert best["change"] == "recompute per stage: full, none" and best["plan"]["recompute"] == ["full", "none"]
+    assert best["predicted_time"] == pytest.approx(amp_opt.evaluate(inst, parse_plan(best["plan"])).predicted_time)

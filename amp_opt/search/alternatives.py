@@ -131,15 +131,19 @@ def _block_method(instance, plan, cost_model: str) -> list[Alternative]:
 def _per_stage(instance, plan, cost_model: str) -> list[Alternative]:
     """On an engine whose stages may recompute differently (DeepSpeed, amp_opt): each stage in its faster
     mode that fits, full recomputation or none (what the search chooses per stage)."""
-    if not engine_of(instance).per_stage_recompute or plan.pp == 1 or not plan.uniform:
+    if not engine_of(instance).per_stage_recompute or plan.pp == 1 or plan.virtual_stages > 1:
         return []
-    cand = dataclasses.replace(plan.candidate, recompute="full", recompute_layers=0, per_stage=True)
-    stages = plan.stages or rank_order_stages(plan.tp, plan.dp, plan.pp, plan.cp)
-    chosen = plan_of(get_cost_model(cost_model), Tables(instance), cand, plan.partition, stages)
-    if isinstance(chosen.recompute, str):
+    if plan.uniform:
+        cand = dataclasses.replace(plan.candidate, recompute="full", recompute_layers=0, per_stage=True)
+        stages = plan.stages or rank_order_stages(plan.tp, plan.dp, plan.pp, plan.cp)
+        modes = plan_of(get_cost_model(cost_model), Tables(instance), cand, plan.partition, stages).recompute
+    else:  # stages whose degrees differ: a stage's mode changes its own terms only (hetero.md, "Decisions")
+        bare = evaluate(instance, dataclasses.replace(plan, recompute="none", recompute_layers=None), cost_model)
+        modes = tuple("none" if r.fits else "full" for r in bare.stages)
+    if isinstance(modes, str) or len(set(modes)) == 1:
         return []  # one mode for every stage: listed with the uniform modes
-    return _changed(instance, plan, cost_model, f"recompute per stage: {', '.join(chosen.recompute)}",
-                    recompute=chosen.recompute, recompute_layers=None)
+    return _changed(instance, plan, cost_model, f"recompute per stage: {', '.join(modes)}",
+                    recompute=tuple(modes), recompute_layers=None)
 
 
 def _settings_changed(instance, plan, cost_model: str) -> list[Alternative]:
