@@ -43,7 +43,8 @@ def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: i
     still costs time, so it is left out then.  Full recomputation also comes with each block
     count of :func:`block_counts`.  On an engine whose stages may recompute differently
     (DeepSpeed, amp_opt), one candidate whose stages each choose full recomputation or none replaces
-    the two uniform ones: it holds both, and each stage's faster fitting mode.
+    the two uniform ones: it holds both, and each stage's faster fitting mode.  It has one chunk per
+    stage, so an interleaved candidate (amp_opt) keeps the two uniform modes.
     """
     space, engine = instance.search, engine_of(instance)
     replicas = dp * cp
@@ -60,14 +61,17 @@ def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: i
     modes = [(r, 0, False) for r in space.recompute if r != "selective" or scores]
     if "full" in space.recompute:
         modes += [("full", r, False) for r in block_counts(instance, pp)]
-    if (engine.per_stage_recompute and space.per_stage_recompute and model.enforces_memory
-            and set(PER_STAGE_MODES) <= set(space.recompute)
-            and instance.layer_facts["recomputing"] > 0):
-        modes = [("full", 0, True)] + [m for m in modes if m[:2] not in (("none", 0), ("full", 0))]
+    staged = (engine.per_stage_recompute and space.per_stage_recompute and model.enforces_memory
+              and set(PER_STAGE_MODES) <= set(space.recompute)
+              and instance.layer_facts["recomputing"] > 0)
+    if staged:
+        modes = [("full", 0, True)] + modes
     out = []
     for seq, zero, (mode, block, per_stage), v in itertools.product(sp, zeros, modes, space.virtual_stages):
         if per_stage and v > 1:
-            continue
+            continue  # a mode per stage needs one chunk per stage (engines.Engine.check)
+        if staged and v == 1 and not per_stage and (mode, block) in (("none", 0), ("full", 0)):
+            continue  # held by the per-stage candidate
         cand = Candidate(tp, dp, pp, micro_batch, cp, seq, mode, block, zero, v, per_stage)
         if model.prices(cand) and engine.rule(instance, cand) is None:
             out.extend([cand] if v == 1 else [replace(cand, chunks=c) for c in chunkings(instance, pp * v)])
