@@ -18,7 +18,7 @@ import math
 from dataclasses import replace
 
 from .costs import HETERO
-from .engines import PER_STAGE_MODES, engine_of, even_partition, megatron_split
+from .engines import engine_of, even_partition, megatron_split, stages_choose_recompute
 from .plan import Candidate
 
 
@@ -61,9 +61,7 @@ def settings(instance, model, tp: int, cp: int, dp: int, pp: int, micro_batch: i
     modes = [(r, 0, False) for r in space.recompute if r != "selective" or scores]
     if "full" in space.recompute:
         modes += [("full", r, False) for r in block_counts(instance, pp)]
-    staged = (engine.per_stage_recompute and space.per_stage_recompute and model.enforces_memory
-              and set(PER_STAGE_MODES) <= set(space.recompute)
-              and instance.layer_facts["recomputing"] > 0)
+    staged = stages_choose_recompute(instance) and model.enforces_memory and instance.layer_facts["recomputing"] > 0
     if staged:
         modes = [("full", 0, True)] + modes
     out = []

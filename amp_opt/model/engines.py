@@ -187,6 +187,14 @@ def engine_of(instance) -> Engine:
     return ENGINES[instance.search.engine]
 
 
+def stages_choose_recompute(instance) -> bool:
+    """Whether the searches let each stage choose full recomputation or none: the engine runs a
+    mode per stage, ``search.per_stage_recompute`` is on and ``search.recompute`` holds both."""
+    space = instance.search
+    return (engine_of(instance).per_stage_recompute and space.per_stage_recompute
+            and set(PER_STAGE_MODES) <= set(space.recompute))
+
+
 def even_partition(instance, parts: int, *, exact: bool = False) -> tuple[int, ...] | None:
     """Megatron's split: transformer layers as evenly as possible over ``parts`` ranges.
 

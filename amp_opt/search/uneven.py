@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import InfeasibleError, InputError, NoPlanFound
 from ..model.costs.hetero import HeteroModel
 from ..model.costs.stages import UnevenCosts
-from ..model.engines import PER_STAGE_MODES, engine_of
+from ..model.engines import PER_STAGE_MODES, engine_of, stages_choose_recompute
 from ..model.evaluate import Evaluation, evaluate
 from ..model.plan import RECOMPUTE, check_plan, parse_plan
 from ..model.ranges import INF, grid
@@ -51,9 +51,9 @@ def _settings(instance):
     that an uneven plan may take (ZeRO at most 2).  Where the engine lets stages recompute
     differently, the setting PER_STAGE (each stage "none" or "full", chosen by the DP) replaces
     the two uniform ones it holds."""
-    space, engine = instance.search, engine_of(instance)
+    space = instance.search
     modes = [m for m in RECOMPUTE if m in space.recompute]
-    if engine.per_stage_recompute and space.per_stage_recompute and set(PER_STAGE_MODES) <= set(modes):
+    if stages_choose_recompute(instance):
         modes = [PER_STAGE] + [m for m in modes if m not in PER_STAGE_MODES]
     for sp in space.sequence_parallel:
         for mode in modes:
@@ -163,7 +163,7 @@ def _setting_of(instance, plan):
     where that holds its mode (:func:`_settings`)."""
     mode = plan.recompute if isinstance(plan.recompute, str) else PER_STAGE
     layers = plan.recompute_layers if mode == "full" else None
-    if mode in PER_STAGE_MODES and not layers and any(m == PER_STAGE for _, m, _, _ in _settings(instance)):
+    if mode in PER_STAGE_MODES and not layers and stages_choose_recompute(instance):
         mode = PER_STAGE
     return plan.sequence_parallel, mode, layers, min(plan.zero_stage or 0, 2)
 
