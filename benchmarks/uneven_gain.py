@@ -14,7 +14,8 @@ folder, the model's ``hf_config`` path made absolute).  The gain is
 "amp_opt" run's best plan with the best uniform plan of that same run (``solver.uneven.uniform_objective``),
 which is what the plans whose stages differ add (the uniform searches of the two runs, both cut by
 the time limit, may end on different plans); the status and the ``within`` text of each say on
-which space each result is proven.  The two solves of an instance run one
+which space each result is proven, and the uneven bound is the "amp_opt" run's lower bound on
+that space (``solver.bound``; its gap, (plan - bound) / plan).  The two solves of an instance run one
 after the other.
 """
 
@@ -96,9 +97,9 @@ def main() -> None:
           "seconds per iteration; in-run gain = (the amp_opt run's own best uniform plan - its best plan) / the former "
           "(what the plans whose stages differ add, apart from the two uniform searches ending differently at the "
           "time limit).\n")
-    print("| instance | GPUs | types | uniform s | uneven s | gain | in-run gain | uniform result | uneven result | "
-          "solve s (uniform, uneven) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| instance | GPUs | types | uniform s | uneven s | gain | in-run gain | uneven bound s (gap) | uniform result | "
+          "uneven result | solve s (uniform, uneven) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     gains, in_runs = [], []
     for path in instances(args.only):
         gpus, types = shape(path)
@@ -112,8 +113,9 @@ def main() -> None:
         if in_run is not None:
             in_runs.append(in_run)
         fmt = lambda row: f"{row['time']:.6g}" if row["exit"] == 0 else "-"  # noqa: E731
+        bound = f"{une['bound']:.6g} ({100 * une['gap']:.1f}%)" if une["exit"] == 0 else "-"
         print(f"| {path.stem} | {gpus} | {types} | {fmt(uni)} | {fmt(une)} | "
-              f"{'-' if gain is None else f'{gain:.2f}%'} | {'-' if in_run is None else f'{in_run:.2f}%'} | "
+              f"{'-' if gain is None else f'{gain:.2f}%'} | {'-' if in_run is None else f'{in_run:.2f}%'} | {bound} | "
               f"{cell(uni)} | {cell(une)} | "
               f"{uni['seconds']:.1f}, {une['seconds']:.1f} |", flush=True)
     if gains and in_runs:

@@ -54,29 +54,73 @@ def best_of_configuration(inst, conf: Configuration, tables, cache):
     return min(times) if times else None
 
 
-def bound_violations(seeds, factor=1.0):
-    """(configurations compared, those whose bound times ``factor`` exceeds their optimum)."""
+def bound_violations(seeds, factor=1.0, *, step=False, key=False):
+    """(configurations compared, those whose bound (or, with ``key``, the walk's key) times
+    ``factor`` exceeds their optimum)."""
     compared, bad = 0, []
     for seed in seeds:
-        inst = small(seed, step=False)
+        inst = small(seed, step=step)
         tables, cache = Tables(inst), {}
         bounds = class_stages.Bounds(inst, tables, solve_options().model.schedule)
-        for M, order in every_r(inst):
+        listed = ([(k, M, o) for k, M, o in class_stages.ranked(inst, bounds) if o is not None] if key
+                  else [(None, M, o) for M, o in every_r(inst)])
+        for k, M, order in listed:
             best = best_of_configuration(inst, class_stages.configuration(inst, M, order), tables, cache)
             if best is None:
                 continue
             compared += 1
-            if factor * bounds(M, order) > best * (1 + REL):
-                bad.append((seed, M, order, factor * bounds(M, order), best))
+            value = factor * (k if key else bounds(M, order))
+            if value > best * (1 + REL):
+                bad.append((seed, M, order, value, best))
     return compared, bad
 
 
 SEEDS = [1, 2]
 
 
-def test_the_bound_holds_on_every_configuration_of_r():
-    compared, bad = bound_violations(SEEDS)
+@pytest.mark.parametrize("step", [False, True])
+def test_the_bound_holds_on_every_configuration_of_r(step):
+    compared, bad = bound_violations(SEEDS, step=step)
     assert compared > 30 and bad == []
+
+
+def test_the_walks_key_holds_on_every_configuration_it_lists():
+    compared, bad = bound_violations(SEEDS, step=True, key=True)
+    assert compared > 30 and bad == []
+
+
+def test_the_walks_key_twenty_percent_too_strong_is_caught():
+    """The key is within 20% of the optimum of some configuration of these instances (it takes the
+    deepest pipeline's least weight and one reference per M), so 20% more is caught."""
+    compared, bad = bound_violations(SEEDS, factor=1.20, step=True, key=True)
+    assert compared > 30 and bad
+
+
+def test_the_program_of_s7_is_the_linear_program_it_solves():
+    """``balanced`` at its breakpoints against the same program as a linear program (PuLP, CBC)."""
+    import random
+
+    import pulp
+
+    from amp_opt.search.mip.cbc import _cbc_command
+
+    rng = random.Random(7)
+    for case in range(40):
+        least, fill, work = rng.uniform(0, 8), rng.choice([1.0, 0.5]), rng.uniform(0.1, 5)
+        groups = [(rng.uniform(1, 4), rng.uniform(0.2, 3), rng.choice([0.0, rng.uniform(0, 0.5)]), rng.uniform(0, 1))
+                  for _ in range(rng.randint(1, 4))]
+        floor = rng.uniform(0, 2 * work)
+        lp = pulp.LpProblem(f"s7_{case}", pulp.LpMinimize)
+        E, z = lp.add_variable("E", lowBound=max(g[2] for g in groups)), lp.add_variable("z", lowBound=floor)
+        R = [lp.add_variable(f"R{i}", lowBound=0) for i in range(len(groups))]
+        lp += least * E + fill * z
+        lp += pulp.lpSum(R) == work
+        for r, (alpha, cap, sigma, fixed) in zip(R, groups):
+            lp += r <= cap * (E - sigma)
+        lp += z >= pulp.lpSum(alpha * r for r, (alpha, *_rest) in zip(R, groups)) + sum(g[3] for g in groups)
+        assert lp.solve(_cbc_command()) == 1
+        got = class_stages.balanced(least, fill, work, groups, floor)
+        assert got == pytest.approx(pulp.value(lp.objective), rel=1e-6, abs=1e-9)
 
 
 def test_the_bound_one_percent_too_strong_is_caught():
@@ -96,7 +140,6 @@ def test_the_walk_lists_every_non_uniform_configuration_of_r_once_in_key_order()
         assert keys == sorted(keys)
         plain = [(M, order) for M, order in every_r(inst) if len({(b.tp, b.dp) for b in order}) > 1]
         assert Counter((M, order) for _, M, order in walked) == Counter(plain) and len(set(plain)) == len(plain) > 5
-        assert all(k <= bounds(M, order) * (1 + REL) for k, M, order in walked)
 
 
 @pytest.mark.parametrize("seed, nodes, per_node", [(0, 3, 1), (15, 3, 1), (2, 2, 2)])

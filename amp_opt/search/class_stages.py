@@ -11,6 +11,7 @@ the configurations best bound first and stop at the incumbent.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 from dataclasses import dataclass
@@ -99,9 +100,10 @@ def _orders(blocks_used: tuple[Block, ...]):
 
 def ranked(instance, bounds: Bounds):
     """Every non-uniform configuration of R as (key, M, blocks in stage order), in non-decreasing
-    key, lazily; the key (S7, the capacity form) is at most the iteration seconds of every plan of
-    that configuration and of every one listed after it.  A combination of blocks that is no
-    configuration of R yields (key, M, None), so that the caller can stop (key, clock) between any two."""
+    key, lazily; the key (S7's program over every combination the heap entry leads to) is at most
+    the iteration seconds of every plan of that configuration and of every one listed after it.  A
+    combination of blocks that is no configuration of R yields (key, M, None), so that the caller
+    can stop (key, clock) between any two."""
     batch = instance.training.global_batch
     top = depth(instance)
     heap, per_m = [], {}
@@ -109,20 +111,20 @@ def ranked(instance, bounds: Bounds):
         options = blocks(instance, M)
         if not all(options):
             continue
-        ref = np.min([bounds.times(b)[0] for opts in options for b in opts if b is not None] or [np.zeros(1)], axis=0)
-        least = pipeline_weights(batch // M, top, 1, bounds.schedule).least
-        caps = [[0.0 if b is None else b.stages * bounds.speed(b, ref) for b in opts] for opts in options]
-        order = [sorted(range(len(o)), key=lambda i, c=c: (-c[i], i)) for o, c in zip(options, caps)]
-        per_m[M] = (options, caps, order, least, float(ref.sum()))
-        heapq.heappush(heap, (_key(per_m[M], (0,) * len(options)), M, (0,) * len(options), 0))
+        pipe = pipeline_weights(batch // M, top, 1, bounds.schedule)
+        per_m[M] = _Walk(options, _references(bounds, options), pipe.least, pipe.fill, top)
+        start = (0,) * len(options)
+        heapq.heappush(heap, (per_m[M].key(start, 0), M, start, 0))
     while heap:
         key, M, idx, last = heapq.heappop(heap)
-        options, caps, order, least, _ = per_m[M]
+        walk = per_m[M]
         for i in range(last, len(idx)):
-            if idx[i] + 1 < len(order[i]):
+            if idx[i] + 1 < len(walk.order[i]):
                 nxt = idx[:i] + (idx[i] + 1,) + idx[i + 1:]
-                heapq.heappush(heap, (_key(per_m[M], nxt), M, nxt, i))
-        used = tuple(b for b in (options[c][order[c][j]] for c, j in enumerate(idx)) if b is not None)
+                nxt_key = walk.key(nxt, i)
+                if nxt_key < INF:  # INF: every combination it leads to has too many stages
+                    heapq.heappush(heap, (nxt_key, M, nxt, i))
+        used = tuple(b for b in (walk.options[c][walk.order[c][j]] for c, j in enumerate(idx)) if b is not None)
         if not used or sum(b.stages for b in used) > top or len({(b.tp, b.dp) for b in used}) == 1:
             yield key, M, None  # no stage, too many, or a uniform plan: none, but the caller may stop here
             continue
@@ -130,11 +132,99 @@ def ranked(instance, bounds: Bounds):
             yield key, M, blocks_in_order
 
 
-def _key(entry, idx) -> float:
-    """least * W_ref / (total capacity) + W_ref: S7 with a reference shared by every block of M."""
-    _, caps, order, least, w_ref = entry
-    speed = sum(caps[c][order[c][j]] for c, j in enumerate(idx))
-    return INF if speed <= 0 else least * w_ref / speed + w_ref
+def _references(bounds: Bounds, options) -> list[tuple[list, float]]:
+    """S7's references for one M's walk, each as (per class, per option its group or None; W_r):
+    the least seconds per layer over every block option (every alpha at least 1), and over each
+    class's own options; a reference under which some block has alpha 0 is left out."""
+    real = [[b for b in opts if b is not None] for opts in options]
+    refs = [np.min([bounds.times(b)[0] for b in sum(real, [])], axis=0)]
+    refs += [np.min([bounds.times(b)[0] for b in own], axis=0) for own in real if own]
+    out = []
+    for ref in refs:
+        seen: dict = {}  # a block's group depends on its stages only through k: one alpha per (class, tp, share)
+        groups = []
+        for opts in options:
+            row = []
+            for b in opts:
+                if b is None:
+                    row.append(None)
+                    continue
+                if (b.cls, b.tp, b.share) not in seen:
+                    seen[b.cls, b.tp, b.share] = bounds.group(dataclasses.replace(b, stages=1), ref)
+                alpha, cap, sigma, fixed = seen[b.cls, b.tp, b.share]
+                row.append((alpha, b.stages * cap, sigma, b.stages * fixed))
+            groups.append(row)
+        if all(g is None or g[0] > 0 for row in groups for g in row):
+            out.append((groups, float(ref.sum())))
+    return out
+
+
+class _Walk:
+    """One M's share of the walk: per class its options (None or a block) in the order the heap
+    takes them (capacity k / alpha under the first reference first) and, per reference of S7
+    (:func:`_references`), per class, per position, per stage budget K, the largest capacity and
+    least alpha and fixed seconds of the class's options from there on with at most K stages
+    (``tails``), and their fewest stages (``fewest``)."""
+
+    def __init__(self, options, references, least: float, fill: float, top: int):
+        self.options, self.least, self.fill, self.top = options, least, fill, top
+        first = references[0][0]
+        self.order = [sorted(range(len(o)), key=lambda i, g=g: (-(0.0 if g[i] is None else g[i][1]), i))
+                      for o, g in zip(options, first)]
+        self.fewest = []
+        for c, order in enumerate(self.order):
+            fewest, least_k = [0] * len(order), INF
+            for pos in range(len(order) - 1, -1, -1):
+                b = options[c][order[pos]]
+                least_k = min(least_k, 0 if b is None else b.stages)
+                fewest[pos] = least_k
+            self.fewest.append(fewest)
+        self.references = [(groups, work, self._tails(groups)) for groups, work in references]
+
+    def _tails(self, groups) -> list[np.ndarray]:
+        """Per class an array [position, K, (capacity, alpha, fixed)] over its options from each
+        position on with at most K stages (0, INF, INF where none)."""
+        tails = []
+        for c, order in enumerate(self.order):
+            tail = np.empty((len(order), self.top + 1, 3))
+            row = np.array([(0.0, INF, INF)] * (self.top + 1))
+            for pos in range(len(order) - 1, -1, -1):
+                b, g = self.options[c][order[pos]], groups[c][order[pos]]
+                k = 0 if b is None else b.stages
+                cap, alpha, fixed = (0.0, INF, 0.0) if g is None else (g[1], g[0], g[3])
+                if k <= self.top:
+                    row[k:, 0] = np.maximum(row[k:, 0], cap)
+                    row[k:, 1] = np.minimum(row[k:, 1], alpha)
+                    row[k:, 2] = np.minimum(row[k:, 2], fixed)
+                tail[pos] = row
+            tails.append(tail)
+        return tails
+
+    def key(self, idx, last: int) -> float:
+        """The largest over the references of S7's program relaxed over every combination this
+        heap entry leads to: a class before ``last`` keeps its option's group; a later one may
+        still take any option from its position on that fits the stages the others leave it, so it
+        gets the largest capacity, least alpha and least fixed seconds of those, and no step
+        seconds in its capacity.  INF where no combination it leads to has few enough stages."""
+        kept = [self.order[c][idx[c]] for c in range(last)]
+        left = self.top - sum(0 if self.options[c][i] is None else self.options[c][i].stages for c, i in enumerate(kept))
+        left -= sum(self.fewest[c][idx[c]] for c in range(last, len(idx)))
+        if left < 0:
+            return INF
+        best = 0.0
+        for n, (groups, work, tails) in enumerate(self.references):
+            relaxed = [groups[c][i] for c, i in enumerate(kept) if groups[c][i] is not None]
+            for c in range(last, len(idx)):
+                cap, alpha, fixed = tails[c][idx[c], min(self.top, left + self.fewest[c][idx[c]])].tolist()
+                if fixed == INF:
+                    return INF  # no option left to this class fits
+                if cap > 0:
+                    relaxed.append((alpha, cap, 0.0, fixed))
+            if not relaxed:
+                return INF
+            floor = work if n == 0 else 0.0  # F >= W_r for the least over every block option only
+            best = max(best, balanced(self.least, self.fill, work, relaxed, floor))
+        return best
 
 
 class Bounds:
@@ -144,6 +234,7 @@ class Bounds:
         self.instance, self.tables, self.schedule = instance, tables, schedule
         self.classes = node_classes(instance)
         self._times: dict = {}
+        self._last: tuple = (None, 0.0)
 
     def times(self, b: Block) -> tuple[np.ndarray, float]:
         """Per layer, the seconds of one micro-batch at the block's (type, link, tp, share) without
@@ -156,35 +247,78 @@ class Bounds:
             self._times[key] = (t, float(self.instance.device_types[c.device_type].step_overhead or 0.0))
         return self._times[key]
 
-    def speed(self, b: Block, ref: np.ndarray) -> float:
-        """1 / alpha: the least ratio of the block's layer seconds to the reference's, inverted
-        (unbounded where some layer costs nothing on the block but something on the reference)."""
-        t = self.times(b)[0]
+    def group(self, b: Block, ref: np.ndarray) -> tuple[float, float, float, float]:
+        """The block's stages in S7's program against reference ``ref``: (alpha, the reference
+        seconds per second of E its stages hold, k / alpha, the step seconds sigma, k sigma);
+        alpha is the least ratio of the block's layer seconds to the reference's (1 where the
+        reference is zero; positive where ``ref`` is at most every block's seconds)."""
+        t, sigma = self.times(b)
         pos = ref > 0
-        if not pos.any():
-            return INF
-        alpha = float((t[pos] / ref[pos]).min())
-        return INF if alpha <= 0 else 1.0 / alpha
+        alpha = float((t[pos] / ref[pos]).min()) if pos.any() else 1.0
+        return alpha, (b.stages / alpha if alpha > 0 else INF), sigma, b.stages * sigma
 
     def __call__(self, M: int, order: tuple[Block, ...]) -> float:
-        """least * W_ref / sum_s 1/alpha_s + fill * (sum_l min_s t_s(l) + sum_s step_s), the largest
-        over the blocks taken as reference (``formulations/uneven-search.md``, S7)."""
+        """The largest over the blocks taken as reference of S7's program: the least over the
+        slowest stage's seconds E of least * E + fill * (the least sum of the stages' seconds with
+        none above E) (``formulations/uneven-search.md``, S7).  It does not depend on the order
+        of the blocks, which the walk yields one after another: the last combination is kept."""
+        combination = (M, frozenset(order))
+        if self._last[0] != combination:
+            self._last = (combination, self._program(M, order))
+        return self._last[1]
+
+    def _program(self, M: int, order: tuple[Block, ...]) -> float:
         p = sum(b.stages for b in order)
         pipe = pipeline_weights(self.instance.training.global_batch // M, p, 1, self.schedule)
         rows = [self.times(b) for b in order]
         t = np.stack([r[0] for r in rows])
-        fastest = t.min(axis=0).sum() + sum(b.stages * r[1] for b, r in zip(order, rows))
-        best_x = 0.0
+        floor = float(t.min(axis=0).sum()) + sum(b.stages * r[1] for b, r in zip(order, rows))
+        best = pipe.fill * floor
         for ref in t:
-            pos = ref > 0
-            if not pos.any():
+            if not (ref > 0).any():
                 continue
-            alpha = (t[:, pos] / ref[pos]).min(axis=1)
-            if (alpha <= 0).any():
-                continue
-            speed = sum(b.stages / a for b, a in zip(order, alpha))
-            best_x = max(best_x, float(ref.sum()) / speed)
-        return pipe.least * best_x + pipe.fill * float(fastest)
+            groups = [self.group(b, ref) for b in order]
+            if all(g[0] > 0 for g in groups):
+                best = max(best, balanced(pipe.least, pipe.fill, float(ref.sum()), groups, floor))
+        return best
+
+
+def balanced(least: float, fill: float, work: float, groups, floor: float) -> float:
+    """S7's program: min over E >= every sigma of least * E + fill * max(g(E), floor), where g(E) is
+    the fixed seconds plus the least sum of alpha * R over shares R of ``work``, each group holding
+    at most capacity * (E - sigma) (``groups``: (alpha, capacity, sigma, fixed) each).  g is
+    convex, piecewise linear and non-increasing in E, so the least is at a breakpoint of g or where
+    g meets the floor.
+
+    Examples
+    --------
+    One stage holding 3 s of work, 4 micro-batches (least 3, fill 1): 3 * 3 + 3.
+
+    >>> balanced(3.0, 1.0, 3.0, [(1.0, 1.0, 0.0, 0.0)], 0.0)
+    12.0
+    """
+    groups = sorted(groups)
+    fixed = sum(g[3] for g in groups)
+
+    def g(E: float) -> float:
+        left, cost = work, fixed
+        for alpha, cap, sigma, _ in groups:
+            take = min(left, cap * (E - sigma))
+            cost, left = cost + alpha * take, left - take
+        return cost
+
+    breaks, held, offset = [], 0.0, 0.0  # E_j: the first j groups hold the work exactly
+    for _, cap, sigma, _ in groups:
+        held, offset = held + cap, offset + cap * sigma
+        breaks.append((work + offset) / held if held > 0 else INF)
+    low = max(min(breaks), max(g[2] for g in groups))
+    points = sorted({low, *(e for e in breaks if low < e < INF)})
+    values = [g(e) for e in points]
+    for (a, ga), (b, gb) in zip(zip(points, values), zip(points[1:], values[1:])):
+        if ga >= floor >= gb and ga > gb:  # g meets the floor on this piece, where it is linear
+            points.append(a + (b - a) * (ga - floor) / (ga - gb))
+            values.append(floor)
+    return min(least * e + fill * max(v, floor) for e, v in zip(points, values))
 
 
 def neighbours(instance, plan) -> list[tuple[int, tuple[Block, ...]]]:

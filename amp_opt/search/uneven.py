@@ -120,7 +120,11 @@ def _best_of(instance, options, tables, cache: dict, conf: Configuration, settin
         if options.budget is not None and rate > options.budget * (1 + 1e-12):
             return None
         scale = rate / 3600.0 if options.objective == "cost" else 1.0
-    views = [UnevenCosts(options.model, tables, plan, cache=cache) for plan in plans]
+    views = []
+    for plan in plans:  # pricing a large cluster's configuration takes seconds: the clock is asked between modes
+        if stop is not None and stop():
+            return None
+        views.append(UnevenCosts(options.model, tables, plan, cache=cache))
     found = optimal_path(_graph(views, L), cutoff=kth / scale, stop=stop)
     if found is None or found[0] * scale >= kth:
         return None

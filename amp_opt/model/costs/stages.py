@@ -69,6 +69,9 @@ class UnevenCosts:
         # ``cache``: views shared between the plans of one search (a view depends only on its key)
         views: dict = {} if cache is None else cache
         self.replicas = tuple(tuple(self._replica(views, s, r) for r in range(plan.dp_at(s))) for s in range(plan.pp))
+        # a stage's distinct replica views: the maxima below read each once (a class stage of a large
+        # cluster has hundreds of replicas and one view)
+        self.distinct = tuple(tuple({id(r.view): r.view for r in stage}.values()) for stage in self.replicas)
         self.stage_views = tuple(self._stage_view(views, s) for s in range(plan.pp))
         node_of = inst.device_node
         self.placement = tuple(
@@ -119,14 +122,14 @@ class UnevenCosts:
 
     def compute(self, s: int, k, l):
         """U1: the slowest replica of stage s."""
-        return np.max(np.array(self.replica_compute(s, k, l)), axis=0)
+        return np.max(np.array([v.compute(s, k, l) for v in self.distinct[s]]), axis=0)
 
     def p2p(self, s: int, l):
         """U2: seconds to reshard one pipeline micro-batch from stage s (ending before layer l) to s+1."""
         if s == self.pp - 1:
             return 0.0 * np.asarray(l)
         at = np.asarray(l) - 1
-        sent = [r.view.p2p_volume()[at] for stage in (s, s + 1) for r in self.replicas[stage]]
+        sent = [v.p2p_volume()[at] for stage in (s, s + 1) for v in self.distinct[stage]]
         view = self.stage_views[s]
         return np.max(np.array(sent), axis=0) * view.p2p_factor(s) + view.p2p_latency(s)  # (one message's latency, H19)
 
@@ -139,8 +142,8 @@ class UnevenCosts:
         return self.stage_views[s].optimizer_step(s, k, l)
 
     def replica_memory(self, s: int, k, l) -> list[tuple[float, float]]:
-        """U4: per replica of stage s, (bytes per device, its devices' capacity)."""
-        return [(r.view.memory(s, k, l), r.view.capacity[s]) for r in self.replicas[s]]
+        """U4: per distinct replica view of stage s, (bytes per device, its devices' capacity)."""
+        return [(v.memory(s, k, l), v.capacity[s]) for v in self.distinct[s]]
 
     def tightest(self, s: int, k: int, l: int) -> tuple[float, float]:
         """(bytes, capacity) of stage s's replica with the least room: what the stage report shows."""
