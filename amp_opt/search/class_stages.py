@@ -98,12 +98,15 @@ def _orders(blocks_used: tuple[Block, ...]):
     return itertools.permutations(blocks_used)
 
 
-def ranked(instance, bounds: Bounds):
+def ranked(instance, bounds: Bounds, *, limit=None):
     """Every non-uniform configuration of R as (key, M, blocks in stage order), in non-decreasing
     key, lazily; the key (S7's program over every combination the heap entry leads to) is at most
     the iteration seconds of every plan of that configuration and of every one listed after it.  A
     combination of blocks that is no configuration of R yields (key, M, None), so that the caller
-    can stop (key, clock) between any two."""
+    can stop (key, clock) between any two.  ``limit()``: the caller's incumbent, which only falls;
+    entries whose key is at or above it are not kept (the caller stops there anyway), which keeps
+    the heap small."""
+    limit = (lambda: INF) if limit is None else limit
     batch = instance.training.global_batch
     top = depth(instance)
     heap, per_m = [], {}
@@ -122,7 +125,7 @@ def ranked(instance, bounds: Bounds):
             if idx[i] + 1 < len(walk.order[i]):
                 nxt = idx[:i] + (idx[i] + 1,) + idx[i + 1:]
                 nxt_key = walk.key(nxt, i)
-                if nxt_key < INF:  # INF: every combination it leads to has too many stages
+                if nxt_key < min(INF, limit()):  # INF: every combination it leads to has too many stages
                     heapq.heappush(heap, (nxt_key, M, nxt, i))
         used = tuple(b for b in (walk.options[c][walk.order[c][j]] for c, j in enumerate(idx)) if b is not None)
         if not used or sum(b.stages for b in used) > top or len({(b.tp, b.dp) for b in used}) == 1:

@@ -64,18 +64,24 @@ def _settings(instance):
                         yield sp, "full", layers, zero
 
 
-def _graph(views: list[UnevenCosts], L: int):
+def _graph(views: list[UnevenCosts], L: int, stop=None):
     """The stage graph of one configuration and setting, ``views`` its costs in each recomputation
     mode a stage may take (one, or PER_STAGE_MODES): per stage one transition per mode, with one kind
     per distinct (compute, allreduce) table of a mode (stages of one block share one: memory stays
     O(kinds * p * L^2)), the boundary before each stage priced per position (U2), memory as the
-    tightest replica's ratio (U4)."""
+    tightest replica's ratio (U4).  None when ``stop()`` turns true (asked per stage: pricing every
+    range of a large cluster's stage takes a while)."""
     g, p = grid(L), views[0].pp
+    stopped = (lambda: False) if stop is None else stop
     compute, allreduce, kinds = [], [], []
     for costs in views:
-        c, a, kind_of = shared_kinds((np.where(g.nonempty, costs.compute(s, g.start, g.stop), INF),
-                                      np.where(g.nonempty, costs.allreduce(s, g.start, g.stop), INF))
-                                     for s in range(p))
+        tables = []
+        for s in range(p):
+            if stopped():
+                return None
+            tables.append((np.where(g.nonempty, costs.compute(s, g.start, g.stop), INF),
+                           np.where(g.nonempty, costs.allreduce(s, g.start, g.stop), INF)))
+        c, a, kind_of = shared_kinds(tables)
         kinds.append([k + len(compute) for k in kind_of])
         compute += c
         allreduce += a
@@ -125,7 +131,10 @@ def _best_of(instance, options, tables, cache: dict, conf: Configuration, settin
         if stop is not None and stop():
             return None
         views.append(UnevenCosts(options.model, tables, plan, cache=cache))
-    found = optimal_path(_graph(views, L), cutoff=kth / scale, stop=stop)
+    graph = _graph(views, L, stop)
+    if graph is None:
+        return None
+    found = optimal_path(graph, cutoff=kth / scale, stop=stop)
     if found is None or found[0] * scale >= kth:
         return None
     chosen = tuple(modes[t] for t in found[1].transitions)
@@ -182,6 +191,8 @@ def _visit(instance, options, tables, cache, conf, settings, found, cutoff, cloc
         ev = _best_of(instance, options, tables, cache, conf, setting, kth, stop=clock.out_of_time)
         if ev is not None:
             found = sorted(found + [ev], key=lambda e: _value(e, obj))[:options.top_k]
+    for key in [k for k in cache if k[1] == "stage"]:  # a stage's view reads its nodes and the next
+        del cache[key]  # stage's, which other configurations rarely share: kept, they fill the memory
     return found
 
 
@@ -201,8 +212,11 @@ def search_class_stages(instance, options, tables, *, cutoff: float, clock, near
                 break
             conf = class_stages.configuration(instance, M, order)
             found = _visit(instance, options, tables, cache, conf, [_setting_of(instance, near)], found, cutoff, warm)
-    for key, M, order in class_stages.ranked(instance, bounds):
-        kth = _value(found[-1], obj) if len(found) >= options.top_k else cutoff
+    def incumbent() -> float:
+        return _value(found[-1], obj) if len(found) >= options.top_k else cutoff
+
+    for key, M, order in class_stages.ranked(instance, bounds, limit=incumbent if obj == "time" else None):
+        kth = incumbent()
         if order is None:  # no configuration: only the stops apply
             if obj == "time" and key >= kth:
                 return found, True, INF
