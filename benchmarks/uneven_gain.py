@@ -6,7 +6,7 @@ Usage (from the project root):
     python benchmarks/uneven_gain.py --time-limit 10 --only amp_het_cluster   # a quick run
 
 For each instance (instances/suite/gen/*.json with 2-4 GPU types, instances/amp_het_cluster.json,
-docs/hetero/*.json) it writes two copies, ``search.engine`` "megatron" (uniform plans only) and
+docs/hetero/*.json, and the mixed 16,384-GPU cluster instances/llama3_405b_mixed_16k.json) it writes two copies, ``search.engine`` "megatron" (uniform plans only) and
 "amp_opt" (uniform plans and those whose stages and replicas differ), and runs on each, as a
 child process, ``python -m amp_opt solve FILE --time-limit T --json`` (the copies in a temporary
 folder, the model's ``hf_config`` path made absolute).  The gain is
@@ -40,7 +40,7 @@ def instances(only: str | None) -> list[Path]:
     gen = [p for p in sorted((ROOT / "instances/suite/gen").glob("*.json"))
            if 2 <= len(json.loads(p.read_text())["device_types"]) <= 4]
     docs = [p for p in sorted((ROOT / "docs/hetero").glob("*.json")) if "nodes" in json.loads(p.read_text())]
-    paths = gen + [ROOT / "instances/amp_het_cluster.json"] + docs
+    paths = gen + [ROOT / "instances/amp_het_cluster.json"] + docs + [ROOT / "instances/llama3_405b_mixed_16k.json"]
     if only:
         paths = [p for p in paths if any(word in p.stem for word in only.split(","))]
     return paths
