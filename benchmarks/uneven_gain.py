@@ -70,7 +70,7 @@ def shape(path: Path) -> tuple[int, int]:
     """GPUs and GPU types of an instance file."""
     doc = json.loads(path.read_text())
     gpus = sum(n.get("count", 1) * n["devices"] for n in doc["nodes"])
-    return gpus, len(doc["device_types"])
+    return gpus, len({n["device_type"] for n in doc["nodes"]})  # device types may come from the catalog
 
 
 def cell(row: dict) -> str:
