@@ -91,7 +91,7 @@ def test_the_walks_key_holds_on_every_configuration_it_lists():
 
 def test_the_walks_key_twenty_percent_too_strong_is_caught():
     """The key is within 20% of the optimum of some configuration of these instances (it takes the
-    deepest pipeline's least weight and one reference per M), so 20% more is caught."""
+    deepest pipeline's least weight and a few references per M), so 20% more is caught."""
     compared, bad = bound_violations(SEEDS, factor=1.20, step=True, key=True)
     assert compared > 30 and bad
 
