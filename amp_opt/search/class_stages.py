@@ -5,13 +5,12 @@ to the *class-stage* space R (``formulations/uneven-search.md``, S6): every stag
 nodes of one node class, the stages of one class form one block with one tp and dp (its own per
 class) and even shares M / dp, each block takes its class's tensor-parallel groups in node order,
 and the blocks follow each other in any order.  Per configuration a lower bound (S7:
-:func:`bound`) on every plan of it, whatever its partition and setting, lets the search visit
+:class:`Bounds`) on every plan of it, whatever its partition and setting, lets the search visit
 the configurations best bound first and stop at the incumbent.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 from dataclasses import dataclass
@@ -125,7 +124,7 @@ def ranked(instance, bounds: Bounds, *, limit=None):
             if idx[i] + 1 < len(walk.order[i]):
                 nxt = idx[:i] + (idx[i] + 1,) + idx[i + 1:]
                 nxt_key = walk.key(nxt, i)
-                if nxt_key < min(INF, limit()):  # INF: every combination it leads to has too many stages
+                if nxt_key < limit():  # INF: every combination it leads to has too many stages
                     heapq.heappush(heap, (nxt_key, M, nxt, i))
         used = tuple(b for b in (walk.options[c][walk.order[c][j]] for c, j in enumerate(idx)) if b is not None)
         if not used or sum(b.stages for b in used) > top or len({(b.tp, b.dp) for b in used}) == 1:
@@ -144,18 +143,14 @@ def _references(bounds: Bounds, options) -> list[tuple[list, float]]:
     refs += [np.min([bounds.times(b)[0] for b in own], axis=0) for own in real if own]
     out = []
     for ref in refs:
-        seen: dict = {}  # a block's group depends on its stages only through k: one alpha per (class, tp, share)
+        alphas: dict = {}  # alpha does not depend on a block's stages: one per (class, tp, share)
         groups = []
         for opts in options:
             row = []
             for b in opts:
-                if b is None:
-                    row.append(None)
-                    continue
-                if (b.cls, b.tp, b.share) not in seen:
-                    seen[b.cls, b.tp, b.share] = bounds.group(dataclasses.replace(b, stages=1), ref)
-                alpha, cap, sigma, fixed = seen[b.cls, b.tp, b.share]
-                row.append((alpha, b.stages * cap, sigma, b.stages * fixed))
+                if b is not None and (b.cls, b.tp, b.share) not in alphas:
+                    alphas[b.cls, b.tp, b.share] = bounds.alpha(b, ref)
+                row.append(None if b is None else bounds.group(b, ref, alpha=alphas[b.cls, b.tp, b.share]))
             groups.append(row)
         if all(g is None or g[0] > 0 for row in groups for g in row):
             out.append((groups, float(ref.sum())))
@@ -250,14 +245,19 @@ class Bounds:
             self._times[key] = (t, float(self.instance.device_types[c.device_type].step_overhead or 0.0))
         return self._times[key]
 
-    def group(self, b: Block, ref: np.ndarray) -> tuple[float, float, float, float]:
-        """The block's stages in S7's program against reference ``ref``: (alpha, the reference
-        seconds per second of E its stages hold, k / alpha, the step seconds sigma, k sigma);
-        alpha is the least ratio of the block's layer seconds to the reference's (1 where the
-        reference is zero; positive where ``ref`` is at most every block's seconds)."""
-        t, sigma = self.times(b)
+    def alpha(self, b: Block, ref: np.ndarray) -> float:
+        """The least ratio of the block's layer seconds to the reference's (1 where the reference
+        is zero; positive where ``ref`` is at most every block's seconds)."""
+        t = self.times(b)[0]
         pos = ref > 0
-        alpha = float((t[pos] / ref[pos]).min()) if pos.any() else 1.0
+        return float((t[pos] / ref[pos]).min()) if pos.any() else 1.0
+
+    def group(self, b: Block, ref: np.ndarray, *, alpha: float | None = None) -> tuple[float, float, float, float]:
+        """The block's k stages in S7's program against reference ``ref``: (alpha, the capacity
+        k / alpha (reference seconds held per second of E), the step seconds sigma, the fixed
+        seconds k sigma); ``alpha`` when the caller has it (it does not depend on k)."""
+        alpha = self.alpha(b, ref) if alpha is None else alpha
+        sigma = self.times(b)[1]
         return alpha, (b.stages / alpha if alpha > 0 else INF), sigma, b.stages * sigma
 
     def __call__(self, M: int, order: tuple[Block, ...]) -> float:

@@ -191,8 +191,7 @@ def _visit(instance, options, tables, cache, conf, settings, found, cutoff, cloc
         ev = _best_of(instance, options, tables, cache, conf, setting, kth, stop=clock.out_of_time)
         if ev is not None:
             found = sorted(found + [ev], key=lambda e: _value(e, obj))[:options.top_k]
-    for key in [k for k in cache if k[1] == "stage"]:  # a stage's view reads its nodes and the next
-        del cache[key]  # stage's, which other configurations rarely share: kept, they fill the memory
+    UnevenCosts.forget_stage_views(cache)
     return found
 
 

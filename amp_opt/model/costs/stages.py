@@ -116,6 +116,14 @@ class UnevenCosts:
             views[key] = self.model.stage_costs(self.tables, cand, stages)
         return views[key]
 
+    @staticmethod
+    def forget_stage_views(cache: dict) -> None:
+        """Drop the stage views from a search's ``cache``: a stage's view reads its own nodes and
+        the next stage's, which other configurations rarely share (kept, they fill the memory);
+        the replica views, shared widely, stay."""
+        for key in [k for k in cache if k[1] == "stage"]:
+            del cache[key]
+
     def replica_compute(self, s: int, k, l) -> list:
         """Each replica's seconds per micro-batch through layers [k, l) of stage s at its share."""
         return [r.view.compute(s, k, l) for r in self.replicas[s]]
