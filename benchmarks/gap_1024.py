@@ -3,6 +3,10 @@
 Usage (from the project root, after `pip install .`):
 
     python benchmarks/gap_1024.py --seeds 0-9 --solvers cpsat,cbc > benchmarks/results/gap_1024.md
+    python benchmarks/gap_1024.py --seeds 0-19 --engine amp_opt > benchmarks/results/gap_1024_uneven.md
+
+``--engine amp_opt`` sets the generated instance's ``search.engine``, which opens the plans whose
+stages and replicas differ (``formulations/uneven-search.md``).
 
 For each seed it runs, as a child process,
 
@@ -26,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from amp_opt.bench.writers import machine_info  # noqa: E402
+from amp_opt.bench.writers import commit, machine_info  # noqa: E402
 from amp_opt.bench.rows import plan_label  # noqa: E402
 from amp_opt.bench.runner import run_measured  # noqa: E402
 
@@ -41,10 +45,14 @@ def seeds(text: str) -> list[int]:
     return out
 
 
-def run(seed: int, solver: str, time_limit: float, folder: Path) -> dict:
+def run(seed: int, solver: str, time_limit: float, folder: Path, engine: str | None = None) -> dict:
     path = folder / f"g1024-s{seed}.json"
     subprocess.run([sys.executable, "-m", "amp_opt", "generate", "--seed", str(seed), *SHAPE, "-o", str(path)],
                    check=True, capture_output=True, cwd=ROOT)
+    if engine is not None:
+        doc = json.loads(path.read_text())
+        doc.setdefault("search", {})["engine"] = engine
+        path.write_text(json.dumps(doc))
     done = run_measured([sys.executable, "-m", "amp_opt", "solve", str(path), "--solver", solver,
                          "--time-limit", str(time_limit), "--json"], cwd=ROOT)
     row = {"seed": seed, "solver": solver, "exit": done.code, "process_s": done.wall, "peak_mib": done.peak_mib}
@@ -63,13 +71,16 @@ def main() -> None:
     parser.add_argument("--seeds", default="0-9")
     parser.add_argument("--solvers", default="cpsat")
     parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--engine", default=None, help="the instances' search.engine (amp_opt: the uneven plans too)")
     args = parser.parse_args()
     machine = machine_info()
     print("# 1024 GPUs, 96 layers, 4 GPU types: gap after 60 s\n")
     print(f"Command: `python benchmarks/gap_1024.py --seeds {args.seeds} --solvers {args.solvers}"
-          f"{'' if args.time_limit == 60 else f' --time-limit {args.time_limit:g}'}`\n")
+          f"{'' if args.time_limit == 60 else f' --time-limit {args.time_limit:g}'}"
+          f"{'' if args.engine is None else f' --engine {args.engine}'}` (commit {commit(ROOT)})\n")
     print("Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()) + "\n")
-    print("Instance per seed: `python -m amp_opt generate --seed S " + " ".join(SHAPE) + "`; "
+    engine = "" if args.engine is None else f', with `"search": {{"engine": "{args.engine}"}}`'
+    print("Instance per seed: `python -m amp_opt generate --seed S " + " ".join(SHAPE) + f"`{engine}; "
           f"solve: `python -m amp_opt solve FILE --solver SOLVER --time-limit {args.time_limit:g}`.\n")
     print("| seed | solver | status | solve s | objective s | bound s | gap | peak MiB | plan |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -77,7 +88,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for seed in seeds(args.seeds):
             for solver in args.solvers.split(","):
-                row = run(seed, solver, args.time_limit, Path(folder))
+                row = run(seed, solver, args.time_limit, Path(folder), args.engine)
                 rows.append(row)
                 if row["exit"] == 0:
                     print(f"| {seed} | {solver} | {row['status']} | {row['wall_time']:.1f} | {row['objective']:.6f} | "

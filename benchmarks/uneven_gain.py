@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from amp_opt.bench.runner import run_measured  # noqa: E402
-from amp_opt.bench.writers import machine_info  # noqa: E402
+from amp_opt.bench.writers import commit as git_commit, machine_info  # noqa: E402
 
 
 def instances(only: str | None) -> list[Path]:
@@ -88,7 +87,7 @@ def main() -> None:
     args = parser.parse_args()
     command = "python benchmarks/uneven_gain.py" + ("" if args.time_limit == 60 else f" --time-limit {args.time_limit:g}") \
         + (f" --only {args.only}" if args.only else "")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = git_commit(ROOT)
     print("# Plans whose stages and replicas differ: in-model gain over uniform plans\n")
     print(f"Command: `{command}` (commit {commit})\n")
     print("Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()) + "\n")

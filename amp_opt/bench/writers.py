@@ -21,6 +21,14 @@ PROGRAM_COLUMNS = ("instance", "solver", "repeat", "candidate", "status", "objec
                    "constraints")
 
 
+def commit(root: Path) -> str:
+    """The short hash of the checkout at ``root`` that a benchmark ran (empty outside git)."""
+    import subprocess
+
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
 def machine_info() -> dict[str, str]:
     """Cores, CPU model (from /proc/cpuinfo), Python and platform: what a timing depends on."""
     cpu = platform.processor() or "unknown"

@@ -200,7 +200,7 @@ def search_class_stages(instance, options, tables, *, cutoff: float, clock, near
     (plans, whether R was searched whole, the least bound over R's configurations not searched).
     ``near``: a uniform plan whose neighbours in R (:func:`.class_stages.neighbours`) are tried
     first, in its own setting, for an early incumbent."""
-    bounds = class_stages.Bounds(instance, tables, options.model.schedule)
+    bounds = class_stages.Bounds(instance, tables, options.model)
     found: list[Evaluation] = []
     cache: dict = {}
     obj = options.objective
@@ -235,7 +235,7 @@ def search_class_stages(instance, options, tables, *, cutoff: float, clock, near
             return found, True, INF  # every configuration left is bounded at or above the incumbent
         if clock.out_of_time():
             return found, False, key if obj == "time" else 0.0
-        if bounds(M, order) * scale >= kth:
+        if not bounds.below(M, order, kth / scale):
             continue
         found = _visit(instance, options, tables, cache, conf, list(_settings(instance)), found, cutoff, clock)
         if clock.out_of_time():

@@ -566,3 +566,9 @@ class StageCosts:
     def optimizer_factor(self, s: int) -> float:
         """Seconds per parameter of stage s's optimizer step (H15); 0 under a model without it."""
         return self._optimizer_factor[s]
+
+    def least_end_factor(self, s: int) -> float:
+        """Seconds per parameter stage s's end of iteration (:meth:`allreduce`) takes at least,
+        whatever its layers: reduction and optimizer step, or only the step where the backward pass
+        may hide the reduction (H18); the ring steps' latency left out (a bound reads it)."""
+        return self.optimizer_factor(s) if self.overlap_share else self.allreduce_factor(s)
