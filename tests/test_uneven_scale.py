@@ -20,10 +20,13 @@ from amp_opt.search.uneven_space import Configuration
 REL = 1e-9
 
 
-def small(seed, *, nodes=2, per_node=2, layers=4, batch=8, idle=True, step=True):
-    """Two GPU types; without ``step`` no optimizer-step term (H15) and no fixed step seconds."""
+def small(seed, *, nodes=2, per_node=2, layers=4, batch=8, idle=True, step=True, overlap=False):
+    """Two GPU types; without ``step`` no optimizer-step term (H15) and no fixed step seconds;
+    with ``overlap`` the reduction overlaps the backward pass (H18)."""
     doc = generate_instance(seed, nodes=nodes, devices_per_node=per_node, device_types=2, layers=layers,
                             global_batch=batch)
+    if overlap:
+        doc["training"]["overlap_grad_reduce"] = True
     doc["search"].update({"engine": "amp_opt", "micro_batches": [1, 2, 4], "recompute": ["none", "full"],
                           "zero_stages": [0, 1], "sequence_parallel": [False], "virtual_stages": [1], "idle": idle})
     inst = parse_instance(doc)
@@ -55,12 +58,12 @@ def best_of_configuration(inst, conf: Configuration, tables, cache):
     return min(times) if times else None
 
 
-def bound_violations(seeds, factor=1.0, *, step=False, key=False):
+def bound_violations(seeds, factor=1.0, *, step=False, key=False, overlap=False):
     """(configurations compared, those whose bound (or, with ``key``, the walk's key) times
     ``factor`` exceeds their optimum)."""
     compared, bad = 0, []
     for seed in seeds:
-        inst = small(seed, step=step)
+        inst = small(seed, step=step, overlap=overlap)
         tables, cache = Tables(inst), {}
         bounds = class_stages.Bounds(inst, tables, solve_options().model)
         listed = ([(k, M, o) for k, M, o in class_stages.ranked(inst, bounds) if o is not None] if key
@@ -79,9 +82,9 @@ def bound_violations(seeds, factor=1.0, *, step=False, key=False):
 SEEDS = [1, 2]
 
 
-@pytest.mark.parametrize("step", [False, True])
-def test_the_bound_holds_on_every_configuration_of_r(step):
-    compared, bad = bound_violations(SEEDS, step=step)
+@pytest.mark.parametrize("step, overlap", [(False, False), (True, False), (True, True)])
+def test_the_bound_holds_on_every_configuration_of_r(step, overlap):
+    compared, bad = bound_violations(SEEDS, step=step, overlap=overlap)
     assert compared > 30 and bad == []
 
 
@@ -188,3 +191,23 @@ def test_the_class_stage_search_equals_an_exhaustive_walk_of_r(monkeypatch, seed
     assert got <= truth * (1 + 1e-7) and got >= brute_force(inst).value * (1 - 1e-7)
     assert result.solver.status == "OPTIMAL" and result.solver.extra["uneven"]["searched_whole"]
     assert "every stage sits on one node class with even shares" in result.solver.within
+
+
+def test_no_plan_in_time_says_what_the_uniform_search_proved(monkeypatch):
+    """No uniform plan fits (proven) and the class stages end at the time limit without a plan: the
+    message says both, and the exit is 4 (no plan found, infeasibility not proven)."""
+    from amp_opt.errors import InfeasibleError, NoPlanFound
+    from amp_opt.search.clock import Clock
+
+    inst = small(1)
+    monkeypatch.setattr(uneven, "MAX_CONFIGURATIONS", 0)
+    monkeypatch.setattr(uneven, "search_class_stages", lambda *a, **k: ([], False, 0.0))
+
+    def uniform(clock):
+        raise InfeasibleError("no plan fits in device memory")
+
+    with pytest.raises(NoPlanFound) as caught:
+        uneven.solve_with_uneven(inst, solve_options(time_limit=5), uniform, Clock.of(5))
+    text = str(caught.value)
+    assert caught.value.exit_code == 4 and "infeasibility not proven" in text
+    assert "no plan whose stages and replicas agree fits (no plan fits in device memory)" in text
