@@ -3,7 +3,7 @@
 Usage (from the project root, after `pip install .`):
 
     python benchmarks/gap_1024.py --seeds 0-9 --solvers cpsat,cbc > benchmarks/results/gap_1024.md
-    python benchmarks/gap_1024.py --seeds 0-19 --engine amp_opt > benchmarks/results/gap_1024_uneven.md
+    python benchmarks/gap_1024.py --seeds 0-19 --solvers cpsat --engine amp_opt > benchmarks/results/gap_1024_uneven.md
 
 ``--engine amp_opt`` sets the generated instance's ``search.engine``, which opens the plans whose
 stages and replicas differ (``formulations/uneven-search.md``).
