@@ -13,7 +13,7 @@ import amp_opt
 from amp_opt import parse_instance
 from amp_opt.model.generate import generate_instance
 from amp_opt.model.tables import Tables
-from amp_opt.search import class_stages, uneven
+from amp_opt.search import class_bounds, class_stages, class_walk, uneven
 from amp_opt.search.options import solve_options
 from amp_opt.search.uneven_space import Configuration
 
@@ -65,8 +65,8 @@ def bound_violations(seeds, factor=1.0, *, step=False, key=False, overlap=False)
     for seed in seeds:
         inst = small(seed, step=step, overlap=overlap)
         tables, cache = Tables(inst), {}
-        bounds = class_stages.Bounds(inst, tables, solve_options().model)
-        listed = ([(k, M, o) for k, M, o in class_stages.ranked(inst, bounds) if o is not None] if key
+        bounds = class_bounds.Bounds(inst, tables, solve_options().model)
+        listed = ([(k, M, o) for k, M, o in class_walk.ranked(inst, bounds) if o is not None] if key
                   else [(None, M, o) for M, o in every_r(inst)])
         for k, M, order in listed:
             best = best_of_configuration(inst, class_stages.configuration(inst, M, order), tables, cache)
@@ -129,7 +129,7 @@ def test_the_program_of_s7_is_the_linear_program_it_solves():
             lp += r <= cap * (E - sigma)
         lp += z >= pulp.lpSum(g[0] * r for r, g in zip(R, groups)) + sum(g[3] for g in groups)
         assert lp.solve(_cbc_command()) == 1
-        got = class_stages.balanced(least, fill, work, groups, floor, slowest)
+        got = class_bounds.balanced(least, fill, work, groups, floor, slowest)
         assert got == pytest.approx(pulp.value(lp.objective), rel=1e-6, abs=1e-9)
 
 
@@ -147,7 +147,7 @@ def test_the_bottleneck_is_the_least_e_of_every_assignment():
         truth = min(max(seconds[b, l] for l, b in enumerate(assign))
                     for assign in itertools.product(range(C), repeat=L)
                     if all(assign.count(b) <= limits[b] for b in range(C)))
-        assert class_stages.bottleneck(seconds, limits) == truth
+        assert class_bounds.bottleneck(seconds, limits) == truth
 
 
 def test_the_bound_one_percent_too_strong_is_caught():
@@ -164,8 +164,8 @@ def test_the_walk_lists_every_non_uniform_configuration_of_r_once_in_key_order()
     for seed in SEEDS:
         inst = small(seed)
         tables = Tables(inst)
-        bounds = class_stages.Bounds(inst, tables, solve_options().model)
-        walked = [w for w in class_stages.ranked(inst, bounds) if w[2] is not None]
+        bounds = class_bounds.Bounds(inst, tables, solve_options().model)
+        walked = [w for w in class_walk.ranked(inst, bounds) if w[2] is not None]
         keys = [k for k, _, _ in walked]
         assert keys == sorted(keys)
         plain = [(M, order) for M, order in every_r(inst) if len({(b.tp, b.dp) for b in order}) > 1]

@@ -6,7 +6,7 @@ every training setting is priced by the cost terms U1-U4
 (:class:`~amp_opt.model.costs.stages.UnevenCosts`); for each, the exact stage DP of
 :mod:`.partition` finds the best layer partition (and, in the setting PER_STAGE, each stage's
 recomputation mode: S2 step 3).  Past ``MAX_CONFIGURATIONS`` it narrows to the
-class-stage space of :mod:`.class_stages` (S6), walked best bound first (S7) and cut off at the
+class-stage space of :mod:`.class_stages` (S6), walked best bound first (:mod:`.class_walk`, S7, S8) and cut off at the
 incumbent, and the result says "OPTIMAL within plans whose stages and replicas agree, or whose
 every stage sits on one node class with even shares".  The uniform plans are searched by the
 usual search; the better of the two is returned, re-scored by the evaluator.
@@ -29,6 +29,8 @@ from ..model.ranges import INF, grid
 from .partition import make_graph, optimal_path, shared_kinds
 from .result import SolverStats, SolveResult, status_of
 from . import class_stages
+from .class_bounds import Bounds
+from .class_walk import ranked
 from .uneven_space import Configuration, configurations
 
 MAX_CONFIGURATIONS = 1_000  # uneven configurations searched at most (each with every setting and its DP)
@@ -200,7 +202,7 @@ def search_class_stages(instance, options, tables, *, cutoff: float, clock, near
     (plans, whether R was searched whole, the least bound over R's configurations not searched).
     ``near``: a uniform plan whose neighbours in R (:func:`.class_stages.neighbours`) are tried
     first, in its own setting, for an early incumbent."""
-    bounds = class_stages.Bounds(instance, tables, options.model)
+    bounds = Bounds(instance, tables, options.model)
     found: list[Evaluation] = []
     cache: dict = {}
     obj = options.objective
@@ -214,7 +216,7 @@ def search_class_stages(instance, options, tables, *, cutoff: float, clock, near
     def incumbent() -> float:
         return _value(found[-1], obj) if len(found) >= options.top_k else cutoff
 
-    for key, M, order in class_stages.ranked(instance, bounds, limit=incumbent if obj == "time" else None):
+    for key, M, order in ranked(instance, bounds, limit=incumbent if obj == "time" else None):
         kth = incumbent()
         if order is None:  # no configuration: only the stops apply
             if obj == "time" and key >= kth:

@@ -1,0 +1,256 @@
+"""Lower bounds on every plan of a configuration of the class-stage space R (S7, S8).
+
+``formulations/uneven-search.md``: S7 bounds the pipeline's compute (a fractional knapsack of the
+layers' reference seconds over the blocks, with a floor, each block's limit in layers and the
+least seconds of the slowest stage), S8 the end of the iteration (the stages' reductions and
+optimizer steps).  :class:`Bounds` prices one configuration; :func:`balanced`, :func:`bottleneck`,
+:func:`heaviest`, :func:`spread` and :func:`ending` are the pieces the walk's key
+(:mod:`.class_walk`) relaxes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..model.classes import node_classes
+from ..model.costs.iteration import pipeline_weights
+from ..model.plan import Candidate
+from ..model.ranges import INF
+from .class_stages import Block, configuration
+
+
+class Bounds:
+    """Lower bounds (S7, S8) on the iteration seconds of every plan of an R configuration under a
+    cost ``model`` (hetero)."""
+
+    def __init__(self, instance, tables, model):
+        self.instance, self.tables, self.model, self.schedule = instance, tables, model, model.schedule
+        self.classes = node_classes(instance)
+        self.spread = spread(instance, tables)
+        self._times: dict = {}
+        self._factors: dict = {}
+        self._last: tuple = (None, 0.0)
+
+    def times(self, b: Block) -> tuple[np.ndarray, float]:
+        """Per layer, the seconds of one micro-batch at the block's (type, link, tp, share) without
+        recomputation (H2: no setting makes a layer faster), and the type's fixed step seconds."""
+        c = self.classes[b.cls]
+        key = (*c.compute_key, b.tp, b.share)
+        if key not in self._times:
+            t = np.asarray(self.tables.layer_times(c.device_type, c.intra, b.tp, b.share, latency=c.intra_latency).seconds,
+                           dtype=float)
+            self._times[key] = (t, float(self.instance.device_types[c.device_type].step_overhead or 0.0))
+        return self._times[key]
+
+    def end_capacity(self, b: Block) -> float:
+        """The block's k stages in S8: k * tp / c, c the least seconds per parameter of its first
+        stage's end of iteration over the ZeRO stages the search tries (that stage has the
+        fastest ring of the block's); INF where c is 0."""
+        key = (b.cls, b.tp, b.dp)
+        if key not in self._factors:
+            first = configuration(self.instance, b.dp * b.share, (Block(b.cls, 1, b.tp, b.dp, b.share),))
+            stages = first.stages(self.instance)
+            self._factors[key] = min(
+                (self.model.stage_costs(self.tables, Candidate(b.tp, b.dp, 1, b.share, zero_stage=z), stages)
+                 .least_end_factor(0) for z in self.instance.search.zero_stages if z <= 2), default=0.0)
+        factor = self._factors[key]
+        return b.stages * b.tp / factor if factor > 0 else INF
+
+    def added(self, b: Block, ref: np.ndarray) -> float:
+        """What the block's k stages add to S7's floor F over the reference's seconds of their layers
+        (``ref`` at most the block's seconds on every layer): each stage holds a layer, so at least
+        its step seconds and the least excess of one layer, k (sigma + min_l (t_b(l) - ref(l)))."""
+        t, sigma = self.times(b)
+        return b.stages * (sigma + max(float((t - ref).min()), 0.0))
+
+    def alpha(self, b: Block, ref: np.ndarray) -> float:
+        """The least ratio of the block's layer seconds to the reference's (1 where the reference
+        is zero; positive where ``ref`` is at most every block's seconds)."""
+        t = self.times(b)[0]
+        pos = ref > 0
+        return float((t[pos] / ref[pos]).min()) if pos.any() else 1.0
+
+    def group(self, b: Block, ref: np.ndarray, *, alpha: float | None = None) -> tuple[float, float, float, float]:
+        """The block's k stages in S7's program against reference ``ref``: (alpha, the capacity
+        k / alpha (reference seconds held per second of E), the step seconds sigma, the fixed
+        seconds k sigma); ``alpha`` when the caller has it (it does not depend on k)."""
+        alpha = self.alpha(b, ref) if alpha is None else alpha
+        sigma = self.times(b)[1]
+        return alpha, (b.stages / alpha if alpha > 0 else INF), sigma, b.stages * sigma
+
+    def __call__(self, M: int, order: tuple[Block, ...]) -> float:
+        """The largest over the blocks taken as reference of S7's program (the least over the
+        slowest stage's seconds E of least * E + fill * (the least sum of the stages' seconds with
+        none above E)), plus S8's end of the iteration (``formulations/uneven-search.md``).  It does
+        not depend on the order of the blocks, which the walk yields one after another: the last
+        combination is kept."""
+        return self._bounds(M, order, strong=True)[1]
+
+    def below(self, M: int, order: tuple[Block, ...], value: float) -> bool:
+        """Whether the bound is below ``value``: first with the least E of one layer's stage, and
+        only when that is below, with the least E of S7's bottleneck (:func:`bottleneck`)."""
+        return self._bounds(M, order, strong=False)[0] < value and self(M, order) < value
+
+    def _bounds(self, M: int, order: tuple[Block, ...], *, strong: bool) -> tuple[float, float]:
+        """(the bound without the bottleneck, with it: INF until asked), per combination."""
+        combination = (M, frozenset(order))
+        if self._last[0] != combination:
+            self._last = (combination, (self._program(M, order, strong=False), INF))
+        weak, full = self._last[1]
+        if strong and full == INF:
+            full = max(weak, self._program(M, order, strong=True))
+            self._last = (combination, (weak, full))
+        return weak, full
+
+    def _program(self, M: int, order: tuple[Block, ...], *, strong: bool) -> float:
+        p = sum(b.stages for b in order)
+        L = self.instance.num_layers
+        pipe = pipeline_weights(self.instance.training.global_batch // M, p, 1, self.schedule)
+        rows = [self.times(b) for b in order]
+        t = np.stack([r[0] for r in rows])
+        least_t = t.min(axis=0)
+        floor = float(least_t.sum()) + sum(self.added(b, least_t) for b in order)
+        limits = [min(L, L - p + b.stages) for b in order]  # layers a block holds at most
+        if strong:
+            slowest = bottleneck(t + np.array([[r[1]] for r in rows]), limits)
+        else:
+            slowest = float(least_t.max()) + min(r[1] for r in rows)  # the stage holding the slowest layer
+        best = pipe.fill * floor
+        for ref in t:
+            if not (ref > 0).any():
+                continue
+            tops = heaviest(ref)
+            groups = [(*self.group(b, ref), tops[n]) for b, n in zip(order, limits)]
+            if all(g[0] > 0 for g in groups):
+                best = max(best, balanced(pipe.least, pipe.fill, float(ref.sum()), groups, floor, slowest))
+        return best + ending(self.spread, sum(self.end_capacity(b) for b in order))
+
+
+def bottleneck(seconds: np.ndarray, limits) -> float:
+    """The least E such that every layer sits on a block (``seconds``: a row per block, its seconds
+    per layer with its step seconds) within E, block b taking at most ``limits[b]`` layers: a
+    bipartite b-matching, decided by Hall's condition over every set of blocks (a set S must be
+    able to take the layers no block outside S can run within E), by bisection over the seconds.
+    The stage holding a layer has at least that layer's seconds on its block, so the slowest stage
+    has at least E.  Blocks beyond 12 fall back to the largest of each layer's least seconds.
+
+    Examples
+    --------
+    Two layers, a fast block that holds one and a slow one: the slow block runs one of them.
+
+    >>> bottleneck(np.array([[1.0, 2.0], [3.0, 5.0]]), [1, 2])
+    3.0
+    """
+    C, L = seconds.shape
+    if C > 12:
+        return float(seconds.min(axis=0).max())
+    sets = np.arange(1 << C)
+    caps = np.array([sum(limits[b] for b in range(C) if S >> b & 1) for S in sets])
+    weights = (1 << np.arange(C))[:, None]
+
+    def fits(E: float) -> bool:
+        within = np.bincount(((seconds <= E) * weights).sum(axis=0), minlength=1 << C)
+        for b in range(C):  # within[S]: layers whose blocks within E are all in S
+            has = (sets >> b & 1) == 1
+            within[has] += within[sets[has] ^ (1 << b)]
+        return bool((within <= caps).all())
+
+    values = np.unique(seconds)
+    lo, hi = int(np.searchsorted(values, seconds.min(axis=0).max())), len(values) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(values[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(values[lo])
+
+
+def heaviest(ref: np.ndarray) -> np.ndarray:
+    """tops[n]: the sum of the n largest entries of ``ref`` (the most reference seconds n layers
+    hold; a block of k stages among p holds at most L - p + k layers, every other stage one), and
+    INF from n = L on (all of them: no limit)."""
+    tops = np.concatenate([[0.0], np.cumsum(np.sort(ref)[::-1])])
+    tops[len(ref):] = INF
+    return tops
+
+
+def spread(instance, tables) -> float:
+    """S8's W_X: the least, over the tp degrees of ``search.tp``, of tp * parameters per rank per
+    layer, summed, less each tie group's shared tensor for all members but one at the most it holds
+    at any of those degrees (times tp): a bound on sum_s tp_s * (parameters per rank of stage s)."""
+    sums = [(m, tables.layer_sums(m)) for m in instance.search.tp]
+    total = float(np.min([m * s.params for m, s in sums], axis=0).sum())
+    for i, (members, _) in enumerate(sums[0][1].ties):
+        total -= (len(members) - 1) * max(m * s.ties[i][1] for m, s in sums)
+    return max(total, 0.0)
+
+
+def ending(spread: float, capacity: float) -> float:
+    """S8: the least max_s (c_s / tp_s) y_s over y_s >= 0 summing to ``spread`` (``capacity``: the
+    sum of tp_s / c_s over the stages), a bound on the slowest stage's end of the iteration.
+
+    Examples
+    --------
+    >>> ending(6.0, 3.0), ending(6.0, float("inf"))
+    (2.0, 0.0)
+    """
+    return spread / capacity if capacity > 0 else INF
+
+
+def balanced(least: float, fill: float, work: float, groups, floor: float, slowest: float = 0.0) -> float:
+    """S7's program: min over E >= every sigma and >= ``slowest`` of least * E + fill * max(g(E),
+    floor), where g(E) is the fixed seconds plus the least sum of alpha * R over shares R of
+    ``work``, each group holding at most capacity * (E - sigma) and at most its limit (``groups``:
+    (alpha, capacity, sigma, fixed[, limit]) each, no limit when left out).  g is convex,
+    piecewise linear and non-increasing in E, so the least is at a kink of g (a group reaching
+    its limit, or the first j groups holding the work exactly) or where g meets the floor.
+
+    Examples
+    --------
+    One stage holding 3 s of work, 4 micro-batches (least 3, fill 1): 3 * 3 + 3.
+
+    >>> balanced(3.0, 1.0, 3.0, [(1.0, 1.0, 0.0, 0.0)], 0.0)
+    12.0
+    """
+    # (alpha, capacity, sigma, fixed, the E at which the group reaches its limit)
+    groups = sorted((*g[:4], g[2] + g[4] / g[1] if len(g) > 4 and g[4] < INF and g[1] > 0 else INF) for g in groups)
+    fixed = sum(g[3] for g in groups)
+    base = max(max(g[2] for g in groups), slowest)
+    saturate = sorted({full for *_, full in groups if full < INF})
+
+    def held(E: float, upto: int) -> float:
+        return sum(cap * (min(E, full) - sigma) for _, cap, sigma, _, full in groups[:upto])
+
+    def holds_all(upto: int) -> float:
+        """The least E >= base at which the first ``upto`` groups hold the work (INF: never):
+        held is piecewise linear, with kinks where groups reach their limits."""
+        lo = base
+        for hi in [e for e in saturate if e > base] + [INF]:
+            h_lo = held(lo, upto)
+            if h_lo >= work * (1 - 1e-12):
+                return lo
+            rate = sum(cap for _, cap, _, _, full in groups[:upto] if full > lo)
+            if rate > 0 and lo + (work - h_lo) / rate <= hi:
+                return lo + (work - h_lo) / rate
+            lo = hi
+        return INF
+
+    def g(E: float) -> float:
+        left, cost = work, fixed
+        for alpha, cap, sigma, _, full in groups:
+            take = min(left, cap * (min(E, full) - sigma))
+            cost, left = cost + alpha * take, left - take
+        return cost
+
+    ends = [holds_all(j) for j in range(1, len(groups) + 1)]
+    low = ends[-1]  # below it the groups cannot hold the work
+    if low == INF:
+        return INF
+    points = sorted({low, *(e for e in ends + saturate if low < e < INF)})
+    values = [g(e) for e in points]
+    for (a, ga), (b, gb) in zip(zip(points, values), zip(points[1:], values[1:])):
+        if ga >= floor >= gb and ga > gb:  # g meets the floor on this piece, where it is linear
+            points.append(a + (b - a) * (ga - floor) / (ga - gb))
+            values.append(floor)
+    return min(least * e + fill * max(v, floor) for e, v in zip(points, values))

@@ -1,0 +1,218 @@
+"""The walk over the class-stage space R: its configurations best bound first (S7, S8).
+
+A heap over the product of the node classes' options (no block, or a block) per pipeline
+micro-batch M, keyed by a relaxation of :mod:`.class_bounds`' program that holds for every
+combination an entry leads to (``formulations/uneven-search.md``, "The walk's key"), so that the
+search stops with a proof once the key reaches its incumbent.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import numpy as np
+
+from ..model.costs.iteration import pipeline_weights
+from ..model.ranges import INF
+from .class_bounds import Bounds, balanced, ending, heaviest
+from .class_stages import Block, blocks, depth
+
+
+def _orders(blocks_used: tuple[Block, ...]):
+    """Every order of the blocks (one per class, so no two orders are the same configuration)."""
+    return itertools.permutations(blocks_used)
+
+
+def ranked(instance, bounds: Bounds, *, limit=None):
+    """Every non-uniform configuration of R as (key, M, blocks in stage order), in non-decreasing
+    key, lazily; the key (S7's program over every combination the heap entry leads to) is at most
+    the iteration seconds of every plan of that configuration and of every one listed after it.  A
+    combination of blocks that is no configuration of R yields (key, M, None), so that the caller
+    can stop (key, clock) between any two.  ``limit()``: the caller's incumbent, which only falls;
+    entries whose key is at or above it are not kept (the caller stops there anyway), which keeps
+    the heap small."""
+    limit = (lambda: INF) if limit is None else limit
+    batch = instance.training.global_batch
+    top = depth(instance)
+    heap, per_m = [], {}
+    for M in (m for m in range(1, batch + 1) if batch % m == 0):
+        options = blocks(instance, M)
+        if not all(options):
+            continue
+        pipe = pipeline_weights(batch // M, top, 1, bounds.schedule)
+        options = _weightiest_first(bounds, options, pipe.least, pipe.fill)
+        per_m[M] = _Walk(options, _references(bounds, options), bounds, pipe.least, pipe.fill, top)
+        start = (0,) * len(options)
+        heapq.heappush(heap, (per_m[M].key(start, 0), M, start, 0))
+    while heap:
+        key, M, idx, last = heapq.heappop(heap)
+        walk = per_m[M]
+        for i in range(last, len(idx)):
+            if idx[i] + 1 < len(walk.order[i]):
+                nxt = idx[:i] + (idx[i] + 1,) + idx[i + 1:]
+                nxt_key = max(walk.key(nxt, i), key)  # its combinations are some of this entry's
+                if nxt_key < limit():  # INF: every combination it leads to has too many stages
+                    heapq.heappush(heap, (nxt_key, M, nxt, i))
+        used = tuple(b for b in (walk.options[c][walk.order[c][j]] for c, j in enumerate(idx)) if b is not None)
+        if not used or sum(b.stages for b in used) > top or len({(b.tp, b.dp) for b in used}) == 1:
+            yield key, M, None  # no stage, too many, or a uniform plan: none, but the caller may stop here
+            continue
+        for blocks_in_order in _orders(used):
+            yield key, M, blocks_in_order
+
+
+def _weightiest_first(bounds: Bounds, options, least: float, fill: float) -> list:
+    """The classes' options in the order the walk fixes them: the class whose absence would raise
+    S7's program most first (``least`` times the rise of W_r / (sum of the classes' largest
+    capacities k / alpha), plus ``fill`` times the rise of the floor's sum of each layer's least
+    seconds), then the fastest.  A class left open enters the key with the best of all its
+    options, so fixing the weightiest classes first tightens the keys soonest."""
+    times = [[bounds.times(b)[0] for b in opts if b is not None] for opts in options]
+    own = [np.min(t, axis=0) if t else np.full(bounds.instance.num_layers, INF) for t in times]
+    ref = np.min(own, axis=0)
+    caps = [max((b.stages / a for b in opts if b is not None for a in [bounds.alpha(b, ref)] if a > 0), default=0.0)
+            for opts in options]
+    work, total = float(ref.sum()), sum(caps)
+
+    def weight(c: int) -> tuple[float, float]:
+        others = [own[d] for d in range(len(options)) if d != c]
+        floor = float(np.min(others, axis=0).sum()) if others else INF
+        rest = total - caps[c]
+        capacity = 0.0 if least == 0 else (least * (work / rest - work / total) if rest > 0 else INF)
+        rise = capacity + fill * (floor - work)
+        return -rise, float(own[c].sum())
+    return [options[c] for c in sorted(range(len(options)), key=weight)]
+
+
+def _references(bounds: Bounds, options) -> list[tuple[list, float, np.ndarray]]:
+    """S7's references for one M's walk, each as (per class, per option its group or None; W_r;
+    :func:`heaviest` of it):
+    the least seconds per layer over every block option (every alpha at least 1), and over each
+    class's own options; a reference under which some block has alpha 0 is left out."""
+    real = [[b for b in opts if b is not None] for opts in options]
+    refs = [np.min([bounds.times(b)[0] for b in sum(real, [])], axis=0)]
+    refs += [np.min([bounds.times(b)[0] for b in own], axis=0) for own in real if own]
+    out = []
+    for ref in refs:
+        alphas: dict = {}  # alpha does not depend on a block's stages: one per (class, tp, share)
+        groups = []
+        for opts in options:
+            row = []
+            for b in opts:
+                if b is not None and (b.cls, b.tp, b.share) not in alphas:
+                    alphas[b.cls, b.tp, b.share] = bounds.alpha(b, ref)
+                row.append(None if b is None else bounds.group(b, ref, alpha=alphas[b.cls, b.tp, b.share]))
+            groups.append(row)
+        if all(g is None or g[0] > 0 for row in groups for g in row):
+            out.append((groups, float(ref.sum()), heaviest(ref)))
+    return out
+
+
+class _Walk:
+    """One M's share of the walk: per class its options (None or a block) in the order the heap
+    takes them (capacity k / alpha under the first reference first) and, per reference of S7
+    (:func:`_references`), per class, per position, per stage budget K, the largest capacity and
+    least alpha and fixed seconds of the class's options from there on with at most K stages
+    (``tails``, and ``plain`` for the columns no reference changes: fixed seconds and the largest
+    end capacity of S8), per class and
+    position the least seconds of each layer over the options from there on (``reach``), and the
+    options' fewest stages (``fewest``)."""
+
+    def __init__(self, options, references, bounds: Bounds, least: float, fill: float, top: int):
+        self.options, self.bounds, self.spread = options, bounds, bounds.spread
+        self.least, self.fill, self.top = least, fill, top
+        self.ends = [[0.0 if b is None else bounds.end_capacity(b) for b in opts] for opts in options]
+        first = references[0][0]
+        self.order = [sorted(range(len(o)), key=lambda i, g=g: (-(0.0 if g[i] is None else g[i][1]), i))
+                      for o, g in zip(options, first)]
+        self.fewest, self.reach = [], []
+        L = bounds.instance.num_layers
+        for c, order in enumerate(self.order):
+            fewest, least_k = [0] * len(order), INF
+            reach, least_t = np.empty((len(order), L)), np.full(L, INF)
+            for pos in range(len(order) - 1, -1, -1):
+                b = options[c][order[pos]]
+                least_k = min(least_k, 0 if b is None else b.stages)
+                fewest[pos] = least_k
+                if b is not None:
+                    least_t = np.minimum(least_t, bounds.times(b)[0])
+                reach[pos] = least_t
+            self.fewest.append(fewest)
+            self.reach.append(reach)
+        self.references = [(groups, work, tops, self._tails(groups)) for groups, work, tops in references]
+        self.plain = self._tails(None)  # the columns that do not depend on the reference
+
+    def _tails(self, groups) -> list[np.ndarray]:
+        """Per class an array [position, K, (capacity, alpha, fixed, end capacity)] over its options
+        from each position on with at most K stages (0, INF, INF, 0 where none)."""
+        tails = []
+        for c, order in enumerate(self.order):
+            tail = np.empty((len(order), self.top + 1, 4))
+            row = np.array([(0.0, INF, INF, 0.0)] * (self.top + 1))
+            for pos in range(len(order) - 1, -1, -1):
+                i = order[pos]
+                b = self.options[c][i]
+                g = None if groups is None else groups[c][i]
+                k = 0 if b is None else b.stages
+                cap, alpha = (0.0, INF) if g is None else (g[1], g[0])
+                fixed = 0.0 if b is None else b.stages * self.bounds.times(b)[1]  # k sigma, whatever the reference
+                if k <= self.top:
+                    row[k:, 0] = np.maximum(row[k:, 0], cap)
+                    row[k:, 1] = np.minimum(row[k:, 1], alpha)
+                    row[k:, 2] = np.minimum(row[k:, 2], fixed)
+                    row[k:, 3] = np.maximum(row[k:, 3], self.ends[c][i])
+                tail[pos] = row
+            tails.append(tail)
+        return tails
+
+    def _floor(self, idx, kept: list, fixed: float) -> tuple[float, float]:
+        """S7's floor F over every combination an entry leads to, and the least E: per layer q, the
+        least seconds of the kept blocks and of the options left to the later classes; F is their
+        sum plus each kept block's add-on (:meth:`Bounds.added`) and the later classes' least fixed
+        seconds ``fixed``, and E is at least the largest q (the stage holding that layer)."""
+        blocks = [self.options[c][i] for c, i in enumerate(kept) if self.options[c][i] is not None]
+        least = np.min([self.bounds.times(b)[0] for b in blocks]
+                       + [self.reach[c][idx[c]] for c in range(len(kept), len(idx))], axis=0)
+        if np.isinf(least).any():
+            return INF, INF  # a layer no option left can run: the entry leads to no configuration
+        return float(least.sum()) + sum(self.bounds.added(b, least) for b in blocks) + fixed, float(least.max())
+
+    def key(self, idx, last: int) -> float:
+        """The largest over the references of S7's program relaxed over every combination this
+        heap entry leads to: a class before ``last`` keeps its option's group; a later one may
+        still take any option from its position on that fits the stages the others leave it, so it
+        gets the largest capacity, least alpha and least fixed seconds of those, and no step
+        seconds in its capacity; the floor F of :meth:`_floor`; plus S8's end of the iteration with
+        each later class at the largest end capacity of those options.  INF where no combination it
+        leads to has few enough stages."""
+        kept = [self.order[c][idx[c]] for c in range(last)]
+        left = self.top - sum(0 if self.options[c][i] is None else self.options[c][i].stages for c, i in enumerate(kept))
+        left -= sum(self.fewest[c][idx[c]] for c in range(last, len(idx)))
+        if left < 0:
+            return INF
+        budget = [min(self.top, left + self.fewest[c][idx[c]]) for c in range(len(idx))]
+        ends = sum(self.ends[c][i] for c, i in enumerate(kept))
+        ends += sum(float(self.plain[c][idx[c], budget[c], 3]) for c in range(last, len(idx)))
+        fewest_p = self.top - left  # stages of every combination the entry leads to, at least
+        L = len(self.reach[0][0])
+        later_fixed = sum(float(self.plain[c][idx[c], budget[c], 2]) for c in range(last, len(idx)))
+        if later_fixed == INF:
+            return INF  # no option left to some class fits
+        floor, slowest = self._floor(idx, kept, later_fixed)  # neither depends on the reference
+        if floor == INF:
+            return INF
+        best = 0.0
+        for groups, work, tops, tails in self.references:
+            relaxed = [(*groups[c][i], tops[min(L, L - fewest_p + self.options[c][i].stages)])
+                       for c, i in enumerate(kept) if groups[c][i] is not None]
+            for c in range(last, len(idx)):
+                cap, alpha, fixed, _ = tails[c][idx[c], budget[c]].tolist()
+                if fixed == INF:
+                    return INF  # no option left to this class fits
+                if cap > 0:
+                    relaxed.append((alpha, cap, 0.0, fixed))
+            if not relaxed:
+                return INF
+            best = max(best, balanced(self.least, self.fill, work, relaxed, floor, slowest))
+        return best + ending(self.spread, ends)
