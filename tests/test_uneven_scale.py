@@ -1,4 +1,4 @@
-"""The uneven search past MAX_CONFIGURATIONS (formulations/uneven-search.md, S4, S6, S7): the
+"""The uneven search past MAX_CONFIGURATIONS (formulations/uneven-search.md, S4, S6, S7, S8): the
 class-stage space R, its lower bound per configuration, and the search over it, against an
 exhaustive walk of R and the brute force on tiny instances."""
 
