@@ -29,7 +29,7 @@ class Bounds:
         self.spread = spread(instance, tables)
         self._times: dict = {}
         self._factors: dict = {}
-        self._last: tuple = (None, 0.0)
+        self._last: tuple = (None, (0.0, None))
 
     def times(self, b: Block) -> tuple[np.ndarray, float]:
         """Per layer, the seconds of one micro-batch at the block's (type, link, tp, share) without
@@ -91,13 +91,13 @@ class Bounds:
         only when that is below, with the least E of S7's bottleneck (:func:`bottleneck`)."""
         return self._bounds(M, order, strong=False)[0] < value and self(M, order) < value
 
-    def _bounds(self, M: int, order: tuple[Block, ...], *, strong: bool) -> tuple[float, float]:
-        """(the bound without the bottleneck, with it: INF until asked), per combination."""
+    def _bounds(self, M: int, order: tuple[Block, ...], *, strong: bool) -> tuple[float, float | None]:
+        """(the bound without the bottleneck, with it: None until asked), per combination."""
         combination = (M, frozenset(order))
         if self._last[0] != combination:
-            self._last = (combination, (self._program(M, order, strong=False), INF))
+            self._last = (combination, (self._program(M, order, strong=False), None))
         weak, full = self._last[1]
-        if strong and full == INF:
+        if strong and full is None:
             full = max(weak, self._program(M, order, strong=True))
             self._last = (combination, (weak, full))
         return weak, full

@@ -26,7 +26,7 @@ def _orders(blocks_used: tuple[Block, ...]):
 
 def ranked(instance, bounds: Bounds, *, limit=None):
     """Every non-uniform configuration of R as (key, M, blocks in stage order), in non-decreasing
-    key, lazily; the key (S7's program over every combination the heap entry leads to) is at most
+    key, lazily; the key (S7's and S8's program over every combination the heap entry leads to) is at most
     the iteration seconds of every plan of that configuration and of every one listed after it.  A
     combination of blocks that is no configuration of R yields (key, M, None), so that the caller
     can stop (key, clock) between any two.  ``limit()``: the caller's incumbent, which only falls;
