@@ -33,15 +33,17 @@ class InfeasibleError(AmpOptError):
 class NoPlanFound(AmpOptError):
     """The search stopped (time limit, or a signal) before it found a plan, and before it
     could prove that none exists: not a verdict on the instance.  ``reason`` is the stop;
-    ``bound`` what the search proved before it stopped: no plan is faster (seconds; 0: nothing)."""
+    ``bound`` what the search proved before it stopped: no plan is faster (seconds; 0: nothing);
+    ``proven`` what it proved about the plans it did search, added to the default message."""
 
     exit_code = 4
 
-    def __init__(self, reason: str, message: str | None = None, *, bound: float = 0.0):
+    def __init__(self, reason: str, message: str | None = None, *, bound: float = 0.0, proven: str = ""):
         self.reason, self.bound = reason, bound
         if message is None:
             message = (f"no plan found before the {reason}; infeasibility not proven" if reason.startswith("time limit")
                        else f"{reason} before a plan was found; infeasibility not proven")
+            message += f"; {proven}" if proven else ""
         super().__init__(message)
 
 

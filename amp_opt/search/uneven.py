@@ -287,11 +287,9 @@ def solve_with_uneven(instance, options, run, clock) -> SolveResult:
     merged = sorted(top + found, key=lambda e: _value(e, obj))[:options.top_k]
     if not merged:
         if isinstance(why_none, NoPlanFound) or not done:
-            reason = clock.stopped_why()
-            base = NoPlanFound(reason).args[0]
-            if isinstance(why_none, InfeasibleError):  # say what was proven: no uniform plan fits
-                base += f"; no plan whose stages and replicas agree fits ({why_none}), and the class stages were not searched whole"
-            raise NoPlanFound(reason, base, bound=0.0)
+            proven = (f"no plan whose stages and replicas agree fits ({why_none}), and the class stages were not "
+                      "searched whole" if isinstance(why_none, InfeasibleError) else "")
+            raise NoPlanFound(clock.stopped_why(), bound=0.0, proven=proven)
         raise InfeasibleError(f"{why_none} (nor does any plan whose stages or replicas differ)")
     best = _value(merged[0], obj)
     if options.top_k > 1:  # the uneven search keeps one plan per configuration and setting
