@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from amp_opt.bench.writers import commit as git_commit
 from amp_opt.calibrate.predict import peak_of_stage
 from amp_opt.calibrate.metrics import errors, spearman
 from amp_opt.model.costs import cost_model
@@ -506,8 +507,7 @@ def _schedule_section(before, after, records, held) -> list[str]:
 
 def _commit() -> str:
     """The checkout's short commit (the code that measured and scored)."""
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return done.stdout.strip() or "unknown"
+    return git_commit(ROOT) or "unknown"
 
 
 def main() -> None:

@@ -21,7 +21,6 @@ import functools
 import multiprocessing
 import platform
 import random
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -31,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from amp_opt import InfeasibleError, parse_instance, solve  # noqa: E402
+from amp_opt.bench.writers import commit as git_commit  # noqa: E402
 from amp_opt.bench.brute import brute_force  # noqa: E402
 from amp_opt.model.generate import generate_instance  # noqa: E402
 
@@ -96,7 +96,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     args = ap.parse_args()
     solvers = args.solvers.split(",")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = git_commit(ROOT)
     print("# Exactness: every solver against the brute force over raw plans\n")
     print(f"Command: `python benchmarks/exactness.py --count {args.count} --first {args.first} --solvers {args.solvers} "
           f"--jobs {args.jobs}`  ")

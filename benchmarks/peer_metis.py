@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import amp_opt  # noqa: E402
-from amp_opt.bench.writers import machine_info  # noqa: E402
+from amp_opt.bench.writers import commit as git_commit, machine_info  # noqa: E402
 from amp_opt.model.plan import check_plan  # noqa: E402
 
 PROFILES = "sailor/Planner/baselines/Metis/profiles/GPT-Neo-2.7"
@@ -287,8 +287,7 @@ def main() -> None:
         metis_commit = _extract(args.metis_git, ".", tmp / "metis")
         sailor_commit = _extract(args.sailor_git, PROFILES, tmp / "sailor")
         docs = profiles(tmp / "sailor")
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=ROOT).stdout.strip()
+        commit = git_commit(ROOT)
         print("# A peer's plans as amp_opt plans: Metis on GPT-Neo 2.7B, A100-40GB + V100-16GB\n")
         print(f"Command: `python benchmarks/peer_metis.py --metis-git PATH --sailor-git PATH --nodes {args.nodes} "
               f"--top {args.top} --time-limit {args.time_limit:g}` (commit {commit}; SamsungLabs/Metis {metis_commit}, "

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 from datetime import datetime, timezone
@@ -33,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from amp_opt.bench.writers import commit as git_commit  # noqa: E402
 from amp_opt.bench.runner import run_measured  # noqa: E402
 INSTANCES = [ROOT / "instances" / "llama3_405b_h100_16k.json", ROOT / "instances" / "llama3_405b_mixed_16k.json"]
 INSTANCES += sorted((ROOT / "instances" / "suite" / "scale").glob("*.json"), key=lambda p: p.name)
@@ -119,7 +119,7 @@ def main() -> int:
         for space in spaces:
             rows.append(run(path, args.time_limit, space))
             print(f"{path.stem} ({rows[-1]['space']}): {rows[-1].get('plan', rows[-1].get('error'))}", file=sys.stderr)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = git_commit(ROOT)
     print("# Today's strategy space at scale\n")
     command = f"python benchmarks/strategy_space.py --time-limit {args.time_limit:g}"
     command += "" if args.spaces == "today,2022" else f" --spaces {args.spaces}"

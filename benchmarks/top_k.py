@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from amp_opt.bench.runner import run_measured  # noqa: E402
-from amp_opt.bench.writers import machine_info  # noqa: E402
+from amp_opt.bench.writers import commit as git_commit, machine_info  # noqa: E402
 
 # (name, generate arguments or a bundled file)
 INSTANCES = [
@@ -55,8 +55,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10, help="plans to list (default: 10)")
     parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per solve (default: 600)")
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    commit = git_commit(ROOT)
     print("# `--top-k` against one plan\n")
     print(f"- Command: `python benchmarks/top_k.py --k {args.k} --time-limit {args.time_limit:g}` (commit {commit})")
     print("  Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()) + "\n")

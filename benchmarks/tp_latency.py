@@ -31,6 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from amp_opt.bench.writers import commit as git_commit
 from amp_opt.model.evaluate import evaluate
 from amp_opt.model.load import parse_instance
 from amp_opt.model.plan import parse_plan
@@ -84,8 +85,7 @@ def main() -> None:
             new, old = (evaluate(inst, parse_plan(plan)) for inst in (with_latency, without))
             rows.append((b, record, new, old, per_micro_batch(measured_tp2, 2, b), per_micro_batch(doc, 1, b)))
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    commit = git_commit(ROOT) or "unknown"
     import torch
 
     lines = [
