@@ -37,6 +37,17 @@ def small(seed, *, nodes=2, per_node=2, layers=4, batch=8, idle=True, step=True,
     return inst
 
 
+def tight(seed, *, share=0.5, **kw):
+    """:func:`small` with every device's memory ``share`` of the model's state at tp 1 (16 bytes per
+    parameter) over the reserve, and no activation memory (``activation_factor`` 0): memory
+    decides which plans fit, and a stage's model state is all its memory holds (S9's setting)."""
+    inst = small(seed, **kw)
+    capacity = share * Tables(inst).layer_sums(1).params.sum() * 16 + inst.training.memory_reserve
+    return dataclasses.replace(inst, training=dataclasses.replace(inst.training, activation_factor=0.0),
+                               device_types={name: dataclasses.replace(t, memory=capacity)
+                                             for name, t in inst.device_types.items()})
+
+
 def every_r(inst):
     """Every configuration of R (with the uniform ones and every single block), listed plainly:
     per M, per class no block or one of its blocks, in every order (no heap, no bound)."""
@@ -58,12 +69,12 @@ def best_of_configuration(inst, conf: Configuration, tables, cache):
     return min(times) if times else None
 
 
-def bound_violations(seeds, factor=1.0, *, step=False, key=False, overlap=False):
+def bound_violations(seeds, factor=1.0, *, step=False, key=False, overlap=False, make=small):
     """(configurations compared, those whose bound (or, with ``key``, the walk's key) times
-    ``factor`` exceeds their optimum)."""
+    ``factor`` exceeds their optimum), on the instances ``make(seed)`` builds."""
     compared, bad = 0, []
     for seed in seeds:
-        inst = small(seed, step=step, overlap=overlap)
+        inst = make(seed, step=step, overlap=overlap)
         tables, cache = Tables(inst), {}
         bounds = class_bounds.Bounds(inst, tables, solve_options().model)
         listed = ([(k, M, o) for k, M, o in class_walk.ranked(inst, bounds) if o is not None] if key
@@ -160,6 +171,90 @@ def test_the_bound_one_percent_too_strong_is_caught():
     assert {order[0].dp for _, _, order, _, _ in bad} >= {1, 2}
 
 
+def test_the_memory_limit_holds_every_stage_the_search_finds_and_is_nearly_reached():
+    """S9: every stage of every configuration's best plan (each setting) holds at most ``room``
+    parameters per rank (tie groups' shared tensors taken off), and some stage holds more than 95%
+    of it, so a room 5% too small would exclude a plan the search finds."""
+    inst = tight(1)
+    tables, cache = Tables(inst), {}
+    bounds = class_bounds.Bounds(inst, tables, solve_options().model)
+    fill = []
+    for M, order in every_r(inst):
+        conf = class_stages.configuration(inst, M, order)
+        for setting in uneven._settings(inst):
+            ev = uneven._best_of(inst, solve_options(), tables, cache, conf, setting, float("inf"))
+            if ev is None:
+                continue
+            edges = ev.plan.partition
+            for s, b in enumerate(b for b in order for _ in range(b.stages)):
+                sums = tables.layer_sums(b.tp)
+                lean = np.array(sums.params, dtype=float)
+                for members, shared in sums.ties:
+                    lean[members] -= shared
+                fill.append(lean[edges[s]:edges[s + 1]].sum() / bounds.room(b))
+    assert len(fill) > 100 and max(fill) <= 1 + 1e-9 and max(fill) > 0.95
+
+
+def test_the_bound_holds_where_memory_decides(monkeypatch):
+    """S7 with S9's limits holds on every configuration of R where memory decides the plans, and
+    the limits raise the bound of some of them (without them: ``room`` INF)."""
+    compared, bad = bound_violations([1, 2], step=True, make=tight)
+    assert compared > 20 and bad == []
+    compared, bad = bound_violations([1, 2], step=True, key=True, make=tight)
+    assert compared > 10 and bad == []
+    inst = tight(1)
+    listed = list(every_r(inst))
+    bounds = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
+    with_limits = [bounds(M, order) for M, order in listed]
+    monkeypatch.setattr(class_bounds.Bounds, "room", lambda self, b: float("inf"))
+    bounds = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
+    raised = [w for w, (M, order) in zip(with_limits, listed) if np.isfinite(w) and w > bounds(M, order) * (1 + 1e-6)]
+    assert raised
+
+
+def test_the_end_coupled_to_the_work_raises_the_bound_and_fifteen_percent_too_strong_is_caught(monkeypatch):
+    """S10 raises the bound of some configurations (over S7 with S8 alone) and holds on every one
+    (the tests above); with its gamma 15% larger some bound exceeds its configuration's optimum."""
+    inst = tight(1)
+    listed = list(every_r(inst))
+    bounds = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
+    full = [bounds(M, order) for M, order in listed]
+    coupling = class_bounds.Bounds.coupling
+    monkeypatch.setattr(class_bounds.Bounds, "coupling", lambda self, b, ref: (0.0, 0.0))
+    bounds = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
+    assert any(np.isfinite(f) and f > bounds(M, order) * (1 + 1e-6) for f, (M, order) in zip(full, listed))
+    monkeypatch.setattr(class_bounds.Bounds, "coupling",
+                        lambda self, b, ref: (1.15 * coupling(self, b, ref)[0], coupling(self, b, ref)[1]))
+    compared, bad = bound_violations([1], step=True, make=tight)
+    assert compared > 20 and bad
+
+
+def test_most_held_is_the_linear_program_it_solves():
+    """``most_held`` against the fractional knapsack as a linear program (PuLP, CBC)."""
+    import random
+
+    import pulp
+
+    from amp_opt.search.mip.cbc import _cbc_command
+
+    rng = random.Random(11)
+    for case in range(40):
+        L = rng.randint(1, 6)
+        ref = np.array([rng.uniform(0, 3) for _ in range(L)])
+        params = np.array([rng.choice([0.0, rng.uniform(0.1, 2)]) for _ in range(L)])
+        budget = rng.uniform(0, params.sum() * 1.2)
+        lp = pulp.LpProblem(f"s9_{case}", pulp.LpMaximize)
+        x = [lp.add_variable(f"x{i}", lowBound=0, upBound=1) for i in range(L)]
+        lp += pulp.lpSum(float(r) * v for r, v in zip(ref, x))
+        lp += pulp.lpSum(float(p) * v for p, v in zip(params, x)) <= budget
+        assert lp.solve(_cbc_command()) == 1
+        got = class_bounds.most_held(ref, params, budget)
+        if got == float("inf"):
+            assert params.sum() <= budget
+        else:
+            assert got == pytest.approx(pulp.value(lp.objective), rel=1e-6, abs=1e-9)
+
+
 def test_the_walk_lists_every_non_uniform_configuration_of_r_once_in_key_order():
     for seed in SEEDS:
         inst = small(seed)
@@ -172,15 +267,17 @@ def test_the_walk_lists_every_non_uniform_configuration_of_r_once_in_key_order()
         assert Counter((M, order) for _, M, order in walked) == Counter(plain) and len(set(plain)) == len(plain) > 5
 
 
-@pytest.mark.parametrize("seed, nodes, per_node", [(0, 3, 1), (15, 3, 1), (2, 2, 2)])
-def test_the_class_stage_search_equals_an_exhaustive_walk_of_r(monkeypatch, seed, nodes, per_node):
+@pytest.mark.parametrize("seed, nodes, per_node, make", [(0, 3, 1, small), (15, 3, 1, small), (2, 2, 2, small),
+                                                          (1, 2, 2, tight),
+                                                          pytest.param(3, 2, 2, tight, marks=pytest.mark.slow)])
+def test_the_class_stage_search_equals_an_exhaustive_walk_of_r(monkeypatch, seed, nodes, per_node, make):
     """With the whole uneven space made too large (MAX_CONFIGURATIONS 0), solve returns the best of
     the uniform plans (the brute force, engine megatron) and of R (every configuration's DP), or
     better (a neighbour of the uniform optimum outside R), never better than S1's brute force, and
-    says OPTIMAL within the class stages."""
+    says OPTIMAL within the class stages; also where memory decides the plans (S9)."""
     from amp_opt.bench.brute import brute_force
 
-    inst = small(seed, nodes=nodes, per_node=per_node, layers=3)
+    inst = make(seed, nodes=nodes, per_node=per_node, layers=3)
     tables, cache = Tables(inst), {}
     uniform = brute_force(dataclasses.replace(inst, search=dataclasses.replace(inst.search, engine="megatron")))
     in_r = [best_of_configuration(inst, class_stages.configuration(inst, M, o), tables, cache) for M, o in every_r(inst)]

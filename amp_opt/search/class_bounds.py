@@ -1,11 +1,11 @@
-"""Lower bounds on every plan of a configuration of the class-stage space R (S7, S8).
+"""Lower bounds on every plan of a configuration of the class-stage space R (S7-S10).
 
 ``formulations/uneven-search.md``: S7 bounds the pipeline's compute (a fractional knapsack of the
-layers' reference seconds over the blocks, with a floor, each block's limit in layers and the
-least seconds of the slowest stage), S8 the end of the iteration (the stages' reductions and
-optimizer steps).  :class:`Bounds` prices one configuration; :func:`balanced`, :func:`bottleneck`,
-:func:`heaviest`, :func:`spread` and :func:`ending` are the pieces the walk's key
-(:mod:`.class_walk`) relaxes.
+layers' reference seconds over the blocks, with a floor, each block's limit in layers and in
+memory (S9) and the least seconds of the slowest stage), S8 the end of the iteration (the stages'
+reductions and optimizer steps).  :class:`Bounds` prices one configuration; :func:`balanced`,
+:func:`bottleneck`, :func:`heaviest`, :func:`most_held`, :func:`spread` and :func:`ending` are the
+pieces the walk's key (:mod:`.class_walk`) relaxes.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import numpy as np
 
 from ..model.classes import node_classes
 from ..model.costs.iteration import pipeline_weights
+from ..model.costs.terms import framework_bytes, state_bytes_per_param
 from ..model.plan import Candidate
 from ..model.ranges import INF
 from .class_stages import Block, configuration
 
 
 class Bounds:
-    """Lower bounds (S7, S8) on the iteration seconds of every plan of an R configuration under a
+    """Lower bounds (S7-S10) on the iteration seconds of every plan of an R configuration under a
     cost ``model`` (hetero)."""
 
     def __init__(self, instance, tables, model):
@@ -29,6 +30,9 @@ class Bounds:
         self.spread = spread(instance, tables)
         self._times: dict = {}
         self._factors: dict = {}
+        self._rooms: dict = {}
+        self._held: dict = {}
+        self._leans: dict = {}
         self._last: tuple = (None, (0.0, None))
 
     def times(self, b: Block) -> tuple[np.ndarray, float]:
@@ -42,10 +46,10 @@ class Bounds:
             self._times[key] = (t, float(self.instance.device_types[c.device_type].step_overhead or 0.0))
         return self._times[key]
 
-    def end_capacity(self, b: Block) -> float:
-        """The block's k stages in S8: k * tp / c, c the least seconds per parameter of its first
-        stage's end of iteration over the ZeRO stages the search tries (that stage has the
-        fastest ring of the block's); INF where c is 0."""
+    def end_factor(self, b: Block) -> float:
+        """S8's c: the least seconds per parameter per rank of the block's first stage's end of
+        iteration over the ZeRO stages the search tries (that stage has the fastest ring of the
+        block's)."""
         key = (b.cls, b.tp, b.dp)
         if key not in self._factors:
             first = configuration(self.instance, b.dp * b.share, (Block(b.cls, 1, b.tp, b.dp, b.share),))
@@ -53,8 +57,71 @@ class Bounds:
             self._factors[key] = min(
                 (self.model.stage_costs(self.tables, Candidate(b.tp, b.dp, 1, b.share, zero_stage=z), stages)
                  .least_end_factor(0) for z in self.instance.search.zero_stages if z <= 2), default=0.0)
-        factor = self._factors[key]
+        return self._factors[key]
+
+    def end_capacity(self, b: Block) -> float:
+        """The block's k stages in S8: k * tp / c (:meth:`end_factor`); INF where c is 0."""
+        factor = self.end_factor(b)
         return b.stages * b.tp / factor if factor > 0 else INF
+
+    def coupling(self, b: Block, ref: np.ndarray) -> tuple[float, float]:
+        """S10's (gamma, zeta) of the block against reference ``ref``: the slowest stage's end of
+        iteration is at least gamma * (R_b - zeta), R_b the reference seconds the block holds;
+        gamma = c * kappa / k with kappa the least parameters per rank per reference second of a
+        layer outside the tie groups, zeta the tie groups' reference seconds."""
+        lean, tied = self._lean(b.tp)
+        use = (ref > 0) & ~tied
+        if not use.any():
+            return 0.0, 0.0
+        kappa = float((lean[use] / ref[use]).min())
+        return self.end_factor(b) * kappa / b.stages, self.tied_seconds(ref)
+
+    def tied_seconds(self, ref: np.ndarray) -> float:
+        """S10's zeta: the reference seconds of the layers in tie groups."""
+        return float(ref[self._lean(self.instance.search.tp[0])[1]].sum())
+
+    def _lean(self, tp: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer its parameters per rank at ``tp`` with a tie group's shared tensor taken off
+        every member (a stage holds at least their sum: S9), and which layers are tied."""
+        if tp not in self._leans:
+            sums = self.tables.layer_sums(tp)
+            params, tied = np.array(sums.params, dtype=float), np.zeros(len(sums.params), dtype=bool)
+            for members, shared in sums.ties:
+                params[members] -= shared
+                tied[members] = True
+            self._leans[tp] = (np.maximum(params, 0.0), tied)
+        return self._leans[tp]
+
+    def room(self, b: Block) -> float:
+        """S9: the most parameters per rank one stage of the block holds: its type's capacity less
+        the framework's bytes (a pipeline neighbour's buffers left out), over the least model-state
+        bytes per parameter of the ZeRO stages the search tries, through the allocator; the
+        activations left out.  INF where the cost model ignores memory."""
+        key = (b.cls, b.tp, b.dp)
+        if key not in self._rooms:
+            inst = self.instance
+            tr = inst.training
+            per_param = min((state_bytes_per_param(tr, b.dp, z) for z in inst.search.zero_stages if z <= 2),
+                            default=0.0)
+            if not self.model.enforces_memory or per_param <= 0:
+                self._rooms[key] = INF
+            else:
+                free = (inst.device_types[self.classes[b.cls].device_type].capacity
+                        - framework_bytes(tr, Candidate(b.tp, b.dp, 1, b.share)))
+                self._rooms[key] = max(free, 0.0) / ((1.0 + tr.fragmentation) * per_param)
+        return self._rooms[key]
+
+    def held(self, b: Block, ref: np.ndarray) -> float:
+        """S9: the most reference seconds the block's k stages hold within their memory, k times
+        :meth:`room` parameters per rank (:func:`most_held` over each layer's parameters per rank
+        at the block's tp, a tie group's shared tensor taken off every member)."""
+        room = self.room(b)
+        if room == INF:
+            return INF
+        key = (b.tp, ref.tobytes())
+        if key not in self._held:
+            self._held[key] = _Knapsack(ref, self._lean(b.tp)[0])
+        return self._held[key](b.stages * room)
 
     def added(self, b: Block, ref: np.ndarray) -> float:
         """What the block's k stages add to S7's floor F over the reference's seconds of their layers
@@ -115,15 +182,19 @@ class Bounds:
             slowest = bottleneck(t + np.array([[r[1]] for r in rows]), limits)
         else:
             slowest = float(least_t.max()) + min(r[1] for r in rows)  # the stage holding the slowest layer
-        best = pipe.fill * floor
+        best = coupled = pipe.fill * floor
         for ref in t:
             if not (ref > 0).any():
                 continue
             tops = heaviest(ref)
-            groups = [(*self.group(b, ref), tops[n]) for b, n in zip(order, limits)]
+            groups = [(*self.group(b, ref), min(tops[n], self.held(b, ref))) for b, n in zip(order, limits)]
             if all(g[0] > 0 for g in groups):
-                best = max(best, balanced(pipe.least, pipe.fill, float(ref.sum()), groups, floor, slowest))
-        return best + ending(self.spread, sum(self.end_capacity(b) for b in order))
+                work = float(ref.sum())
+                best = max(best, balanced(pipe.least, pipe.fill, work, groups, floor, slowest))
+                for j, b in enumerate(order):
+                    coupled = max(coupled, with_end(pipe.least, pipe.fill, work, groups, floor, slowest, j,
+                                                    *self.coupling(b, ref)))
+        return max(best + ending(self.spread, sum(self.end_capacity(b) for b in order)), coupled)
 
 
 def bottleneck(seconds: np.ndarray, limits) -> float:
@@ -175,6 +246,40 @@ def heaviest(ref: np.ndarray) -> np.ndarray:
     return tops
 
 
+class _Knapsack:
+    """:func:`most_held` for one (reference, parameters), sorted once for many budgets."""
+
+    def __init__(self, ref: np.ndarray, params: np.ndarray):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.where(params > 0, ref / params, INF)
+        order = np.argsort(-rate, kind="stable")
+        self.ref, self.params = ref[order], params[order]
+        self.cum_params = np.cumsum(self.params)
+        self.cum_ref = np.concatenate([[0.0], np.cumsum(self.ref)])
+
+    def __call__(self, budget: float) -> float:
+        whole = int(np.searchsorted(self.cum_params, budget, side="right"))  # layers held whole
+        if whole == len(self.ref):
+            return INF  # every layer fits: no limit
+        before = self.cum_params[whole - 1] if whole else 0.0
+        return float(self.cum_ref[whole] + self.ref[whole] * (budget - before) / self.params[whole])
+
+
+def most_held(ref: np.ndarray, params: np.ndarray, budget: float) -> float:
+    """The most of ``ref`` that layers of at most ``budget`` parameters in all hold, fractions of
+    layers allowed (a fractional knapsack, most seconds per parameter first): a bound on the
+    reference seconds of any set of layers within ``budget`` (S9); INF where every layer fits.
+
+    Examples
+    --------
+    >>> most_held(np.array([3.0, 1.0, 2.0]), np.array([1.0, 1.0, 2.0]), 2.0)
+    4.0
+    >>> most_held(np.array([3.0, 1.0]), np.array([1.0, 1.0]), 2.0)
+    inf
+    """
+    return _Knapsack(np.asarray(ref, dtype=float), np.asarray(params, dtype=float))(budget)
+
+
 def spread(instance, tables) -> float:
     """S8's W_X: the least, over the tp degrees of ``search.tp``, of tp * parameters per rank per
     layer, summed, less each tie group's shared tensor for all members but one at the most it holds
@@ -196,6 +301,27 @@ def ending(spread: float, capacity: float) -> float:
     (2.0, 0.0)
     """
     return spread / capacity if capacity > 0 else INF
+
+
+def with_end(least: float, fill: float, work: float, groups, floor: float, slowest: float, j: int,
+             gamma: float, zeta: float) -> float:
+    """S10: S7's program with the end of the iteration of group ``j`` priced in: at least
+    gamma * (R_j - zeta), which raises group j's alpha by gamma / fill (``groups`` as for
+    :func:`balanced`); 0 where gamma is 0.
+
+    Examples
+    --------
+    One stage holding 3 s of work, 4 micro-batches, its end 0.5 s per reference second:
+    :func:`balanced`'s 12 s and 1.5 s more.
+
+    >>> with_end(3.0, 1.0, 3.0, [(1.0, 1.0, 0.0, 0.0)], 0.0, 0.0, 0, 0.5, 0.0)
+    13.5
+    """
+    if gamma <= 0 or fill <= 0:
+        return 0.0
+    raised = list(groups)
+    raised[j] = (groups[j][0] + gamma / fill, *groups[j][1:])
+    return balanced(least, fill, work, raised, floor, slowest) - gamma * zeta
 
 
 def balanced(least: float, fill: float, work: float, groups, floor: float, slowest: float = 0.0) -> float:

@@ -1,4 +1,4 @@
-"""The walk over the class-stage space R: its configurations best bound first (S7, S8).
+"""The walk over the class-stage space R: its configurations best bound first (S7-S10).
 
 A heap over the product of the node classes' options (no block, or a block) per pipeline
 micro-batch M, keyed by a relaxation of :mod:`.class_bounds`' program that holds for every
@@ -15,7 +15,7 @@ import numpy as np
 
 from ..model.costs.iteration import pipeline_weights
 from ..model.ranges import INF
-from .class_bounds import Bounds, balanced, ending, heaviest
+from .class_bounds import Bounds, balanced, ending, heaviest, with_end
 from .class_stages import Block, blocks, depth
 
 
@@ -86,8 +86,8 @@ def _weightiest_first(bounds: Bounds, options, least: float, fill: float) -> lis
 
 
 def _references(bounds: Bounds, options) -> list[tuple[list, float, np.ndarray]]:
-    """S7's references for one M's walk, each as (per class, per option its group or None; W_r;
-    :func:`heaviest` of it):
+    """S7's references for one M's walk, each as (per class, per option its group with its memory
+    limit (S9) and S10's gamma, or None; W_r; :func:`heaviest` of it; S10's zeta):
     the least seconds per layer over every block option (every alpha at least 1), and over each
     class's own options; a reference under which some block has alpha 0 is left out."""
     real = [[b for b in opts if b is not None] for opts in options]
@@ -102,10 +102,11 @@ def _references(bounds: Bounds, options) -> list[tuple[list, float, np.ndarray]]
             for b in opts:
                 if b is not None and (b.cls, b.tp, b.share) not in alphas:
                     alphas[b.cls, b.tp, b.share] = bounds.alpha(b, ref)
-                row.append(None if b is None else bounds.group(b, ref, alpha=alphas[b.cls, b.tp, b.share]))
+                row.append(None if b is None else (*bounds.group(b, ref, alpha=alphas[b.cls, b.tp, b.share]),
+                                                   bounds.held(b, ref), bounds.coupling(b, ref)[0]))
             groups.append(row)
         if all(g is None or g[0] > 0 for row in groups for g in row):
-            out.append((groups, float(ref.sum()), heaviest(ref)))
+            out.append((groups, float(ref.sum()), heaviest(ref), bounds.tied_seconds(ref)))
     return out
 
 
@@ -113,11 +114,10 @@ class _Walk:
     """One M's share of the walk: per class its options (None or a block) in the order the heap
     takes them (capacity k / alpha under the first reference first) and, per reference of S7
     (:func:`_references`), per class, per position, per stage budget K, the largest capacity and
-    least alpha and fixed seconds of the class's options from there on with at most K stages
-    (``tails``, and ``plain`` for the columns no reference changes: fixed seconds and the largest
-    end capacity of S8), per class and
-    position the least seconds of each layer over the options from there on (``reach``), and the
-    options' fewest stages (``fewest``)."""
+    memory limit (S9) and least alpha and fixed seconds of the class's options from there on with
+    at most K stages (``tails``, and ``plain`` for the columns no reference changes: fixed seconds
+    and the largest end capacity of S8), per class and position the least seconds of each layer
+    over the options from there on (``reach``), and the options' fewest stages (``fewest``)."""
 
     def __init__(self, options, references, bounds: Bounds, least: float, fill: float, top: int):
         self.options, self.bounds, self.spread = options, bounds, bounds.spread
@@ -140,28 +140,32 @@ class _Walk:
                 reach[pos] = least_t
             self.fewest.append(fewest)
             self.reach.append(reach)
-        self.references = [(groups, work, tops, self._tails(groups)) for groups, work, tops in references]
+        self.references = [(groups, work, tops, zeta, self._tails(groups)) for groups, work, tops, zeta in references]
         self.plain = self._tails(None)  # the columns that do not depend on the reference
 
     def _tails(self, groups) -> list[np.ndarray]:
-        """Per class an array [position, K, (capacity, alpha, fixed, end capacity)] over its options
-        from each position on with at most K stages (0, INF, INF, 0 where none)."""
+        """Per class an array [position, K, (capacity, alpha, fixed, end capacity, memory limit,
+        gamma)] over its options from each position on with at most K stages (0, INF, INF, 0, 0,
+        INF where none): the largest capacity, end capacity and limit, the least alpha, fixed
+        seconds and S10's gamma."""
         tails = []
         for c, order in enumerate(self.order):
-            tail = np.empty((len(order), self.top + 1, 4))
-            row = np.array([(0.0, INF, INF, 0.0)] * (self.top + 1))
+            tail = np.empty((len(order), self.top + 1, 6))
+            row = np.array([(0.0, INF, INF, 0.0, 0.0, INF)] * (self.top + 1))
             for pos in range(len(order) - 1, -1, -1):
                 i = order[pos]
                 b = self.options[c][i]
                 g = None if groups is None else groups[c][i]
                 k = 0 if b is None else b.stages
-                cap, alpha = (0.0, INF) if g is None else (g[1], g[0])
+                cap, alpha, most, gamma = (0.0, INF, 0.0, INF) if g is None else (g[1], g[0], g[4], g[5])
                 fixed = 0.0 if b is None else b.stages * self.bounds.times(b)[1]  # k sigma, whatever the reference
                 if k <= self.top:
                     row[k:, 0] = np.maximum(row[k:, 0], cap)
                     row[k:, 1] = np.minimum(row[k:, 1], alpha)
                     row[k:, 2] = np.minimum(row[k:, 2], fixed)
                     row[k:, 3] = np.maximum(row[k:, 3], self.ends[c][i])
+                    row[k:, 4] = np.maximum(row[k:, 4], most)
+                    row[k:, 5] = np.minimum(row[k:, 5], gamma)
                 tail[pos] = row
             tails.append(tail)
         return tails
@@ -182,10 +186,10 @@ class _Walk:
         """The largest over the references of S7's program relaxed over every combination this
         heap entry leads to: a class before ``last`` keeps its option's group; a later one may
         still take any option from its position on that fits the stages the others leave it, so it
-        gets the largest capacity, least alpha and least fixed seconds of those, and no step
-        seconds in its capacity; the floor F of :meth:`_floor`; plus S8's end of the iteration with
-        each later class at the largest end capacity of those options.  INF where no combination it
-        leads to has few enough stages."""
+        gets the largest capacity and memory limit (S9), least alpha and least fixed seconds of
+        those, and no step seconds in its capacity; the floor F of :meth:`_floor`; plus S8's end of
+        the iteration with each later class at the largest end capacity of those options.  INF
+        where no combination it leads to has few enough stages, or fits in memory."""
         kept = [self.order[c][idx[c]] for c in range(last)]
         left = self.top - sum(0 if self.options[c][i] is None else self.options[c][i].stages for c, i in enumerate(kept))
         left -= sum(self.fewest[c][idx[c]] for c in range(last, len(idx)))
@@ -202,17 +206,21 @@ class _Walk:
         floor, slowest = self._floor(idx, kept, later_fixed)  # neither depends on the reference
         if floor == INF:
             return INF
-        best = 0.0
-        for groups, work, tops, tails in self.references:
-            relaxed = [(*groups[c][i], tops[min(L, L - fewest_p + self.options[c][i].stages)])
-                       for c, i in enumerate(kept) if groups[c][i] is not None]
+        best = coupled = 0.0
+        for groups, work, tops, zeta, tails in self.references:
+            held = [(groups[c][i], self.options[c][i].stages) for c, i in enumerate(kept) if groups[c][i] is not None]
+            relaxed = [(*g[:4], min(g[4], tops[min(L, L - fewest_p + k)])) for g, k in held]
+            ties = [g[5] for g, _ in held]  # S10's gamma per group (zeta: the reference's tied seconds)
             for c in range(last, len(idx)):
-                cap, alpha, fixed, _ = tails[c][idx[c], budget[c]].tolist()
+                cap, alpha, fixed, _, most, gamma = tails[c][idx[c], budget[c]].tolist()
                 if fixed == INF:
                     return INF  # no option left to this class fits
                 if cap > 0:
-                    relaxed.append((alpha, cap, 0.0, fixed))
+                    relaxed.append((alpha, cap, 0.0, fixed, most))
+                    ties.append(gamma)  # the least gamma of the options left (no block: R = 0, no term)
             if not relaxed:
                 return INF
             best = max(best, balanced(self.least, self.fill, work, relaxed, floor, slowest))
-        return best + ending(self.spread, ends)
+            for j, gamma in enumerate(ties):  # S10 for each group
+                coupled = max(coupled, with_end(self.least, self.fill, work, relaxed, floor, slowest, j, gamma, zeta))
+        return max(best + ending(self.spread, ends), coupled)

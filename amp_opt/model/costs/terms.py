@@ -40,6 +40,15 @@ def framework_bytes(training, cand) -> float:
     return training.memory_reserve + sum(pair if size == 2 else group for size in communicator_sizes(cand))
 
 
+def state_bytes_per_param(training, replicas: int, zero_stage: int) -> float:
+    """Bytes of model state per parameter on a rank (eq. H9): weights, gradients and optimizer
+    states, each sharded over the ``replicas`` from its ZeRO stage on, and the gradient
+    reduction's buffers when there are replicas (calibration C7)."""
+    R, z, tr = replicas, zero_stage, training
+    return (tr.weight_bytes / (R if z >= 3 else 1) + tr.gradient_bytes / (R if z >= 2 else 1)
+            + tr.optimizer_bytes / (R if z >= 1 else 1) + (tr.gradient_buffer_bytes_per_param if R > 1 else 0.0))
+
+
 def overlap_share(instance) -> float:
     """The share of a stage's layer seconds its gradient reduction overlaps (eq. H18): the
     backward share where the engine overlaps it (``training.overlap_grad_reduce``), else 0."""
@@ -126,15 +135,11 @@ class CandidateTerms:
         self._count = np.concatenate([[0], np.cumsum(self.recomputes)])  # recomputing layers before each position
         self._max: dict[str, np.ndarray] = {}
         self._kept_prefixes: dict[str, np.ndarray] = {}
-        tr, R, z = inst.training, cand.replicas, cand.zero_stage
-        # H9: weights, gradients and optimizer states, each sharded over the R replicas from its ZeRO stage on;
-        # calibration C7: the gradient reduction's buffers when the stage has replicas.
-        # H14: the framework's bytes outside the allocator, and the allocator's fragmentation.
+        tr = inst.training
+        # H14: the framework's bytes outside the allocator, and the allocator's fragmentation; H9.
         self.framework_bytes = framework_bytes(tr, cand)
         self.allocator_scale = 1.0 + tr.fragmentation
-        self.state_bytes_per_param = (tr.weight_bytes / (R if z >= 3 else 1) + tr.gradient_bytes / (R if z >= 2 else 1)
-                                      + tr.optimizer_bytes / (R if z >= 1 else 1)
-                                      + (tr.gradient_buffer_bytes_per_param if R > 1 else 0.0))
+        self.state_bytes_per_param = state_bytes_per_param(tr, cand.replicas, cand.zero_stage)
 
     def in_flight(self, s: int) -> float:
         """Micro-batches stage s keeps activations for: min(p - s, n) under 1F1B; interleaved
