@@ -3,9 +3,10 @@
 ``formulations/uneven-search.md``: S7 bounds the pipeline's compute (a fractional knapsack of the
 layers' reference seconds over the blocks, with a floor, each block's limit in layers and in
 memory (S9) and the least seconds of the slowest stage), S8 the end of the iteration (the stages'
-reductions and optimizer steps).  :class:`Bounds` prices one configuration; :func:`balanced`,
-:func:`bottleneck`, :func:`heaviest`, :func:`most_held`, :func:`spread` and :func:`ending` are the
-pieces the walk's key (:mod:`.class_walk`) relaxes.
+reductions and optimizer steps), S10 ties the end to the work a block holds, and S11 prices one
+order of the blocks.  :class:`Bounds` prices one configuration; :func:`balanced`,
+:func:`with_end`, :func:`bottleneck`, :func:`heaviest`, :func:`most_held`, :func:`spread` and
+:func:`ending` are the pieces the walk's key (:mod:`.class_walk`) relaxes.
 """
 
 from __future__ import annotations
@@ -154,9 +155,35 @@ class Bounds:
         return self._bounds(M, order, strong=True)[1]
 
     def below(self, M: int, order: tuple[Block, ...], value: float) -> bool:
-        """Whether the bound is below ``value``: first with the least E of one layer's stage, and
-        only when that is below, with the least E of S7's bottleneck (:func:`bottleneck`)."""
-        return self._bounds(M, order, strong=False)[0] < value and self(M, order) < value
+        """Whether the bound is below ``value``: first with the least E of one layer's stage, only
+        when that is below with the least E of S7's bottleneck (:func:`bottleneck`), and only when
+        that is below with the order of the blocks (S11, :meth:`ordered`)."""
+        return (self._bounds(M, order, strong=False)[0] < value and self(M, order) < value
+                and self.ordered(M, order, value) < value)
+
+    def ordered(self, M: int, order: tuple[Block, ...], value: float = INF) -> float:
+        """S11: a bound on the plans of the blocks in this order, over every partition of the layers
+        into its stages, each stage priced at its layers' seconds without recomputation and its
+        step seconds (E_s), at c times its parameters per rank (X_s, S8's c), and +inf where its
+        model state passes its room (S9); :func:`partitioned` solves it (``value``: the caller's
+        incumbent, where its grid ends)."""
+        L = self.instance.num_layers
+        stages = [b for b in order for _ in range(b.stages)]
+        pipe = pipeline_weights(self.instance.training.global_batch // M, len(stages), 1, self.schedule)
+        start, stop = np.arange(L + 1)[:, None], np.arange(L + 1)[None, :]
+        ranges: dict = {}
+        for b in order:  # per block, E_s and X_s of a stage holding [k, l) (rows k, columns l)
+            if (b.cls, b.tp, b.dp, b.share) not in ranges:
+                t, sigma = self.times(b)
+                seconds = np.concatenate([[0.0], np.cumsum(t)])
+                params = self.tables.layer_sums(b.tp).params_in(np.broadcast_to(start, (L + 1, L + 1)),
+                                                                 np.broadcast_to(stop, (L + 1, L + 1)))
+                usable = (start < stop) & (params <= self.room(b) * (1 + 1e-12))
+                ranges[b.cls, b.tp, b.dp, b.share] = (np.where(usable, seconds[stop] - seconds[start] + sigma, INF),
+                                                      np.where(usable, self.end_factor(b) * params, INF))
+        per_stage = [ranges[b.cls, b.tp, b.dp, b.share] for b in stages]
+        return partitioned([e for e, _ in per_stage], [x for _, x in per_stage], pipe.bottleneck, pipe.fill,
+                           value)
 
     def _bounds(self, M: int, order: tuple[Block, ...], *, strong: bool) -> tuple[float, float | None]:
         """(the bound without the bottleneck, with it: None until asked), per combination."""
@@ -195,6 +222,55 @@ class Bounds:
                     coupled = max(coupled, with_end(pipe.least, pipe.fill, work, groups, floor, slowest, j,
                                                     *self.coupling(b, ref)))
         return max(best + ending(self.spread, sum(self.end_capacity(b) for b in order)), coupled)
+
+
+GRID = 8  # thresholds of S11's parametric program: more is tighter and slower (each is one DP)
+
+
+def partitioned(E, X, weights, fill: float, value: float = INF) -> float:
+    """S11 over the partitions of L layers into the stages, in order: ``E[s]``, ``X[s]`` are
+    (L+1, L+1) matrices of stage s's seconds and end holding layers [k, l) (+inf where it cannot).
+    The larger of (a) min max_s w_s E_s + fill * min sum_s E_s + min max_s X_s, each over the
+    partitions apart, and (b) the least of T + fill * S(T) over T, S(T) the least sum_s E_s with
+    every w_s E_s + X_s at most T, taken on a grid of GRID steps from its least T up to
+    ``value`` (or twice the least T): for T between two steps, T is at least the lower and S(T)
+    at least S at the upper.
+
+    Examples
+    --------
+    Two layers of 1 s and 2 s, two stages of weight 3 and 2 and no end: one layer each, the
+    slowest weighted stage 2 * 2 s, and 3 s in all.
+
+    >>> E = np.array([[np.inf, 1.0, 3.0], [np.inf, np.inf, 2.0], [np.inf] * 3])
+    >>> partitioned([E, E], [np.zeros((3, 3))] * 2, (3.0, 2.0), 1.0)
+    7.0
+    """
+    L = E[0].shape[0] - 1
+    none = np.concatenate([[0.0], np.full(L, INF)])  # the least value reaching each boundary
+    weighted = [w * e if w > 0 else np.where(e < INF, 0.0, INF) for w, e in zip(weights, E)]  # 0 * inf is nan
+
+    def most(costs) -> float:
+        reach = none
+        for c in costs:
+            reach = np.maximum(reach[:, None], c).min(axis=0)
+        return float(reach[L])
+
+    def least_sum(limit: float = INF) -> float:
+        reach = none
+        for we, e, x in zip(weighted, E, X):
+            reach = (reach[:, None] + np.where(we + x <= limit, e, INF)).min(axis=0)
+        return float(reach[L])
+
+    total = least_sum()
+    if total == INF:
+        return INF
+    apart = most(weighted) + fill * total + most(X)
+    low = most([we + x for we, x in zip(weighted, X)])
+    high = value if low < value < INF else 2 * low
+    steps = [low + (high - low) * i / GRID for i in range(GRID + 1)]
+    sums = [least_sum(t) for t in steps[1:]]
+    joint = min([t + fill * s for t, s in zip(steps, sums)] + [steps[-1] + fill * total])
+    return max(apart, joint)
 
 
 def bottleneck(seconds: np.ndarray, limits) -> float:
