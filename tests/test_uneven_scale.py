@@ -304,6 +304,37 @@ def test_the_class_stage_search_equals_an_exhaustive_walk_of_r(monkeypatch, seed
     assert "every stage sits on one node class with even shares" in result.solver.within
 
 
+def test_the_class_stage_search_under_a_callers_model_equals_an_exhaustive_walk(monkeypatch):
+    """Under a model that prices layers its own way (one type 5x faster), the bounds, which read the
+    layer tables, stand down (0), and the class-stage search still returns the best of R."""
+    from amp_opt.bench.brute import brute_force
+    from amp_opt.model.costs.hetero import HeteroModel
+
+    inst = small(4, nodes=2, per_node=2, layers=3)  # where the tables' bounds would prune R's best
+    fast = sorted(inst.device_types)[0]
+
+    class FastType(HeteroModel):
+        def candidate_terms(self, tables, cand, *, chunks=None, modes=None):
+            terms = super().candidate_terms(tables, cand, chunks=chunks, modes=modes)
+            seconds = terms.layer_seconds
+            terms.layer_seconds = lambda t, bw, mode, latency=0.0: seconds(t, bw, mode, latency) * (0.2 if t == fast else 1)
+            return terms
+
+    model = FastType("fast type")
+    options = solve_options(cost_model=model)
+    tables, cache = Tables(inst), {}
+    in_r = []
+    for M, order in every_r(inst):
+        conf = class_stages.configuration(inst, M, order)
+        found = [uneven._best_of(inst, options, tables, cache, conf, s, float("inf")) for s in uneven._settings(inst)]
+        in_r += [ev.predicted_time for ev in found if ev is not None]
+    megatron = dataclasses.replace(inst, search=dataclasses.replace(inst.search, engine="megatron"))
+    truth = min([brute_force(megatron, cost_model=model).value] + in_r)
+    monkeypatch.setattr(uneven, "MAX_CONFIGURATIONS", 0)
+    got = amp_opt.solve(inst, cost_model=model).best.predicted_time
+    assert got <= truth * (1 + 1e-7)
+
+
 def test_no_plan_in_time_says_what_the_uniform_search_proved(monkeypatch):
     """No uniform plan fits (proven) and the class stages end at the time limit without a plan: the
     message says both, and the exit is 4 (no plan found, infeasibility not proven)."""

@@ -1,4 +1,4 @@
-"""Lower bounds on every plan of a configuration of the class-stage space R (S7-S10).
+"""Lower bounds on every plan of a configuration of the class-stage space R (S7-S11).
 
 ``formulations/uneven-search.md``: S7 bounds the pipeline's compute (a fractional knapsack of the
 layers' reference seconds over the blocks, with a floor, each block's limit in layers and in
@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model.classes import node_classes
+from ..model.costs.contract import library_priced
 from ..model.costs.iteration import pipeline_weights
 from ..model.costs.terms import framework_bytes, state_bytes_per_param
 from ..model.plan import Candidate
@@ -22,11 +23,13 @@ from .class_stages import Block, configuration
 
 
 class Bounds:
-    """Lower bounds (S7-S10) on the iteration seconds of every plan of an R configuration under a
-    cost ``model`` (hetero)."""
+    """Lower bounds (S7-S11) on the iteration seconds of every plan of an R configuration under a
+    cost ``model`` (hetero).  They read the layer tables, which a caller's own pricing may not
+    follow: under such a model (``holds`` false) every bound is 0."""
 
     def __init__(self, instance, tables, model):
         self.instance, self.tables, self.model, self.schedule = instance, tables, model, model.schedule
+        self.holds = library_priced(model)
         self.classes = node_classes(instance)
         self.spread = spread(instance, tables)
         self._times: dict = {}
@@ -167,6 +170,8 @@ class Bounds:
         step seconds (E_s), at c times its parameters per rank (X_s, S8's c), and +inf where its
         model state passes its room (S9); :func:`partitioned` solves it (``value``: the caller's
         incumbent, where its grid ends)."""
+        if not self.holds:
+            return 0.0
         L = self.instance.num_layers
         stages = [b for b in order for _ in range(b.stages)]
         pipe = pipeline_weights(self.instance.training.global_batch // M, len(stages), 1, self.schedule)
@@ -197,6 +202,8 @@ class Bounds:
         return weak, full
 
     def _program(self, M: int, order: tuple[Block, ...], *, strong: bool) -> float:
+        if not self.holds:
+            return 0.0
         p = sum(b.stages for b in order)
         L = self.instance.num_layers
         pipe = pipeline_weights(self.instance.training.global_batch // M, p, 1, self.schedule)

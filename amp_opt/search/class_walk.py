@@ -1,4 +1,4 @@
-"""The walk over the class-stage space R: its configurations best bound first (S7-S10).
+"""The walk over the class-stage space R: its configurations best bound first (S7-S11).
 
 A heap over the product of the node classes' options (no block, or a block) per pipeline
 micro-batch M, keyed by a relaxation of :mod:`.class_bounds`' program that holds for every
@@ -206,6 +206,8 @@ class _Walk:
         floor, slowest = self._floor(idx, kept, later_fixed)  # neither depends on the reference
         if floor == INF:
             return INF
+        if not self.bounds.holds:  # a caller's pricing: the layer tables bound nothing
+            return 0.0
         best = coupled = 0.0
         for groups, work, tops, zeta, tails in self.references:
             held = [(groups[c][i], self.options[c][i].stages) for c, i in enumerate(kept) if groups[c][i] is not None]

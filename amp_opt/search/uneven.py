@@ -198,7 +198,7 @@ def _visit(instance, options, tables, cache, conf, settings, found, cutoff, cloc
 
 
 def search_class_stages(instance, options, tables, *, cutoff: float, clock, near=None):
-    """The best plans of the class-stage space R (S6) below ``cutoff``, best bound first (S7-S10):
+    """The best plans of the class-stage space R (S6) below ``cutoff``, best bound first (S7-S11):
     (plans, whether R was searched whole, the least bound over R's configurations not searched).
     ``near``: a uniform plan whose neighbours in R (:func:`.class_stages.neighbours`) are tried
     first, in its own setting, for an early incumbent."""
