@@ -85,7 +85,7 @@ def _weightiest_first(bounds: Bounds, options, least: float, fill: float) -> lis
     return [options[c] for c in sorted(range(len(options)), key=weight)]
 
 
-def _references(bounds: Bounds, options) -> list[tuple[list, float, np.ndarray]]:
+def _references(bounds: Bounds, options) -> list[tuple[list, float, np.ndarray, float]]:
     """S7's references for one M's walk, each as (per class, per option its group with its memory
     limit (S9) and S10's gamma, or None; W_r; :func:`heaviest` of it; S10's zeta):
     the least seconds per layer over every block option (every alpha at least 1), and over each
@@ -114,8 +114,8 @@ class _Walk:
     """One M's share of the walk: per class its options (None or a block) in the order the heap
     takes them (capacity k / alpha under the first reference first) and, per reference of S7
     (:func:`_references`), per class, per position, per stage budget K, the largest capacity and
-    memory limit (S9) and least alpha and fixed seconds of the class's options from there on with
-    at most K stages (``tails``, and ``plain`` for the columns no reference changes: fixed seconds
+    memory limit (S9) and least alpha, fixed seconds and S10's gamma of the class's options from
+    there on with at most K stages (``tails``, and ``plain`` for the columns no reference changes: fixed seconds
     and the largest end capacity of S8), per class and position the least seconds of each layer
     over the options from there on (``reach``), and the options' fewest stages (``fewest``)."""
 
@@ -188,7 +188,8 @@ class _Walk:
         still take any option from its position on that fits the stages the others leave it, so it
         gets the largest capacity and memory limit (S9), least alpha and least fixed seconds of
         those, and no step seconds in its capacity; the floor F of :meth:`_floor`; plus S8's end of
-        the iteration with each later class at the largest end capacity of those options.  INF
+        the iteration with each later class at the largest end capacity of those options; or, larger,
+        S10's program for some group (a later class at the least gamma of those options).  INF
         where no combination it leads to has few enough stages, or fits in memory."""
         kept = [self.order[c][idx[c]] for c in range(last)]
         left = self.top - sum(0 if self.options[c][i] is None else self.options[c][i].stages for c, i in enumerate(kept))
@@ -210,9 +211,9 @@ class _Walk:
             return 0.0
         best = coupled = 0.0
         for groups, work, tops, zeta, tails in self.references:
-            held = [(groups[c][i], self.options[c][i].stages) for c, i in enumerate(kept) if groups[c][i] is not None]
-            relaxed = [(*g[:4], min(g[4], tops[min(L, L - fewest_p + k)])) for g, k in held]
-            ties = [g[5] for g, _ in held]  # S10's gamma per group (zeta: the reference's tied seconds)
+            own = [(groups[c][i], self.options[c][i].stages) for c, i in enumerate(kept) if groups[c][i] is not None]
+            relaxed = [(*g[:4], min(g[4], tops[min(L, L - fewest_p + k)])) for g, k in own]
+            ties = [g[5] for g, _ in own]  # S10's gamma per group (zeta: the reference's tied seconds)
             for c in range(last, len(idx)):
                 cap, alpha, fixed, _, most, gamma = tails[c][idx[c], budget[c]].tolist()
                 if fixed == INF:

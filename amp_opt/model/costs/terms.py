@@ -136,7 +136,7 @@ class CandidateTerms:
         self._max: dict[str, np.ndarray] = {}
         self._kept_prefixes: dict[str, np.ndarray] = {}
         tr = inst.training
-        # H14: the framework's bytes outside the allocator, and the allocator's fragmentation; H9.
+        # H14: the framework's bytes outside the allocator, and the allocator's fragmentation; H9: model state.
         self.framework_bytes = framework_bytes(tr, cand)
         self.allocator_scale = 1.0 + tr.fragmentation
         self.state_bytes_per_param = state_bytes_per_param(tr, cand.replicas, cand.zero_stage)
