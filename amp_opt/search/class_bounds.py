@@ -18,7 +18,7 @@ from ..model.costs.contract import library_priced
 from ..model.costs.iteration import pipeline_weights
 from ..model.costs.terms import framework_bytes, state_bytes_per_param
 from ..model.plan import Candidate
-from ..model.ranges import INF
+from ..model.ranges import INF, grid, min_max_chain, min_sum_step, range_table, start_row, weighted
 from .class_stages import Block, configuration
 
 
@@ -172,19 +172,16 @@ class Bounds:
         incumbent, where its grid ends)."""
         if not self.holds:
             return 0.0
-        L = self.instance.num_layers
         stages = [b for b in order for _ in range(b.stages)]
         pipe = pipeline_weights(self.instance.training.global_batch // M, len(stages), 1, self.schedule)
-        start, stop = np.arange(L + 1)[:, None], np.arange(L + 1)[None, :]
+        g = grid(self.instance.num_layers)
         ranges: dict = {}
         for b in order:  # per block, E_s and X_s of a stage holding [k, l) (rows k, columns l)
             if (b.cls, b.tp, b.dp, b.share) not in ranges:
                 t, sigma = self.times(b)
-                seconds = np.concatenate([[0.0], np.cumsum(t)])
-                params = self.tables.layer_sums(b.tp).params_in(np.broadcast_to(start, (L + 1, L + 1)),
-                                                                 np.broadcast_to(stop, (L + 1, L + 1)))
-                usable = (start < stop) & (params <= self.room(b) * (1 + 1e-12))
-                ranges[b.cls, b.tp, b.dp, b.share] = (np.where(usable, seconds[stop] - seconds[start] + sigma, INF),
+                params = self.tables.layer_sums(b.tp).params_in(g.start, g.stop)  # computed once per tp
+                usable = g.nonempty & (params <= self.room(b) * (1 + 1e-12))
+                ranges[b.cls, b.tp, b.dp, b.share] = (np.where(usable, range_table(t) + sigma, INF),
                                                       np.where(usable, self.end_factor(b) * params, INF))
         per_stage = [ranges[b.cls, b.tp, b.dp, b.share] for b in stages]
         return partitioned([e for e, _ in per_stage], [x for _, x in per_stage], pipe.bottleneck, pipe.fill,
@@ -253,26 +250,19 @@ def partitioned(E, X, weights, fill: float, value: float = INF) -> float:
     7.0
     """
     L = E[0].shape[0] - 1
-    none = np.concatenate([[0.0], np.full(L, INF)])  # the least value reaching each boundary
-    weighted = [w * e if w > 0 else np.where(e < INF, 0.0, INF) for w, e in zip(weights, E)]  # 0 * inf is nan
-
-    def most(costs) -> float:
-        reach = none
-        for c in costs:
-            reach = np.maximum(reach[:, None], c).min(axis=0)
-        return float(reach[L])
+    heavy = [weighted(e, w) for w, e in zip(weights, E)]
 
     def least_sum(limit: float = INF) -> float:
-        reach = none
-        for we, e, x in zip(weighted, E, X):
-            reach = (reach[:, None] + np.where(we + x <= limit, e, INF)).min(axis=0)
-        return float(reach[L])
+        row = start_row(L)
+        for we, e, x in zip(heavy, E, X):
+            row = min_sum_step(row, e, None if limit == INF else we + x <= limit)
+        return float(row[L])
 
     total = least_sum()
     if total == INF:
         return INF
-    apart = most(weighted) + fill * total + most(X)
-    low = most([we + x for we, x in zip(weighted, X)])
+    apart = min_max_chain(heavy) + fill * total + min_max_chain(X)
+    low = min_max_chain([we + x for we, x in zip(heavy, X)])
     high = value if low < value < INF else 2 * low
     steps = [low + (high - low) * i / GRID for i in range(GRID + 1)]
     sums = [least_sum(t) for t in steps[1:]]
