@@ -6,7 +6,7 @@ every training setting is priced by the cost terms U1-U4
 (:class:`~amp_opt.model.costs.stages.UnevenCosts`); for each, the exact stage DP of
 :mod:`.partition` finds the best layer partition (and, in the setting PER_STAGE, each stage's
 recomputation mode: S2 step 3).  Past ``MAX_CONFIGURATIONS`` it narrows to the
-class-stage space of :mod:`.class_stages` (S6), walked best bound first (:mod:`.class_walk`, S7, S8) and cut off at the
+class-stage space of :mod:`.class_stages` (S6), walked best bound first (:mod:`.class_walk`, S7-S11) and cut off at the
 incumbent, and the result says "OPTIMAL within plans whose stages and replicas agree, or whose
 every stage sits on one node class with even shares".  The uniform plans are searched by the
 usual search; the better of the two is returned, re-scored by the evaluator.
