@@ -57,7 +57,6 @@ def test_the_per_stage_accessors_and_the_json_round_trip():
     ({"shares": [[3], [4]]}, "plan.shares[0]", "one share per data-parallel replica"),
     ({"shares": [[4, 0], [4]]}, "plan.shares[0][1]", "positive integer"),
     ({"micro_batch": 2}, "plan.micro_batch", "largest share 4"),
-    ({"pipelines": []}, "plan.pipelines", "not supported yet"),
 ])
 def test_bad_per_stage_fields_are_named(change, field, words):
     doc = {**UNEVEN, **change}

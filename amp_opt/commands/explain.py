@@ -26,16 +26,23 @@ def _gib(x: float) -> str:
 
 
 def _degrees(plan_doc: dict, stage: dict) -> str:
-    """A stage's own tp, dp and shares, when the plan's stages or replicas differ."""
-    if "shares" not in plan_doc and isinstance(plan_doc["tp"], int) and isinstance(plan_doc["dp"], int):
-        return ""
+    """A stage's own tp, dp and shares, when the plan's stages or replicas differ (and its pipeline)."""
+    head = f"; pipeline {stage['pipeline']}" if "pipeline" in stage else ""
+    if not head and "shares" not in plan_doc and isinstance(plan_doc["tp"], int) and isinstance(plan_doc["dp"], int):
+        return head
     shares = "+".join(map(str, stage["shares"]))
-    return f"; tp {stage['tp']}, dp {stage['dp']}, samples per replica {shares}"
+    return f"{head}; tp {stage['tp']}, dp {stage['dp']}, samples per replica {shares}"
+
+
+def _partitions(plan_doc: dict) -> str:
+    if "pipelines" in plan_doc:
+        return "partitions " + " and ".join(str(p["partition"]) for p in plan_doc["pipelines"])
+    return f"partition {plan_doc['partition']}"
 
 
 def plan_text(instance, doc: dict[str, Any]) -> str:
     p = doc["plan"]
-    lines = [f"{instance.name}: {describe(parse_plan(p))} partition {p['partition']} "
+    lines = [f"{instance.name}: {describe(parse_plan(p))} {_partitions(p)} "
              f"(cost model {doc['cost_model']})"]
     if doc.get("note"):
         lines.append(f"note: {doc['note']}")
@@ -47,12 +54,15 @@ def plan_text(instance, doc: dict[str, Any]) -> str:
         return "\n".join(lines)
     lines.append("the plan does NOT fit in memory:")
     for o in doc["overflows"]:
-        s = doc["stages"][o["stage"]]
+        s = doc["stages"][o["position"]]
         lines.append(
             f"  stage {o['stage']} on {o['device_type']}{_degrees(p, s)}: needs {_gib(o['memory'])} per device, capacity "
             f"{_gib(o['capacity'])}, over by {_gib(o['over_bytes'])} ({o['over_bytes']:.0f} bytes); "
             f"model state {_gib(s['model_state'])}, activations {_gib(s['activations'])}, reserve "
             f"{_gib(s['reserve'])}: {o['dominant']} dominates")
+    if "pipelines" in p:
+        lines.append("alternatives are tried for plans of one pipeline only")
+        return "\n".join(lines)
     fit = [a for a in doc["alternatives"] if a["fits"]]
     lines.append("alternatives (each scored by the evaluator):")
     for a in doc["alternatives"]:

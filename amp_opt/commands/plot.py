@@ -41,6 +41,8 @@ def stage_label(instance, report, plan=None) -> str:
     chunks = report.chunks if len(report.chunks) > 1 else (report.layers,)
     ranges = ", ".join(f"{a}-{b - 1}" for a, b in chunks)
     label = f"stage {report.index}: {'+'.join(report.device_types)}\nlayers {ranges}"
+    if report.pipeline is not None:  # several pipelines: the stage's own pipeline's degrees
+        label, plan = f"pipeline {report.pipeline} {label}", plan.pipelines[report.pipeline]
     if plan is not None and not plan.uniform:
         s = report.index
         label += f"\ntp {plan.tp_at(s)} dp {plan.dp_at(s)} shares {'+'.join(map(str, plan.shares_at(s)))}"
@@ -59,7 +61,8 @@ def render(instance, evaluation, path: str) -> Schedule:
     sched = schedule_of(instance, evaluation)
     height = 2.2 + 0.55 * pp
     fig, (ax, mem) = plt.subplots(2, 1, figsize=(14, height + 3.2), gridspec_kw={"height_ratios": [height, 3.2]})
-    dense = evaluation.n_micro * pp > 400  # many small boxes: drop the edges, keep the critical outline
+    n = evaluation.n_micro if isinstance(evaluation.n_micro, int) else sum(evaluation.n_micro)
+    dense = n * pp > 400  # many small boxes: drop the edges, keep the critical outline
     for op in sched.ops:
         y = pp - 1 - op.stage
         on_path = op.key in sched.critical
@@ -79,7 +82,8 @@ def render(instance, evaluation, path: str) -> Schedule:
     plan = evaluation.plan
     ax.set_title(
         f"{instance.name}: {describe(plan)}, "
-        f"{evaluation.n_micro} micro-batches, {'interleaved ' if plan.virtual_stages > 1 else ''}1F1B, "
+        f"{n if isinstance(evaluation.n_micro, int) else '+'.join(map(str, evaluation.n_micro))} micro-batches, "
+        f"{'interleaved ' if plan.virtual_stages > 1 else ''}1F1B, "
         f"cost model {evaluation.cost_model}\n"
         f"iteration time - model: {evaluation.predicted_time:.4f} s, simulated schedule: {sched.makespan:.4f} s",
         fontsize=10, pad=24)
@@ -113,18 +117,19 @@ def _memory_panel(ax, instance, evaluation, parts) -> None:
         bottom = [b + v for b, v in zip(bottom, values)]
     types = sorted({t for r in evaluation.stages for t in r.device_types})
     styles = ["-", "--", ":", "-."]
+    first = {t: min(x for x, r in enumerate(evaluation.stages) if t in r.device_types) for t in types}
     for k, t in enumerate(types):
         cap = instance.device_types[t].capacity / gib
-        for r in evaluation.stages:
+        for x, r in enumerate(evaluation.stages):
             if t in r.device_types:
-                ax.hlines(cap, r.index - 0.4, r.index + 0.4, colors="red", linestyles=styles[k % len(styles)],
-                          linewidth=1.5, label=f"{t} capacity" if r.index == min(
-                              x.index for x in evaluation.stages if t in x.device_types) else None)
-    for r in evaluation.stages:
+                ax.hlines(cap, x - 0.4, x + 0.4, colors="red", linestyles=styles[k % len(styles)],
+                          linewidth=1.5, label=f"{t} capacity" if x == first[t] else None)
+    for x, r in enumerate(evaluation.stages):
         if not r.fits:
-            ax.text(r.index, r.memory / gib, "over", ha="center", va="bottom", color="red", fontsize=8)
+            ax.text(x, r.memory / gib, "over", ha="center", va="bottom", color="red", fontsize=8)
     ax.set_xticks(list(xs))
-    ax.set_xticklabels([f"{r.index}\n{'+'.join(r.device_types)}" for r in evaluation.stages],
+    ax.set_xticklabels([f"{'' if r.pipeline is None else f'{r.pipeline}.'}{r.index}\n{'+'.join(r.device_types)}"
+                        for r in evaluation.stages],
                        fontsize=7 if len(parts) > 12 else 8)
     ax.set_ylabel("GiB per device")
     ax.set_title("memory per device by stage (model state + activations + reserve) vs capacity", fontsize=9)

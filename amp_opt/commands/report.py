@@ -68,14 +68,15 @@ def _groups(groups) -> str:
 def evaluation_tables(instance, ev: Evaluation):
     """The stage table and the breakdown table of one evaluation."""
     plan = ev.plan
+    micro = ev.n_micro if isinstance(ev.n_micro, int) else "+".join(map(str, ev.n_micro))
     title = (
         f"{describe(plan)}  "
-        f"({ev.n_micro} micro-batches/iteration, cost model {ev.cost_model})"
+        f"({micro} micro-batches/iteration, cost model {ev.cost_model})"
     )
     stages = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     # Where the layer times come from, shown when some stage's were not all measured.
     sources = any(r.compute_source != "measured" for r in ev.stages)
-    for col, justify in [("stage", "right"), ("layers", "left"), ("first..last", "left"),
+    for col, justify in [("pipeline.stage" if ev.pipelines else "stage", "right"), ("layers", "left"), ("first..last", "left"),
                          ("types", "left"), ("devices", "left"), ("compute ms", "right"), ("p2p ms", "right"),
                          ("allreduce ms", "right"), ("mem GiB", "right"), ("cap GiB", "right")] + \
             ([("times", "left")] if sources else []):
@@ -86,7 +87,7 @@ def evaluation_tables(instance, ev: Evaluation):
         a, b = r.layers
         names = instance.layers[a].name if b - a == 1 else f"{instance.layers[a].name}..{instance.layers[b - 1].name}"
         mem = f"{r.memory / GIB:.2f}" + ("" if r.fits else " !")
-        stages.add_row(str(r.index), f"{a}-{b - 1}", names, ", ".join(r.device_types), _groups(r.groups),
+        stages.add_row(str(r.index) if r.pipeline is None else f"{r.pipeline}.{r.index}", f"{a}-{b - 1}", names, ", ".join(r.device_types), _groups(r.groups),
                        _ms(r.compute), _ms(r.p2p), _ms(r.allreduce), mem, f"{r.capacity / GIB:.2f}",
                        *([r.compute_source] if sources else []))
 

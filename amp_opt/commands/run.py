@@ -32,7 +32,7 @@ from ..model.costs import cost_model
 from ..model.costs.iteration import pipeline_weights
 from ..model.evaluate import evaluate
 from ..model.load import load_instance, load_json
-from ..model.plan import check_plan, describe
+from ..model.plan import check_plan, describe, one_pipeline
 from .common import add_torch_options, load_single_plan, positive_float, positive_int, write_text
 
 EXIT_RUN_FAILED = 6
@@ -80,7 +80,7 @@ def run(args) -> int:
         raise InputError("--memory-limit", f"{args.memory_limit} bytes leave nothing beyond the instance's "
                                            f"training.memory_reserve ({instance.training.memory_reserve:.0f} bytes), "
                                            "which counts toward it as toward a device's memory")
-    plan = check_plan(instance, load_single_plan(args.plan))
+    plan = check_plan(instance, one_pipeline(load_single_plan(args.plan), "run"))
     types = sorted({instance.nodes[instance.device_node[d]].device_type
                     for stage in plan.stages for group in stage for d in group})
     device = resolve_device(args.device)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
-from ..model.plan import Plan, check_plan
+from ..model.plan import Plan, check_plan, one_pipeline
 from .megatron import decision_args, transformer_split
 
 SOURCE = "flagscale/train/arguments.py (FSTrainArguments.pre_validate_args)"
@@ -152,7 +152,7 @@ def export_flagscale(instance, plan: Plan) -> dict[str, Any]:
     >>> out["config"]["system"]["hetero"]["hetero_process_meshes"]  # doctest: +SKIP
     [1, 1, 1, 2, 1, 2, 1, 1, 1, 1]
     """
-    plan = check_plan(instance, plan)
+    plan = check_plan(instance, one_pipeline(plan, "FlagScale's heterogeneous training"))
     _refuse(instance, plan)
     found = meshes(instance, plan)
     counts, problems, notes = transformer_split(instance, plan)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
-from ..model.plan import Plan, check_plan
+from ..model.plan import Plan, check_plan, one_pipeline
 from ..model.plan_stages import uneven_field
 
 
@@ -144,6 +144,7 @@ def _explicit_launch(mine, world: int, visible: str, master: str, port: int) -> 
 def require_uniform(plan: Plan, system: str) -> None:
     """Refuse a plan whose stages or replicas differ for a launcher that runs one tp and dp on every
     stage (InputError naming the field that differs)."""
+    one_pipeline(plan, system)
     if not plan.uniform:
         raise InputError(f"plan.{uneven_field(plan)}", f"{system} runs one tp and dp on every stage and equal "
                                                        "shares; export --format flagscale takes plans whose stages "

@@ -8,19 +8,25 @@ iteration (the devices the plan uses, at their $/hour) and the model-FLOPs
 utilisation.  :func:`memory_parts` splits a stage's bytes per device into the parts
 of eq. H5, for reports.  A plan whose stages or replicas differ (per-stage tp and dp, uneven
 shares) is priced by :class:`~amp_opt.model.costs.stages.UnevenCosts` (eq. U1-U4) and added up
-the same way; a uniform plan takes the uniform path.
+the same way; a uniform plan takes the uniform path.  A plan of several pipelines is priced
+pipeline by pipeline on the batch each processes, joined at the end by the gradient reduction
+over every pipeline (eq. U6, :mod:`~amp_opt.model.costs.pipelines`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..errors import InputError
 from .costs import CostModel, StageCosts, cost_model as get_cost_model
+from .costs.hetero import HeteroModel
+from .costs.pipelines import pipeline_ends
 from .costs.stages import UnevenCosts
 from .costs.terms import stage_order
-from .plan import Plan, check_plan, parse_plan
+from .plan import Plan, Pipelines, check_plan, parse_plan
+from .plan_pipelines import pipeline_instance
 from .profiles import worst_source
 from .tables import LayerSums, Tables
 
@@ -45,10 +51,12 @@ class StageReport:
     replica_compute: tuple[float, ...] = ()  # a non-uniform plan: each replica's seconds per micro-batch
     compute_source: str = "measured"  # where its layer times come from: measured, derived or datasheet
     optimizer_step: float = 0.0  # seconds of the optimizer step (H15), the part of ``allreduce`` after the reduction
+    pipeline: int | None = None  # a plan of several pipelines: the pipeline the stage belongs to
 
     def to_json(self, instance) -> dict[str, Any]:
         a, b = self.layers
         out = {
+            **({} if self.pipeline is None else {"pipeline": self.pipeline}),
             "stage": self.index,
             "layers": [a, b],
             "layer_names": [instance.layers[a].name, instance.layers[b - 1].name],
@@ -77,21 +85,26 @@ class Evaluation:
 
     ``cost`` is the price of one iteration in USD (None when a used device type has no
     price); ``mfu`` the model-FLOPs utilisation, training FLOPs of the global batch over
-    time x the used devices' peak FLOP/s (None when FLOPs or peaks are unknown).
+    time x the used devices' peak FLOP/s (None when FLOPs or peaks are unknown).  For a plan
+    of several pipelines, ``n_micro`` lists each pipeline's micro-batches, ``stages`` holds every
+    pipeline's stages (each naming its pipeline) and ``pipelines`` each pipeline's own evaluation
+    on the samples it processes (its ``allreduce`` column U6's end, its time its own pipeline
+    time plus its stages' slowest end).
     """
 
-    plan: Plan
+    plan: Plan | Pipelines
     cost_model: str
     predicted_time: float  # seconds per iteration
     feasible: bool
     breakdown: dict[str, float]
-    n_micro: int
+    n_micro: int | tuple[int, ...]
     stages: tuple[StageReport, ...]
     violations: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
     devices_used: int = 0
     cost: float | None = None  # USD per iteration
     mfu: float | None = None
+    pipelines: tuple["Evaluation", ...] = ()
 
     def to_json(self, instance) -> dict[str, Any]:
         return {
@@ -100,13 +113,16 @@ class Evaluation:
             "predicted_time": self.predicted_time,
             "feasible": self.feasible,
             "breakdown": dict(self.breakdown),
-            "micro_batches_per_iteration": self.n_micro,
+            "micro_batches_per_iteration": self.n_micro if isinstance(self.n_micro, int) else list(self.n_micro),
             "devices_used": self.devices_used,
             "cost_per_iteration": self.cost,
             "model_flops_utilization": self.mfu,
             "stages": [s.to_json(instance) for s in self.stages],
             "violations": list(self.violations),
             "notes": list(self.notes),
+            **({"pipelines": [{"micro_batches": n, "samples": self.plan.samples(i), "predicted_time": p.predicted_time}
+                              for i, (n, p) in enumerate(zip(self.n_micro, self.pipelines))]}
+               if self.pipelines else {}),
         }
 
 
@@ -153,7 +169,13 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
     """
     model = get_cost_model(cost_model)
     plan = check_plan(instance, parse_plan(plan) if isinstance(plan, Mapping) else plan)
-    costs = stage_costs(instance, plan, model, tables)
+    if isinstance(plan, Pipelines):
+        return _evaluate_pipelines(instance, plan, model)
+    return _evaluate_one(instance, plan, model, stage_costs(instance, plan, model, tables))
+
+
+def _evaluate_one(instance, plan: Plan, model: CostModel, costs) -> Evaluation:
+    """Score one checked pipeline from its stage terms."""
     boundaries = stage_boundaries(plan)
     reports = [_stage_report(instance, plan, costs, s, boundaries[s], boundaries[s + 1]) for s in range(plan.pp)]
     compute, p2p = [r.compute for r in reports], [r.p2p for r in reports]
@@ -180,6 +202,33 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
         cost=_price(instance, devices, total),
         mfu=_mfu(instance, devices, total),
     )
+
+
+def _evaluate_pipelines(instance, plan: Pipelines, model: CostModel) -> Evaluation:
+    """Score a checked plan of several pipelines (eq. U6): each pipeline on its own samples, the
+    iteration ending with the slowest stage's reduction and step after the slowest pipeline."""
+    if not isinstance(model, HeteroModel):
+        raise InputError("plan.pipelines", f"the {model.name} cost model prices one pipeline: use --cost-model hetero")
+    subs = [pipeline_instance(instance, plan, i) for i in range(len(plan.pipelines))]
+    costs = [stage_costs(sub, p, model) for sub, p in zip(subs, plan.pipelines)]
+    own = [_evaluate_one(sub, p, model, c) for sub, p, c in zip(subs, plan.pipelines, costs)]
+    ends = pipeline_ends(instance, Tables(instance), plan, [[r.optimizer_step for r in ev.stages] for ev in own])
+    # a pipeline's time to the end of its last micro-batch: H13 without its end, which U6 replaces
+    bodies = [c.pipeline.time([r.compute for r in ev.stages], [r.p2p for r in ev.stages], [0.0])
+              for c, ev in zip(costs, own)]
+    end = max(max(row) for row in ends)
+    parts = tuple(replace(ev, stages=tuple(replace(r, allreduce=x, pipeline=i) for r, x in zip(ev.stages, ends[i])),
+                          predicted_time=bodies[i] + max(ends[i]), breakdown={**ev.breakdown, "allreduce": max(ends[i])})
+                  for i, ev in enumerate(own))
+    total, slowest = max(bodies) + end, max(range(len(own)), key=bodies.__getitem__)
+    devices = [d for p in plan.pipelines for stage in p.stages for group in stage for d in group]
+    return Evaluation(
+        plan=plan, cost_model=model.name, predicted_time=total, feasible=all(ev.feasible for ev in own),
+        breakdown={**own[slowest].breakdown, "allreduce": end}, n_micro=plan.micro_batches,
+        stages=tuple(r for ev in parts for r in ev.stages),
+        violations=tuple(f"pipeline {i} {v}" for i, ev in enumerate(own) for v in ev.violations),
+        notes=tuple(dict.fromkeys(n for ev in own for n in ev.notes)), devices_used=len(devices),
+        cost=_price(instance, devices, total), mfu=_mfu(instance, devices, total), pipelines=parts)
 
 
 def _breakdown(pipe, reports, v: int) -> dict[str, float]:
@@ -282,8 +331,12 @@ class MemoryParts:
 
 def memory_parts(instance, evaluation: Evaluation, cost_model: str | CostModel = "hetero") -> tuple[MemoryParts, ...]:
     """An evaluation's per-stage memory split into model state, activations and reserve (eq. H5),
-    by the terms of ``cost_model`` (the one the evaluation was made with)."""
+    by the terms of ``cost_model`` (the one the evaluation was made with); several pipelines'
+    stages in the order of ``evaluation.stages``, each by its own pipeline's terms."""
     plan, model = evaluation.plan, get_cost_model(cost_model)
+    if isinstance(plan, Pipelines):
+        return tuple(part for i, ev in enumerate(evaluation.pipelines)
+                     for part in memory_parts(pipeline_instance(instance, plan, i), ev, model))
     tables, chunks = Tables(instance), plan.partition if plan.virtual_stages > 1 else None
     per_stage = [model.candidate_terms(tables, plan.stage_candidate(s), chunks=chunks) for s in range(plan.pp)]
     boundaries = stage_boundaries(plan)

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import InputError
 from .engines import engine_of
 from .fields import number_field, whole_number
+from .plan_pipelines import Pipelines, check_pipelines, parse_pipelines
 from .plan_stages import check_uneven, parse_degrees, parse_shares, parse_stages
 
 Stages = tuple[tuple[tuple[int, ...], ...], ...]
@@ -198,6 +199,21 @@ class Plan:
         return [i for k, l in self.chunks(s) for i in range(k, l)]
 
 
+def one_pipeline(plan: Plan | Pipelines, what: str) -> Plan:
+    """``plan`` itself when it is one pipeline; for several, InputError naming ``pipelines`` and
+    saying that ``what`` takes one (and where several go).
+
+    Examples
+    --------
+    >>> one_pipeline(parse_plan({"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 2]}), "run").pp
+    1
+    """
+    if isinstance(plan, Pipelines):
+        raise InputError("plan.pipelines", f"{what} takes a plan of one pipeline; a plan of several pipelines is "
+                                           "priced by evaluate, explain and plot and exported with --format hetu")
+    return plan
+
+
 def _degree_json(value):
     return value if isinstance(value, int) else list(value)
 
@@ -206,8 +222,11 @@ def _degree_text(value) -> str:
     return str(value) if isinstance(value, int) else ",".join(map(str, value))
 
 
-def describe(plan: Plan) -> str:
-    """A plan's degrees and settings in one line, for messages (defaults left out)."""
+def describe(plan: Plan | Pipelines) -> str:
+    """A plan's degrees and settings in one line, for messages (defaults left out); several
+    pipelines are each described, with their micro-batches, between brackets."""
+    if isinstance(plan, Pipelines):
+        return " ".join(f"[{describe(p)} micro_batches={n}]" for p, n in zip(plan.pipelines, plan.micro_batches))
     parts = [f"tp={_degree_text(plan.tp)}"] + ([f"cp={plan.cp}"] if plan.cp > 1 else []) + [
         f"dp={_degree_text(plan.dp)}", f"pp={plan.pp}", f"micro_batch={plan.micro_batch}"]
     if plan.shares is not None:
@@ -265,8 +284,9 @@ def _recompute(data: Mapping, where: str, pp: int):
     return value
 
 
-def parse_plan(data: Any, *, where: str = "plan") -> Plan:
+def parse_plan(data: Any, *, where: str = "plan") -> Plan | Pipelines:
     """Check the shape of a plan object (not yet against an instance; see :func:`check_plan`).
+    An object with ``pipelines`` is a plan of several pipelines (:mod:`.plan_pipelines`).
 
     Examples
     --------
@@ -281,8 +301,7 @@ def parse_plan(data: Any, *, where: str = "plan") -> Plan:
     if not isinstance(data, Mapping):
         raise InputError(where, f"must be a JSON object, got {type(data).__name__}")
     if "pipelines" in data:
-        raise InputError(f"{where}.pipelines", "several pipelines with their own partitions are not supported yet: "
-                                               "write one pipeline (per-stage tp/dp and shares)")
+        return parse_pipelines(data, where, parse_plan)
     unknown = sorted(set(data) - set(PLAN_KEYS))
     if unknown:
         hint = ("; this is a result (solve --json, evaluate --json), not a plan: take its \"plan\" member"
@@ -334,14 +353,17 @@ def _partition(data: Mapping, parts: int, where: str) -> list[int]:
     return partition
 
 
-def check_plan(instance, plan: Plan, *, where: str = "plan") -> Plan:
+def check_plan(instance, plan: Plan | Pipelines, *, where: str = "plan") -> Plan | Pipelines:
     """Validate a plan against an instance; return it with explicit ``stages`` and ``zero_stage``.
 
     Checks the degrees against the device count, the micro-batch against the global batch,
     the partition against the layer list, that every device is used at most once, and the
     instance's engine's rules.  A tensor-parallel group may span nodes (priced on the
-    inter-node links, ``formulations/hetero.md`` H16).
+    inter-node links, ``formulations/hetero.md`` H16).  Several pipelines are checked one by one
+    (:func:`.plan_pipelines.check_pipelines`).
     """
+    if isinstance(plan, Pipelines):
+        return check_pipelines(instance, plan, where, check_plan, rank_order_stages)
     n_dev, n_layers = instance.num_devices, instance.num_layers
     if not plan.uniform:
         check_uneven(instance, plan, where)

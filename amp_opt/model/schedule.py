@@ -12,7 +12,7 @@ schedules.py``: 2(p-s-1) + (v-1)p warm-up forwards, then in turn; the k-th pass 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -163,6 +163,29 @@ class _Simulation:
         return arrival.end, arrival.key
 
 
+def _pipelines_schedule(evaluation) -> Schedule:
+    """Several pipelines (eq. U6): each pipeline's passes simulated on lanes of its own (pipeline 0's
+    stages first), then every stage's end (its rings and optimizer step), which starts once the
+    slowest pipeline's passes are done, since a ring joins replicas of every pipeline."""
+    ops, lane, runs = [], 0, []
+    for ev in evaluation.pipelines:
+        stages = ev.stages
+        sched = simulate([[r.compute] for r in stages], [r.p2p for r in stages[:-1]] + [0.0], [0.0] * len(stages),
+                         ev.n_micro)
+
+        def moved(key, at=lane):
+            return None if key is None else (key[0], key[1] + at, *key[2:])
+
+        ops += [replace(op, stage=op.stage + lane, after=moved(op.after)) for op in sched.ops if op.kind != "allreduce"]
+        runs.append((sched.makespan, {moved(k) for k in sched.critical if k[0] != "allreduce"}))
+        lane += len(stages)
+    body, path = max(runs, key=lambda run: run[0])
+    last = max((op for op in ops if op.key in path), key=lambda op: op.end).key
+    ends = [Op("allreduce", g, -1, body, body + r.allreduce, last) for g, r in enumerate(evaluation.stages)]
+    slowest = max(ends, key=lambda op: op.end)
+    return Schedule(tuple(ops + ends), slowest.end, frozenset(path | {slowest.key}))
+
+
 def _critical_path(done: dict, key) -> frozenset:
     """The keys of the ops on the path that ends at ``key``, following each op's ``after``."""
     critical = set()
@@ -210,6 +233,8 @@ def schedule_of(instance, evaluation) -> Schedule:
     proportion to their layers' times (the stage's first compute class), each boundary's
     P_s over the v times it is crossed; the transfer from the last stage back to the first
     (between chunks) takes the slowest of those."""
+    if evaluation.pipelines:
+        return _pipelines_schedule(evaluation)
     stages, v = evaluation.stages, evaluation.plan.virtual_stages
     p2p = [r.p2p / v for r in stages[:-1]]
     p2p.append(max(p2p, default=0.0))

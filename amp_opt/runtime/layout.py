@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..model.plan import Plan, parse_plan
+from ..model.plan import Plan, one_pipeline, parse_plan
 
 # The plan settings the runtime executes: a search restricted to these finds runnable plans.
 RUNNABLE: dict[str, list] = {"cp": [1], "sequence_parallel": [False, True],
@@ -49,7 +49,7 @@ class Layout:
     def of(cls, plan, *, global_batch: int) -> "Layout":
         """The layout of a plan (a :class:`~amp_opt.model.plan.Plan` or its JSON form), whose pipeline
         micro-batch must divide the global batch (InputError naming the field otherwise)."""
-        plan = plan if isinstance(plan, Plan) else parse_plan(plan)
+        plan = one_pipeline(plan if isinstance(plan, Plan) else parse_plan(plan), "the runtime")
         lay = cls(tuple(plan.tp_at(s) for s in range(plan.pp)), tuple(plan.dp_at(s) for s in range(plan.pp)),
                   tuple(tuple(plan.shares_at(s)) for s in range(plan.pp)), global_batch)
         if global_batch % lay.micro:

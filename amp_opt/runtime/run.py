@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 
 from ..errors import InputError
 from ..model.load import load_instance, load_json, parse_instance
-from ..model.plan import Plan, check_plan, parse_plan
+from ..model.plan import Plan, check_plan, one_pipeline, parse_plan
 
 from ._torch import require_torch
 from .launch import launch
@@ -41,7 +41,7 @@ def prepare(instance, plan, *, oversubscribe: bool = False, base_dir=None):
     else:
         document = dict(instance)
     inst = load_instance(document) if base_dir is None else _load_at(document, base_dir)
-    plan = plan if isinstance(plan, Plan) else parse_plan(plan)
+    plan = one_pipeline(plan if isinstance(plan, Plan) else parse_plan(plan), "the runtime")
     plan = check_plan(inst, plan)
     refuse_unsupported(plan)
     lay = Layout.of(plan, global_batch=inst.training.global_batch)

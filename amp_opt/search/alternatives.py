@@ -24,7 +24,7 @@ from ..model.costs import plan_of
 from ..model.engines import engine_of
 from ..model.evaluate import MemoryParts, evaluate, memory_parts
 from ..model.load import DEFAULT_TP, RECOMPUTE
-from ..model.plan import Candidate, check_plan, rank_order_stages
+from ..model.plan import Candidate, Pipelines, check_plan, rank_order_stages
 from ..model.tables import Tables
 from .context import Search
 from .free_grouping import candidate_graph
@@ -46,6 +46,7 @@ class Overflow:
     memory: float
     capacity: float
     parts: MemoryParts
+    position: int = 0  # the stage's place in the evaluation's stages (several pipelines: pipeline 0's first)
 
     @property
     def over(self) -> float:
@@ -66,11 +67,11 @@ class Alternative:
 def overflows(instance, ev, parts) -> list[Overflow]:
     """Every (stage, device type) whose memory is below the stage's per-device need."""
     out = []
-    for r, p in zip(ev.stages, parts):
+    for at, (r, p) in enumerate(zip(ev.stages, parts)):
         for t in r.device_types:
             cap = instance.device_types[t].capacity
             if r.memory > cap:
-                out.append(Overflow(r.index, t, r.memory, cap, p))
+                out.append(Overflow(r.index, t, r.memory, cap, p, at))
     return out
 
 
@@ -206,8 +207,9 @@ def explain_plan(instance, plan, cost_model: str = "hetero") -> dict[str, Any]:
     parts = memory_parts(instance, ev, cost_model)
     over = overflows(instance, ev, parts)
     stages = [
-        {"stage": r.index, "tp": ev.plan.tp_at(r.index), "dp": ev.plan.dp_at(r.index),
-         "shares": list(ev.plan.shares_at(r.index)), "device_types": list(r.device_types), "memory": r.memory,
+        {**({} if r.pipeline is None else {"pipeline": r.pipeline}),
+         "stage": r.index, "tp": _own(ev.plan, r).tp_at(r.index), "dp": _own(ev.plan, r).dp_at(r.index),
+         "shares": list(_own(ev.plan, r).shares_at(r.index)), "device_types": list(r.device_types), "memory": r.memory,
          "capacity": r.capacity,
          "headroom": r.capacity - r.memory, "model_state": p.model_state, "activations": p.activations,
          "reserve": p.reserve, "dominant": p.dominant}
@@ -220,14 +222,20 @@ def explain_plan(instance, plan, cost_model: str = "hetero") -> dict[str, Any]:
         "feasible": ev.feasible,
         "predicted_time": ev.predicted_time,
         "stages": stages,
-        "overflows": [{"stage": o.stage, "device_type": o.device_type, "memory": o.memory, "capacity": o.capacity,
+        "overflows": [{"stage": o.stage, "position": o.position, "device_type": o.device_type, "memory": o.memory, "capacity": o.capacity,
                        "over_bytes": o.over, "dominant": o.parts.dominant} for o in over],
     }
     if not get_cost_model(cost_model).enforces_memory:
         out["note"] = f"the {ev.cost_model} cost model does not enforce memory; the memory figures are eq. H5's"
-    if over:
-        out["alternatives"] = [dataclasses.asdict(a) for a in plan_alternatives(instance, plan, cost_model)]
+    if over:  # changes of one pipeline's degrees; a plan of several pipelines is left to its author
+        out["alternatives"] = ([] if isinstance(plan, Pipelines) else
+                               [dataclasses.asdict(a) for a in plan_alternatives(instance, plan, cost_model)])
     return out
+
+
+def _own(plan, report):
+    """The pipeline a stage report belongs to: the plan, or its own pipeline of several."""
+    return plan if report.pipeline is None else plan.pipelines[report.pipeline]
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,61 @@
+"""The end of an iteration of several pipelines (``formulations/hetero.md`` U6).
+
+The pipelines' partitions cut the layers into segments (the union of their boundaries); the
+gradients of a segment are reduced by one ring over every replica, in every pipeline, of the
+stage that holds the segment.  A stage runs the rings of its segments one after another and
+then its optimizer step; the iteration ends with the slowest stage's end, after the slowest
+pipeline.  Each pipeline's own terms (compute, boundaries, memory, the optimizer step) come from
+the cost model's stage terms as for one pipeline.
+"""
+
+from __future__ import annotations
+
+from .link_rules import link_latency, ring_link
+
+
+def segments(plan) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """Per segment [a, b) of the pipelines' joint partition, the (pipeline, stage) pairs holding it.
+
+    Examples
+    --------
+    >>> from amp_opt.model.plan import parse_plan
+    >>> plan = parse_plan({"pipelines": [
+    ...     {"tp": 1, "dp": 1, "pp": 2, "micro_batch": 1, "partition": [0, 2, 4], "micro_batches": 4},
+    ...     {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4], "micro_batches": 4}]})
+    >>> segments(plan)
+    [(0, 2, [(0, 0), (1, 0)]), (2, 4, [(0, 1), (1, 0)])]
+    """
+    cuts = sorted({b for p in plan.pipelines for b in p.partition})
+    out = []
+    for a, b in zip(cuts, cuts[1:]):
+        holders = [(i, next(s for s in range(p.pp) if p.partition[s] <= a < p.partition[s + 1]))
+                   for i, p in enumerate(plan.pipelines)]
+        out.append((a, b, holders))
+    return out
+
+
+def segment_reduction(instance, tables, plan, a: int, b: int, holders) -> float:
+    """U6: seconds of the ring reducing segment [a, b)'s gradients over its R holders' replicas,
+    2 (R-1)/R of the largest shard's gradient bytes (the least tp among the holders) over the
+    slowest link the ring crosses, each NIC shared by the largest tp's rings (H4, H17), plus
+    2 (R-1) messages at that link's latency (H19); 0 for one replica."""
+    R = sum(plan.pipelines[i].dp_at(s) for i, s in holders)
+    if R == 1:
+        return 0.0
+    tps = [plan.pipelines[i].tp_at(s) for i, s in holders]
+    node_of = instance.device_node
+    nodes = sorted({int(node_of[d]) for i, s in holders for group in plan.pipelines[i].stages[s] for d in group})
+    params = float(tables.layer_sums(min(tps)).params_in(a, b))
+    moved = 2 * (R - 1) / R * params * instance.training.allreduce_bytes_per_param
+    return moved / ring_link(instance, nodes, max(tps)) + 2 * (R - 1) * link_latency(instance, nodes)
+
+
+def pipeline_ends(instance, tables, plan, optimizer_steps) -> tuple[tuple[float, ...], ...]:
+    """U6: per pipeline i and stage s, X[i][s] = the rings of its segments plus its optimizer step
+    (``optimizer_steps[i][s]``, seconds, from the pipeline's own stage terms, H15)."""
+    ends = [list(row) for row in optimizer_steps]
+    for a, b, holders in segments(plan):
+        seconds = segment_reduction(instance, tables, plan, a, b, holders)
+        for i, s in holders:
+            ends[i][s] += seconds
+    return tuple(tuple(row) for row in ends)
