@@ -1,5 +1,6 @@
-"""``export``: turn a plan into what a training run needs (DeepSpeed config, Megatron-LM flags, or
-FlagScale's heterogeneous-training config for plans whose stages differ).
+"""``export``: turn a plan into what a training run needs (DeepSpeed config, Megatron-LM flags,
+FlagScale's heterogeneous-training config for plans whose stages differ, or Hetu's strategy for
+plans of several pipelines).
 
 The exports carry the batch arithmetic, the pipeline layer split and the
 rank-to-device mapping that realises the plan's ``stages`` (:mod:`amp_opt.export`).
@@ -12,23 +13,27 @@ import sys
 
 from ..export.deepspeed import export_deepspeed
 from ..export.flagscale import export_flagscale
+from ..export.hetu import export_hetu
 from ..export.megatron import export_megatron
 from ..model.evaluate import evaluate
 from ..model.load import load_instance
 from ..model.plan import check_plan
 from .common import add_cost_model, load_single_plan, write_text
 
-EXPORTERS = {"deepspeed": export_deepspeed, "megatron": export_megatron, "flagscale": export_flagscale}
+EXPORTERS = {"deepspeed": export_deepspeed, "megatron": export_megatron, "flagscale": export_flagscale,
+             "hetu": export_hetu}
 
 
 def add_arguments(p) -> None:
     """The options of the command."""
     p.add_argument("instance", help="instance JSON file")
-    p.add_argument("plan", help="JSON file with one plan object")
+    p.add_argument("plan", help="JSON file with one plan object (several pipelines: --format hetu only)")
     p.add_argument("--format", choices=list(EXPORTERS), required=True,
                    help="deepspeed: a DeepSpeed config file plus the stage boundaries and launch mapping; "
                         "megatron: Megatron-LM arguments; flagscale: FlagScale's heterogeneous-training config "
-                        "(process meshes with their own tp, dp and device type; required)")
+                        "(process meshes with their own tp, dp and device type); hetu: Hetu's heterogeneous strategy "
+                        "(several pipelines, each with its own stages, tp per stage and micro-batch count; "
+                        "required)")
     p.add_argument("-o", "--output", default=None, metavar="FILE",
                    help="file to write (default: stdout)")
     add_cost_model(p, "cost model whose verdict is attached (predicted time, feasibility)")
