@@ -207,8 +207,7 @@ def test_evaluate_explain_and_plot_show_every_pipeline(tmp_path):
     assert done.returncode == 0 and (tmp_path / "p.png").stat().st_size > 0, done.stderr
 
 
-@pytest.mark.parametrize("args", [("run", "inst.json", "plan.json"),
-                                  ("export", "inst.json", "plan.json", "--format", "megatron"),
+@pytest.mark.parametrize("args", [("export", "inst.json", "plan.json", "--format", "megatron"),
                                   ("export", "inst.json", "plan.json", "--format", "flagscale")])
 def test_what_takes_one_pipeline_says_so_in_one_line(tmp_path, args):
     write(tmp_path)

@@ -32,7 +32,7 @@ from ..model.costs import cost_model
 from ..model.costs.iteration import pipeline_weights
 from ..model.evaluate import evaluate
 from ..model.load import load_instance, load_json
-from ..model.plan import check_plan, describe, one_pipeline
+from ..model.plan import check_plan, describe
 from .common import add_torch_options, load_single_plan, positive_float, positive_int, write_text
 
 EXIT_RUN_FAILED = 6
@@ -80,9 +80,9 @@ def run(args) -> int:
         raise InputError("--memory-limit", f"{args.memory_limit} bytes leave nothing beyond the instance's "
                                            f"training.memory_reserve ({instance.training.memory_reserve:.0f} bytes), "
                                            "which counts toward it as toward a device's memory")
-    plan = check_plan(instance, one_pipeline(load_single_plan(args.plan), "run"))
+    plan = check_plan(instance, load_single_plan(args.plan))
     types = sorted({instance.nodes[instance.device_node[d]].device_type
-                    for stage in plan.stages for group in stage for d in group})
+                    for p in getattr(plan, "pipelines", (plan,)) for stage in p.stages for group in stage for d in group})
     device = resolve_device(args.device)
     if len(types) > 1 and device != "cpu":
         raise InputError("plan.stages", f"the plan uses device types {', '.join(types)}; one machine runs one kind "
@@ -163,8 +163,10 @@ def _write_record(record: dict, output: str, instance_path: str, *, append: bool
 def format_comparison(instance, record: dict, evaluation, comparison) -> str:
     """Measured next to predicted, term by term (text)."""
     plan = evaluation.plan
-    head = (f"{instance.name}: {describe(plan)} "
-            f"({evaluation.n_micro} micro-batches/iteration, partition {list(plan.partition)})")
+    several = bool(evaluation.pipelines)
+    micro = "+".join(map(str, evaluation.n_micro)) if several else evaluation.n_micro
+    partition = (" and ".join(str(list(p.partition)) for p in plan.pipelines) if several else list(plan.partition))
+    head = f"{instance.name}: {describe(plan)} ({micro} micro-batches/iteration, partition {partition})"
     if record.get("failed"):
         return f"{head}\nrun FAILED ({record['failed']}): {record.get('error', '')}\n"
     m = record["measured"]
@@ -186,20 +188,25 @@ def format_comparison(instance, record: dict, evaluation, comparison) -> str:
     lines.append(f"  {'':>5} {'':>7}  {'measured':>10} {'predicted':>10}  {'measured':>9} {'predicted':>9}  "
                  f"{'blocked':>9} {'predicted':>9}  {'measured':>9} {'predicted':>9}")
     for s in comparison.stages:
-        lines.append(f"  {s.stage:>5} {f'{s.layers[0]}-{s.layers[1] - 1}':>7}  "
+        label = str(s.stage) if s.pipeline is None else f"{s.pipeline}.{s.stage}"
+        lines.append(f"  {label:>5} {f'{s.layers[0]}-{s.layers[1] - 1}':>7}  "
                      f"{s.compute_per_micro_batch.measured * 1e3:>10.2f} {s.compute_per_micro_batch.predicted * 1e3:>10.2f}  "
                      f"{s.allreduce.measured * 1e3:>9.2f} {s.allreduce.predicted * 1e3:>9.2f}  "
                      f"{s.p2p.measured * 1e3:>9.2f} {s.p2p.predicted * 1e3:>9.3f}  "
                      f"{s.memory.measured / 2**20:>9.2f} {s.memory.predicted / 2**20:>9.2f}")
-    n = evaluation.n_micro
-    e_m = [s.compute_per_micro_batch.measured for s in comparison.stages]
-    e_p = [s.compute_per_micro_batch.predicted for s in comparison.stages]
-    # The cost model's pipeline weights (H13 for hetero), on the measured and the predicted stage times.
-    weights = pipeline_weights(n, len(e_m), plan.virtual_stages, cost_model(evaluation.cost_model).schedule)
-    pipe_m = weights.time(e_m, [0.0], [0.0])
-    pipe_p = weights.time(e_p, [0.0], [0.0])
+    # The cost model's pipeline weights (H13 for hetero), on the measured and the predicted stage times;
+    # with several pipelines the slowest pipeline's (U6).
+    pipe_m = pipe_p = 0.0
+    for i, n in enumerate(evaluation.n_micro if several else (evaluation.n_micro,)):
+        mine = [s for s in comparison.stages if s.pipeline == (i if several else None)]
+        weights = pipeline_weights(n, len(mine), plan.virtual_stages, cost_model(evaluation.cost_model).schedule)
+        pipe_m = max(pipe_m, weights.time([s.compute_per_micro_batch.measured for s in mine], [0.0], [0.0]))
+        pipe_p = max(pipe_p, weights.time([s.compute_per_micro_batch.predicted for s in mine], [0.0], [0.0]))
     ar_m = max(s.allreduce.measured for s in comparison.stages)
     ar_p = max(s.allreduce.predicted for s in comparison.stages)
+    if several:  # a faster pipeline's ranks wait in the reduction for the slowest: count the one that waits least
+        ar_m = min(max(s.allreduce.measured for s in comparison.stages if s.pipeline == i)
+                   for i in range(len(plan.pipelines)))
     opt = max(st.get("optimizer", 0.0) for st in m["stages"])
     # H15: the step follows the reduction; the prediction's end of iteration is max_s (AR_s + O_s).
     end_p = max(s.allreduce.predicted + s.optimizer.predicted for s in comparison.stages)
@@ -207,7 +214,8 @@ def format_comparison(instance, record: dict, evaluation, comparison) -> str:
     rest_m = it.measured - pipe_m - ar_m - opt
     rest_p = it.predicted - pipe_p - end_p
     lines += ["", "  iteration, term by term (s)        measured   predicted",
-              f"  pipeline compute max c E + sum E    {pipe_m:>9.4f} {pipe_p:>11.4f}",
+              f"  pipeline compute max c E + sum E    {pipe_m:>9.4f} {pipe_p:>11.4f}"
+              + ("  (the slowest pipeline)" if several else ""),
               f"  gradient allreduce (max)            {ar_m:>9.4f} {ar_p:>11.4f}",
               f"  optimizer step{' (not modelled)' if not end_p > ar_p else ' (H15)':<21} {opt:>9.4f} {opt_p:>11.4f}",
               f"  the rest: p2p, bubbles, overheads   {rest_m:>9.4f} {rest_p:>11.4f}",

@@ -205,12 +205,13 @@ def one_pipeline(plan: Plan | Pipelines, what: str) -> Plan:
 
     Examples
     --------
-    >>> one_pipeline(parse_plan({"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 2]}), "run").pp
+    >>> one_pipeline(parse_plan({"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 2]}), "Megatron-LM").pp
     1
     """
     if isinstance(plan, Pipelines):
         raise InputError("plan.pipelines", f"{what} takes a plan of one pipeline; a plan of several pipelines is "
-                                           "priced by evaluate, explain and plot and exported with --format hetu")
+                                           "priced by evaluate, explain and plot, executed by run and exported "
+                                           "with --format hetu")
     return plan
 
 

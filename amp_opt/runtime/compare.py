@@ -52,6 +52,7 @@ class StageComparison:
     allreduce: TermPair
     memory: TermPair
     optimizer: TermPair = TermPair(0.0, 0.0)  # the optimizer step (H15)
+    pipeline: int | None = None  # a plan of several pipelines: the stage's pipeline
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ class Comparison:
         return {
             "cost_model": self.cost_model,
             "iteration_time": self.iteration_time.to_json(),
-            "stages": [{"stage": s.stage, "layers": list(s.layers),
+            "stages": [{**({} if s.pipeline is None else {"pipeline": s.pipeline}), "stage": s.stage,
+                        "layers": list(s.layers),
                         **{k: getattr(s, k).to_json() for k in ("compute_per_micro_batch", "p2p", "allreduce",
                                                                  "memory")}} for s in self.stages],
             "breakdown_predicted": dict(self.breakdown_predicted),
@@ -94,8 +96,8 @@ def compare_run(record: dict, evaluation, instance) -> Comparison:
     if record.get("failed"):
         raise InputError("record", f"the run failed ({record['failed']}): nothing measured to compare")
     measured = record["measured"]
-    if measured["micro_batches_per_iteration"] != evaluation.n_micro or len(measured["stages"]) != len(
-            evaluation.stages):
+    n_micro = evaluation.n_micro if isinstance(evaluation.n_micro, int) else list(evaluation.n_micro)
+    if measured["micro_batches_per_iteration"] != n_micro or len(measured["stages"]) != len(evaluation.stages):
         raise InputError("record", "the run and the evaluation are not of the same plan")
     from ..calibrate.predict import peak_of_stage
 
@@ -107,13 +109,20 @@ def compare_run(record: dict, evaluation, instance) -> Comparison:
             p2p=TermPair(m["p2p"], p.p2p),
             allreduce=TermPair(m["allreduce"] + m.get("tie_allreduce", 0.0), p.allreduce - p.optimizer_step),
             optimizer=TermPair(m.get("optimizer", 0.0), p.optimizer_step),
-            memory=TermPair(float(m["peak_memory"]), peak_of_stage(instance, p))))
+            memory=TermPair(float(m["peak_memory"]), peak_of_stage(instance, p)), pipeline=p.pipeline))
     # the record's own p2p note is said again below, with what the prediction counts
     notes = [n for n in measured.get("notes", ()) if not n.startswith("p2p is time blocked")]
     if len(stages) > 1:
         notes.append("measured p2p is blocked time per iteration (bubbles included); predicted p2p is one transfer")
+    if evaluation.pipelines:
+        notes.append("with several pipelines a faster pipeline's measured allreduce includes its wait for the "
+                     "slowest (the rings start once every pipeline holding their layers is done, U6); the term "
+                     "by term split counts the pipeline that waits least")
     tied = [m["stage"] for m in measured["stages"] if m.get("tie_allreduce", 0.0) > 0]
-    if tied:
+    if tied and evaluation.pipelines:
+        notes.append("measured allreduce of the stages holding the tied word embedding includes its sums within "
+                     "and across the pipelines, which the cost model does not count")
+    elif tied:
         notes.append(f"measured allreduce of stages {', '.join(map(str, tied))} includes the allreduce of the tied "
                      "word embedding between the first and last stage, which the cost model does not count "
                      "(so a stage without replicas shows one)")

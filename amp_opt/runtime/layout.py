@@ -10,7 +10,9 @@ workers.
 Rank order: the stages' ranks one after the other; inside stage s, rank = offset_s + tp_rank
 + tp_s * dp_rank (Megatron's order when the plan is uniform).  Samples: pipeline micro-batch
 j of an iteration is samples [j*M, (j+1)*M) of the global batch; replica r of stage s takes
-positions [sum(shares[s][:r]), sum(shares[s][:r+1])) of it.
+positions [sum(shares[s][:r]), sum(shares[s][:r+1])) of it.  A plan of several pipelines
+(:func:`pipelines_of`) lays its pipelines one after the other, in ranks and in samples: pipeline
+i's ranks start after pipeline i-1's, and its n_i * M_i samples after pipeline i-1's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..model.plan import Plan, one_pipeline, parse_plan
+from ..model.plan import Pipelines, Plan, one_pipeline, parse_plan
 
 # The plan settings the runtime executes: a search restricted to these finds runnable plans.
 RUNNABLE: dict[str, list] = {"cp": [1], "sequence_parallel": [False, True],
@@ -112,3 +114,43 @@ class Layout:
             if max(a, c) < min(b, d):
                 out.append((q, max(a, c), min(b, d)))
         return out
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """One pipeline of a run: its layout (on the samples it processes), its first rank, its first
+    sample in the iteration's batch, and its plan's JSON."""
+
+    lay: Layout
+    base: int
+    start: int
+    plan: dict
+
+
+def pipelines_of(plan, *, global_batch: int) -> tuple[Pipeline, ...]:
+    """A run's pipelines, ranks and samples one after the other: one for a plan of one pipeline.
+
+    Examples
+    --------
+    >>> pipes = pipelines_of({"pipelines": [
+    ...     {"tp": 1, "dp": 1, "pp": 2, "micro_batch": 1, "partition": [0, 2, 4], "micro_batches": 3},
+    ...     {"tp": 2, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4], "micro_batches": 5}]}, global_batch=8)
+    >>> [(p.base, p.start, p.lay.world, p.lay.n_micro) for p in pipes]
+    [(0, 0, 2, 3), (2, 3, 2, 5)]
+    """
+    plan = plan if isinstance(plan, (Plan, Pipelines)) else parse_plan(plan)
+    if not isinstance(plan, Pipelines):
+        return (Pipeline(Layout.of(plan, global_batch=global_batch), 0, 0, plan.to_json()),)
+    out, base, start = [], 0, 0
+    for i, p in enumerate(plan.pipelines):
+        lay = Layout.of(p, global_batch=plan.samples(i))
+        out.append(Pipeline(lay, base, start, p.to_json()))
+        base, start = base + lay.world, start + plan.samples(i)
+    if start != global_batch:
+        raise InputError("plan.pipelines", f"the pipelines process {start} samples, the global batch is {global_batch}")
+    return tuple(out)
+
+
+def world_of(pipes) -> int:
+    """Processes of a run: every pipeline's."""
+    return sum(p.lay.world for p in pipes)

@@ -24,6 +24,15 @@ keeps 1/dp_s of it), then each stage sums its gradients over its dp_s replicas a
 (:mod:`.zero`: one flat all-reduce and Adam on every parameter, or under ZeRO-1 a reduce-scatter,
 Adam on the rank's shard and an all-gather of the shards).
 
+Several pipelines (``formulations/hetero.md`` U6; :func:`.layout.pipelines_of`): each runs the
+above on its own samples of the batch (its n_i micro-batches of M_i), with its own groups; then,
+instead of each stage's sum over its replicas, the gradients of each segment of the pipelines'
+joint partition are summed over every replica holding it, rank by tensor-parallel rank (the
+holders share one tp), and a tied word table over the first stages' and over the last stages'
+ranks of every pipeline.  The losses are weighted by share/B with B the whole batch, so the sums
+are the whole batch's gradients (``tests/test_runtime_pipelines.py`` checks them against one
+process).
+
 Timed per rank and iteration (seconds, ``time.perf_counter``): the iteration (after a barrier, to
 the end of the optimizer step), compute (forward + backward of the stage's layers), p2p (time
 blocked in recv and in waiting for sends -- this includes pipeline bubbles), allreduce (dp
@@ -51,7 +60,9 @@ from ..model.presets import ModelShape
 from ..model.schedule import pipeline_order
 
 from ._torch import require_torch
-from .layout import Layout
+from ..model.costs.pipelines import segments
+from ..model.plan import parse_plan
+from .layout import Layout, pipelines_of
 from .memory import SavedTensorTracker
 from .modules import TensorParallel, build_model, run_layers, set_recompute, torch_dtype
 from .profile import Timer
@@ -81,45 +92,74 @@ class Peer:
 
 class _Groups:
     """Every process group of the plan (all ranks create all groups, in one order) and this rank's
-    peers across the stage boundaries."""
+    peers across the stage boundaries.  With several pipelines (``pipes``, :func:`.layout.pipelines_of`)
+    each pipeline has its own groups, and each segment of the pipelines' joint partition a group per
+    tensor-parallel rank over every replica holding it (``segments``: this rank's (a, b, group));
+    a tied word table is summed over the first stages' ranks and over the last stages' ranks of
+    every pipeline (``word_groups``: this rank's (first, last), None where it is not in one)."""
 
-    def __init__(self, lay: Layout, rank: int, tied: bool):
-        self.stage, self.dp_rank, self.tp_rank = lay.place(rank)
+    def __init__(self, pipes, rank: int, tied: bool):
+        self.pipeline = next(i for i, p in enumerate(pipes) if p.base <= rank < p.base + p.lay.world)
+        base, lay = pipes[self.pipeline].base, pipes[self.pipeline].lay
+        self.stage, self.dp_rank, self.tp_rank = lay.place(rank - base)
         self.tp = self.dp = self.tie = None
-        for s in range(lay.pp):
-            for r in range(lay.dp[s]):
-                self.tp = self._group([lay.rank(s, r, j) for j in range(lay.tp[s])], rank, self.tp)
-        for s in range(lay.pp):
-            for j in range(lay.tp[s]):
-                self.dp = self._group([lay.rank(s, r, j) for r in range(lay.dp[s])], rank, self.dp)
-        if tied and lay.pp > 1:
-            ends = [lay.rank(s, r, j) for s in (0, lay.pp - 1) for r in range(lay.dp[s]) for j in range(lay.tp[s])]
-            self.tie = self._group(ends, rank, None, always=True)
-        self.prev = self._peers(lay, -1) if self.stage > 0 else None
-        self.next = self._peers(lay, +1) if self.stage < lay.pp - 1 else None
+        for p in pipes:
+            for s in range(p.lay.pp):
+                for r in range(p.lay.dp[s]):
+                    self.tp = self._group([p.base + p.lay.rank(s, r, j) for j in range(p.lay.tp[s])], rank, self.tp)
+        for p in pipes:
+            for s in range(p.lay.pp):
+                for j in range(p.lay.tp[s]):
+                    self.dp = self._group([p.base + p.lay.rank(s, r, j) for r in range(p.lay.dp[s])], rank, self.dp)
+        for p in pipes:
+            if tied and p.lay.pp > 1:
+                self.tie = self._group(_stage_ranks(p, 0) + _stage_ranks(p, p.lay.pp - 1), rank, self.tie, always=True)
+        self.segments, self.word_groups = [], (None, None)
+        if len(pipes) > 1:
+            plan = parse_plan({"pipelines": [dict(p.plan, micro_batches=1) for p in pipes]})
+            for a, b, holders in segments(plan):
+                for j in range(pipes[holders[0][0]].lay.tp[holders[0][1]]):  # one tp among the holders (run.py)
+                    ranks = [pipes[i].base + pipes[i].lay.rank(s, r, j) for i, s in holders
+                             for r in range(pipes[i].lay.dp[s])]
+                    group = self._group(ranks, rank, None)
+                    if rank in ranks:
+                        self.segments.append((a, b, group))
+            if tied:
+                first = self._group([x for p in pipes for x in _stage_ranks(p, 0)], rank, None, always=True)
+                last = self._group([x for p in pipes for x in _stage_ranks(p, p.lay.pp - 1)], rank, None, always=True)
+                self.word_groups = (first, last)
+        self.prev = self._peers(lay, base, -1) if self.stage > 0 else None
+        self.next = self._peers(lay, base, +1) if self.stage < lay.pp - 1 else None
 
     @staticmethod
     def _group(ranks, rank, mine, always=False):
         group = dist.new_group(ranks) if always or len(ranks) > 1 else None
         return group if rank in ranks else mine
 
-    def _peers(self, lay: Layout, step: int) -> tuple[list[Peer], list[Peer]]:
-        """(forward, backward) peers toward stage s+step: from step -1 the pieces received forward
-        and the gradients sent back; toward step +1 the pieces sent forward, the gradients received."""
+    def _peers(self, lay: Layout, first: int, step: int) -> tuple[list[Peer], list[Peer]]:
+        """(forward, backward) peers toward stage s+step of this rank's pipeline (whose ranks start
+        at ``first``): from step -1 the pieces received forward and the gradients sent back; toward
+        step +1 the pieces sent forward, the gradients received."""
         s, r, j = self.stage, self.dp_rank, self.tp_rank
         t = s + step
         base = lay.samples(s, r)[0]
         forward, backward = [], []
         for q, a, b in lay.overlaps(s, t, r):
             if step < 0:  # q sends from its tensor-parallel rank j mod tp_t; we send gradients back
-                forward.append(Peer(lay.rank(t, q, j % lay.tp[t]), a - base, b - base))
-                backward += [Peer(lay.rank(t, q, k), a - base, b - base) for k in range(lay.tp[t])
+                forward.append(Peer(first + lay.rank(t, q, j % lay.tp[t]), a - base, b - base))
+                backward += [Peer(first + lay.rank(t, q, k), a - base, b - base) for k in range(lay.tp[t])
                              if k % lay.tp[s] == j]
             else:
-                forward += [Peer(lay.rank(t, q, k), a - base, b - base) for k in range(lay.tp[t])
+                forward += [Peer(first + lay.rank(t, q, k), a - base, b - base) for k in range(lay.tp[t])
                             if k % lay.tp[s] == j]
-                backward.append(Peer(lay.rank(t, q, j % lay.tp[t]), a - base, b - base))
+                backward.append(Peer(first + lay.rank(t, q, j % lay.tp[t]), a - base, b - base))
         return forward, backward
+
+
+def _stage_ranks(pipe, s: int) -> list[int]:
+    """Every rank of stage s of a pipeline."""
+    lay = pipe.lay
+    return [pipe.base + lay.rank(s, r, j) for r in range(lay.dp[s]) for j in range(lay.tp[s])]
 
 
 class _Clock:
@@ -185,6 +225,9 @@ class _Rank:
     threads: int
     word: Any = None
     schedule: list = field(default_factory=list)
+    plan: dict = field(default_factory=dict)  # this rank's pipeline's plan (the task's plan, or one of its pipelines)
+    start: int = 0  # the pipeline's first sample in the iteration's batch
+    pipes: tuple = ()  # the run's pipelines (:func:`.layout.pipelines_of`)
 
     @property
     def share(self) -> int:
@@ -198,14 +241,15 @@ class _Rank:
 def _setup(task: dict, rank: int) -> _Rank:
     """Build this rank's layers, groups, optimizer and memory tracker."""
     shape = ModelShape(**task["model"])
-    plan = task["plan"]
-    lay = Layout.of(plan, global_batch=task["global_batch"])
+    pipes = pipelines_of(task["plan"], global_batch=task["global_batch"])
     device = task["device"]
     if device == "cuda":
         torch.cuda.set_device(int(task.get("local_rank", rank)) % torch.cuda.device_count())
     threads = set_threads(task["threads"][rank] if isinstance(task["threads"], list) else task["threads"])
     dtype = torch_dtype(task["dtype"])
-    groups = _Groups(lay, rank, shape.tied_embeddings)
+    groups = _Groups(pipes, rank, shape.tied_embeddings)
+    mine = pipes[groups.pipeline]
+    lay, plan = mine.lay, mine.plan
     s = groups.stage
     tp_timer = Timer()
     layers = build_model(shape, layers=range(plan["partition"][s], plan["partition"][s + 1]),
@@ -217,15 +261,23 @@ def _setup(task: dict, rank: int) -> _Rank:
     params = list({id(p): p for p in layers.parameters()}.values())
     optimizer = make_optimizer(params, zero_stage=plan.get("zero_stage") or 0, replicas=lay.dp[s],
                                index=groups.dp_rank, group=groups.dp, lr=task["lr"])
+    if groups.segments:  # several pipelines: a flat buffer per segment, the largest live at once
+        modules, first = list(layers.values()), plan["partition"][s]
+        optimizer.memory["communication_buffers"] = max(
+            sum(p.numel() * p.element_size() for p in {id(p): p for m in modules[a - first:b - first]
+                                                        for p in m.parameters()}.values())
+            for a, b, _ in groups.segments)
     # --memory-limit stands for the device's memory: parameters, gradients, Adam's moments, the
     # reduction buffers and the instance's reserve count toward it before any activation.
     tracker = SavedTensorTracker(exclude=[layers], limit=task.get("memory_limit"),
                                  reserved=sum(optimizer.memory.values()) + int(task.get("memory_reserve", 0)))
     tracker.add_extra(0)  # the model state alone may exceed the limit
+    word = groups.tie is not None or (shape.tied_embeddings and len(pipes) > 1)
     return _Rank(task, shape, lay, groups, layers, optimizer, tracker, _Buffers(tracker), tp_timer, dtype, device,
                  threads,
-                 word=_word_grad(layers, s, lay.pp) if groups.tie is not None else None,
-                 schedule=[(kind, j) for kind, j, _ in pipeline_order(s, lay.pp, lay.n_micro)])  # Megatron's 1F1B
+                 word=_word_grad(layers, s, lay.pp) if word else None,
+                 schedule=[(kind, j) for kind, j, _ in pipeline_order(s, lay.pp, lay.n_micro)],  # Megatron's 1F1B
+                 plan=plan, start=mine.start, pipes=pipes)
 
 
 def _recv(me: _Rank, peers: list[Peer], tag: int, clock: _Clock, track: bool):
@@ -260,9 +312,10 @@ def _finish_sends(me: _Rank, sends: list) -> None:
 def _forward(me: _Rank, j: int, inputs, targets, run: dict, clock: _Clock) -> None:
     """Micro-batch j forward: receive (or take) the input, run the stage, send the output on."""
     g, (a, b), m = me.groups, me.rows, me.lay.micro
-    mb_targets = targets[j * m + a: j * m + b].clone().to(me.device)  # own storage
+    first = me.start + j * m  # the micro-batch's first sample in the iteration's batch
+    mb_targets = targets[first + a: first + b].clone().to(me.device)  # own storage
     if g.prev is None:
-        x = inputs[j * m + a: j * m + b].clone().to(me.device)
+        x = inputs[first + a: first + b].clone().to(me.device)
     else:
         x = _recv(me, g.prev[0], j, clock, track=False)
         x.requires_grad_()
@@ -270,7 +323,7 @@ def _forward(me: _Rank, j: int, inputs, targets, run: dict, clock: _Clock) -> No
     with me.tracker:
         out = run_layers(me.layers, x, mb_targets)
     if "head" in me.layers:
-        out = out * (me.share / me.lay.global_batch)  # this micro-batch's part of the batch's mean loss
+        out = out * (me.share / me.task["global_batch"])  # this micro-batch's part of the batch's mean loss
         run["loss"] += float(out.detach())
     else:
         me.buffers.add(out)
@@ -313,7 +366,7 @@ def _reduce(me: _Rank, clock: _Clock) -> None:
         t0 = time.perf_counter()
         sum_gradients(shared, me.groups.tp)
         me.tp_timer.add(time.perf_counter() - t0)
-    if me.word is not None:
+    if me.word is not None and me.groups.tie is not None:
         t0 = time.perf_counter()
         s = me.groups.stage
         # Every tensor-parallel rank holds its replica's gradient whole: the sum over the ends' ranks,
@@ -324,12 +377,42 @@ def _reduce(me: _Rank, clock: _Clock) -> None:
         if me.lay.dp[s] > 1:
             me.word.grad /= me.lay.dp[s]
         clock.add("tie_allreduce", time.perf_counter() - t0)
-    me.optimizer.reduce(clock)
+    if me.groups.segments:
+        _reduce_across(me, clock)
+    else:
+        me.optimizer.reduce(clock)
+
+
+def _reduce_across(me: _Rank, clock: _Clock) -> None:
+    """Several pipelines (U6): each segment's gradients summed over every replica holding it, in
+    every pipeline; a tied word table over the first stages' and over the last stages' ranks of
+    every pipeline (each rank's copy divided by its tp, as every tensor-parallel rank holds it whole;
+    a rank that is both sums once and lends its copy to the other sum)."""
+    word = me.word
+    start = me.plan["partition"][me.groups.stage]
+    modules = list(me.layers.values())
+    t0 = time.perf_counter()
+    for a, b, group in me.groups.segments:
+        params = list({id(p): p for module in modules[a - start:b - start] for p in module.parameters()
+                       if p is not word}.values())
+        if params:
+            sum_gradients(params, group)
+    clock.add("allreduce", time.perf_counter() - t0)
+    if word is not None:
+        t0 = time.perf_counter()
+        first, last = me.groups.word_groups
+        word.grad /= me.lay.tp[me.groups.stage]
+        lent = word.grad.clone() if first is not None and last is not None else word.grad
+        if first is not None:
+            dist.all_reduce(word.grad, group=first)
+        if last is not None:
+            dist.all_reduce(lent, group=last)
+        clock.add("tie_allreduce", time.perf_counter() - t0)
 
 
 def _iteration(me: _Rank, it: int) -> tuple[dict, float | None, dict | None]:
     """One training iteration: (its times, its loss on the last stage, the gradients to dump)."""
-    inputs, targets = synthetic_batch(me.shape, me.lay.global_batch, me.task["seed"], it)
+    inputs, targets = synthetic_batch(me.shape, me.task["global_batch"], me.task["seed"], it)
     clock = _Clock()
     run = {"pending": [], "sent": {}, "kept": {}, "loss": 0.0}
     dist.barrier()
@@ -373,14 +456,15 @@ def run_worker(task: dict, rank: int, world: int) -> dict:
 
 def _gather(me: _Rank, rank: int, world: int, records: list, losses: list) -> dict:
     """Every rank's measurements to rank 0, which assembles the run record."""
-    g, plan = me.groups, me.task["plan"]
+    g, plan = me.groups, me.plan
     memory = {**me.optimizer.memory, "activations_peak": me.tracker.peak}
     if me.device == "cuda":
         peak, kind = int(torch.cuda.max_memory_allocated()), "allocator"
     else:
         peak, kind = int(sum(memory.values())), "tracked"
     s = g.stage
-    mine = {"rank": rank, "stage": s, "dp_rank": g.dp_rank, "tp_rank": g.tp_rank, "share": me.share,
+    mine = {"rank": rank, "pipeline": g.pipeline, "stage": s, "dp_rank": g.dp_rank, "tp_rank": g.tp_rank,
+            "share": me.share,
             "threads": me.threads,
             "device": plan["stages"][s][g.dp_rank][g.tp_rank], "layers": plan["partition"][s:s + 2],
             "records": records, "losses": losses, "peak_memory": peak, "memory_kind": kind, "memory": memory,
@@ -391,7 +475,10 @@ def _gather(me: _Rank, rank: int, world: int, records: list, losses: list) -> di
         return {"rank": rank}
     prov = provenance(me.device, me.dtype, me.threads, attention=me.task["attention"], processes=world,
                       backend=dist.get_backend(), warmup=me.task["warmup"], iterations=me.task["iterations"])
-    from .record import assemble
+    from .record import assemble, assemble_pipelines
 
+    if len(me.pipes) > 1:
+        return {"record": assemble_pipelines(me.task["plan"], gathered, pipes=me.pipes, provenance=prov,
+                                             memory_limit=me.task.get("memory_limit"))}
     return {"record": assemble(plan, gathered, layout=me.lay, provenance=prov,
                                memory_limit=me.task.get("memory_limit"))}

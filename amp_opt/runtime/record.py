@@ -19,6 +19,9 @@ Shape (seconds, bytes)::
         "memory_kind": "tracked" | "allocator",
         "threads": per process (a list by rank when they differ), "provenance": {...}, "notes": [...]}}
 
+A plan of several pipelines (:func:`assemble_pipelines`) gives one count per pipeline in
+``micro_batches_per_iteration`` and a ``pipeline`` in each stage and rank.
+
 A stage's term is the largest over its ranks of that rank's median over the
 measured iterations (the slowest replica sets the pace, as in eq. H1).  ``tp``, ``dp`` and
 ``shares`` (samples of each micro-batch per replica) are the stage's own; each rank's own
@@ -98,6 +101,43 @@ def assemble(plan: dict, ranks: list[dict], *, layout, provenance: dict, memory_
                        "compute_per_micro_batch": _median(r["records"], "compute") / n} for r in ranks],
             "memory_kind": ranks[0]["memory_kind"],
             "threads": threads[0] if len(set(threads)) == 1 else threads,
+            "provenance": provenance,
+            "notes": notes,
+        },
+    }
+
+
+def assemble_pipelines(plan: dict, ranks: list[dict], *, pipes, provenance: dict,
+                       memory_limit: int | None = None) -> dict:
+    """The run record of a plan of several pipelines: each pipeline's record assembled as one
+    (:func:`assemble`) from its own ranks, then joined: the iteration is the slowest rank's, the
+    loss the sum of every pipeline's part, the stages every pipeline's (each with ``pipeline``),
+    ``micro_batches_per_iteration`` one count per pipeline; ``pipes`` is
+    :func:`amp_opt.runtime.layout.pipelines_of` of the plan."""
+    parts = [assemble(pipe.plan, [r for r in ranks if r["pipeline"] == i], layout=pipe.lay, provenance=provenance,
+                      memory_limit=memory_limit) for i, pipe in enumerate(pipes)]
+    iterations = len(ranks[0]["records"])
+    iteration_times = [max(r["records"][k]["iteration"] for r in ranks) for k in range(iterations)]
+    losses = [sum(part["measured"]["losses"][k] for part in parts) for k in range(len(parts[0]["measured"]["losses"]))]
+    first = parts[0]["measured"]
+    limit = run_memory_limit(memory_limit, ranks)
+    notes = list(dict.fromkeys(n for part in parts for n in part["measured"]["notes"]))
+    notes.append("allreduce sums each segment of the pipelines' joint partition over every replica holding it; "
+                 "tie_allreduce the tied word table within and across the pipelines")
+    return {
+        "plan": plan,
+        "iteration_time": float(statistics.median(iteration_times)),
+        "peak_memory": max(r["peak_memory"] for r in ranks),
+        **({"memory_limit": limit} if limit is not None else {}),
+        "measured": {
+            "iteration_times": iteration_times,
+            "micro_batches_per_iteration": [pipe.lay.n_micro for pipe in pipes],
+            "losses": losses,
+            "stages": [dict(stage, pipeline=i) for i, part in enumerate(parts) for stage in part["measured"]["stages"]],
+            "ranks": [dict(rank, pipeline=i) for i, part in enumerate(parts) for rank in part["measured"]["ranks"]],
+            "memory_kind": first["memory_kind"],
+            "threads": first["threads"] if all(p["measured"]["threads"] == first["threads"] for p in parts) else
+            [r.get("threads", provenance["threads"]) for r in sorted(ranks, key=lambda r: r["rank"])],
             "provenance": provenance,
             "notes": notes,
         },

@@ -3,9 +3,10 @@
 Everything that can be checked is checked before any process starts: the
 instance (loader), the plan against it (``check_plan``), the model can be built
 (preset or hf_config model, tensor-parallel divisibility), and the process count
-against the usable cores.  Then ``tp*dp*pp`` workers run (gloo on CPU, NCCL on
+against the usable cores.  Then one worker per device of the plan runs (gloo on CPU, NCCL on
 CUDA; see :mod:`amp_opt.runtime.pipeline` for what they do and time), with a
-timeout; a run never hangs and leaves no process behind.
+timeout; a run never hangs and leaves no process behind.  A plan of several pipelines runs
+when the pipelines holding each layer hold it at one tensor-parallel degree.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import Callable, Mapping
 
 from ..errors import InputError
 from ..model.load import load_instance, load_json, parse_instance
-from ..model.plan import Plan, check_plan, one_pipeline, parse_plan
+from ..model.costs.pipelines import segments
+from ..model.plan import Pipelines, Plan, check_plan, parse_plan
 
 from ._torch import require_torch
 from .launch import launch
-from .layout import RUNNABLE, RUNNABLE_HINT, Layout
+from .layout import RUNNABLE, RUNNABLE_HINT, pipelines_of, world_of
 from .modules import ATTENTION_KERNELS, model_shape, torch_dtype
 from .provenance import resolve_device, usable_cores
 from .record import run_memory_limit
@@ -41,32 +43,51 @@ def prepare(instance, plan, *, oversubscribe: bool = False, base_dir=None):
     else:
         document = dict(instance)
     inst = load_instance(document) if base_dir is None else _load_at(document, base_dir)
-    plan = one_pipeline(plan if isinstance(plan, Plan) else parse_plan(plan), "the runtime")
-    plan = check_plan(inst, plan)
-    refuse_unsupported(plan)
-    lay = Layout.of(plan, global_batch=inst.training.global_batch)
+    plan = check_plan(inst, plan if isinstance(plan, (Plan, Pipelines)) else parse_plan(plan))
+    several = isinstance(plan, Pipelines)
+    for i, p in enumerate(plan.pipelines if several else (plan,)):
+        refuse_unsupported(p, where=f"plan.pipelines[{i}]" if several else "plan")
+    if several:
+        _one_tp_per_segment(plan)
+    pipes = pipelines_of(plan, global_batch=inst.training.global_batch)
     shape = model_shape(document, base_dir=base_dir or ".")
-    for s, tp in enumerate(lay.tp):
-        for what, count in (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("ffn", shape.ffn)):
-            if count % tp:
-                at = "plan.tp" if lay.uniform else f"plan.tp[{s}]"
-                raise InputError(at, f"tensor-parallel degree {tp} must divide model.{what} ({count})")
-        if plan.sequence_parallel and shape.seq_len % tp:
-            raise InputError("plan.sequence_parallel", f"needs every tensor-parallel degree to divide model.seq_len "
-                                                       f"({shape.seq_len}); stage {s} has tp {tp}")
-    world, cores = lay.world, usable_cores()
+    for i, pipe in enumerate(pipes):
+        where = f"plan.pipelines[{i}]" if several else "plan"
+        lay = pipe.lay
+        for s, tp in enumerate(lay.tp):
+            for what, count in (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("ffn", shape.ffn)):
+                if count % tp:
+                    at = f"{where}.tp" if lay.uniform else f"{where}.tp[{s}]"
+                    raise InputError(at, f"tensor-parallel degree {tp} must divide model.{what} ({count})")
+            if pipe.plan.get("sequence_parallel") and shape.seq_len % tp:
+                raise InputError(f"{where}.sequence_parallel", f"needs every tensor-parallel degree to divide "
+                                                               f"model.seq_len ({shape.seq_len}); stage {s} has tp {tp}")
+    world, cores = world_of(pipes), usable_cores()
     if world > cores and not oversubscribe:
-        raise InputError("plan", f"needs {_world_formula(lay)} = {world} processes, this machine has {cores} "
+        raise InputError("plan", f"needs {_world_formula(pipes)} = {world} processes, this machine has {cores} "
                          "usable cores (run --oversubscribe, or oversubscribe=True from Python, runs it anyway: the "
                          "processes then share cores and their times say little)")
     return document, inst, plan, shape
 
 
-def _world_formula(lay: Layout) -> str:
-    return "tp*dp*pp" if lay.uniform else "the sum over stages of tp_s*dp_s"
+def _world_formula(pipes) -> str:
+    if len(pipes) > 1:
+        return "the sum over pipelines and stages of tp_s*dp_s"
+    return "tp*dp*pp" if pipes[0].lay.uniform else "the sum over stages of tp_s*dp_s"
 
 
-def refuse_unsupported(plan: Plan) -> None:
+def _one_tp_per_segment(plan: Pipelines) -> None:
+    """The runtime reduces a layer's gradients over the pipelines that hold it rank by rank of one
+    tensor-parallel degree (shards alike); pipelines that hold a layer at different tp are refused."""
+    for a, b, holders in segments(plan):
+        tps = sorted({plan.pipelines[i].tp_at(s) for i, s in holders})
+        if len(tps) > 1:
+            raise InputError("plan.pipelines", f"the runtime reduces each layer over the pipelines holding it at one "
+                                               f"tp; layers {a}-{b - 1} are held at tp {', '.join(map(str, tps))} "
+                                               "(evaluate prices such a plan; run executes it when the tp agree)")
+
+
+def refuse_unsupported(plan: Plan, *, where: str = "plan") -> None:
     """The runtime runs what :data:`~amp_opt.runtime.layout.RUNNABLE` states: tensor, data and pipeline
     parallelism (per stage, with uneven batch shares) with plain 1F1B, activation recomputation
     (none, selective, full, per stage, the block method), ZeRO stages 0 and 1 and sequence
@@ -85,11 +106,11 @@ def refuse_unsupported(plan: Plan) -> None:
     modes = (plan.recompute,) if isinstance(plan.recompute, str) else tuple(plan.recompute)
     asked = {"cp": (plan.cp,), "sequence_parallel": (plan.sequence_parallel,), "recompute": modes,
              "zero_stages": (plan.zero_stage or 0,), "virtual_stages": (plan.virtual_stages,)}
-    what = {"cp": ("plan.cp", "context parallelism", f"cp {plan.cp}"),
-            "sequence_parallel": ("plan.sequence_parallel", "sequence parallelism", "true"),
-            "recompute": ("plan.recompute", "activation recomputation", repr(plan.recompute)),
-            "zero_stages": ("plan.zero_stage", "ZeRO stage", str(plan.zero_stage)),
-            "virtual_stages": ("plan.virtual_stages", "interleaved schedule",
+    what = {"cp": (f"{where}.cp", "context parallelism", f"cp {plan.cp}"),
+            "sequence_parallel": (f"{where}.sequence_parallel", "sequence parallelism", "true"),
+            "recompute": (f"{where}.recompute", "activation recomputation", repr(plan.recompute)),
+            "zero_stages": (f"{where}.zero_stage", "ZeRO stage", str(plan.zero_stage)),
+            "virtual_stages": (f"{where}.virtual_stages", "interleaved schedule",
                                f"of {plan.virtual_stages} virtual stages")}
     for key, allowed in RUNNABLE.items():
         if any(value not in allowed for value in asked[key]):
@@ -139,10 +160,10 @@ def build_run_task(instance, plan, *, iterations: int = 5, warmup: int = 2, devi
     dt = torch_dtype(dtype, shape)
     if attention not in ATTENTION_KERNELS:
         raise InputError("attention", f"must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
-    lay = Layout.of(plan, global_batch=inst.training.global_batch)
+    pipes = pipelines_of(plan, global_batch=inst.training.global_batch)
     if threads is None:
-        threads = max(1, usable_cores() // lay.world)
-    threads = rank_threads(inst, plan, lay, threads) if isinstance(threads, Mapping) else _positive("threads", threads)
+        threads = max(1, usable_cores() // world_of(pipes))
+    threads = rank_threads(inst, pipes, threads) if isinstance(threads, Mapping) else _positive("threads", threads)
     return {"kind": "run", "model": asdict(shape), "plan": plan.to_json(), "device": device,
             "dtype": str(dt).replace("torch.", ""), "attention": attention, "threads": threads, "seed": seed,
             "lr": lr, "iterations": iterations, "warmup": warmup, "global_batch": inst.training.global_batch,
@@ -151,17 +172,24 @@ def build_run_task(instance, plan, *, iterations: int = 5, warmup: int = 2, devi
             "fault": dict(fault) if fault else None, "collective_timeout": timeout}
 
 
-def rank_threads(inst, plan: Plan, lay: Layout, threads: Mapping[str, int]) -> list[int]:
+def rank_threads(inst, pipes, threads: Mapping[str, int]) -> list[int]:
     """Torch threads of every rank from its device type (a CPU stand-in for replicas on device
-    types of different speeds: each type runs with the threads it was profiled with)."""
+    types of different speeds: each type runs with the threads it was profiled with); ``pipes``
+    the run's :func:`~.layout.pipelines_of`."""
     out = []
-    for rank in range(lay.world):
-        s, r, j = lay.place(rank)
-        kind = inst.nodes[int(inst.device_node[plan.stages[s][r][j]])].device_type
-        if kind not in threads:
-            raise InputError("threads", f"gives no thread count for device type {kind!r}")
-        out.append(_positive(f"threads[{kind!r}]", threads[kind]))
+    for pipe in pipes:
+        for rank in range(pipe.lay.world):
+            s, r, j = pipe.lay.place(rank)
+            out.append(_thread_count(inst, pipe.plan["stages"][s][r][j], threads))
     return out
+
+
+def _thread_count(inst, device: int, threads: Mapping[str, int]) -> int:
+    """The threads of a process on ``device``, by its device type."""
+    kind = inst.nodes[int(inst.device_node[device])].device_type
+    if kind not in threads:
+        raise InputError("threads", f"gives no thread count for device type {kind!r}")
+    return _positive(f"threads[{kind!r}]", threads[kind])
 
 
 def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: str | None = None, dtype=None,
@@ -215,7 +243,7 @@ def run_plan(instance, plan, *, iterations: int = 5, warmup: int = 2, device: st
     task = build_run_task(instance, plan, iterations=iterations, warmup=warmup, device=device, dtype=dtype,
                           attention=attention, threads=threads, seed=seed, lr=lr, timeout=timeout,
                           oversubscribe=oversubscribe, memory_limit=memory_limit, dump_grads=dump_grads, fault=fault)
-    world = Layout.of(task["plan"], global_batch=task["global_batch"]).world
+    world = world_of(pipelines_of(task["plan"], global_batch=task["global_batch"]))
     result = launch(task, world, timeout=timeout, on_start=on_start, threads=task["threads"])
     if result.status == "ok" and result.results[0] and "record" in result.results[0]:
         return result.results[0]["record"]
