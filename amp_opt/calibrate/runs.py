@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import InputError
 from ..model.load import load_json, parse_instance
 from ..model.evaluate import evaluate
-from ..model.plan import Plan, check_plan, parse_plan
+from ..model.plan import Pipelines, Plan, check_plan, devices_of, parse_plan
 from ..model.tables import Tables
 
 FAILURES = ("oom", "error")
@@ -45,7 +45,7 @@ class RunRecord:
     """
 
     index: int
-    plan: Plan
+    plan: Plan | Pipelines
     iteration_time: float | None = None  # seconds, for finished runs
     failed: str | None = None  # "oom" or "error"
     peak_memory: float | None = None  # bytes, largest over the run's devices
@@ -199,8 +199,7 @@ class RunSet:
     def device_types(self, record: RunRecord) -> tuple[str, ...]:
         """The device types the record's plan runs on (sorted)."""
         inst = self.instance_of(record)
-        return tuple(sorted({inst.nodes[inst.device_node[d]].device_type
-                             for stage in record.plan.stages for group in stage for d in group}))
+        return tuple(sorted({inst.nodes[inst.device_node[d]].device_type for d in devices_of(record.plan)}))
 
 
 def bind_runs(records: Sequence[RunRecord], instance, *, where: str = "RUNS.json",

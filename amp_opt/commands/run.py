@@ -32,7 +32,7 @@ from ..model.costs import cost_model
 from ..model.costs.iteration import pipeline_weights
 from ..model.evaluate import evaluate
 from ..model.load import load_instance, load_json
-from ..model.plan import check_plan, describe
+from ..model.plan import check_plan, describe, devices_of
 from .common import add_torch_options, load_single_plan, positive_float, positive_int, write_text
 
 EXIT_RUN_FAILED = 6
@@ -81,8 +81,7 @@ def run(args) -> int:
                                            f"training.memory_reserve ({instance.training.memory_reserve:.0f} bytes), "
                                            "which counts toward it as toward a device's memory")
     plan = check_plan(instance, load_single_plan(args.plan))
-    types = sorted({instance.nodes[instance.device_node[d]].device_type
-                    for p in getattr(plan, "pipelines", (plan,)) for stage in p.stages for group in stage for d in group})
+    types = sorted({instance.nodes[instance.device_node[d]].device_type for d in devices_of(plan)})
     device = resolve_device(args.device)
     if len(types) > 1 and device != "cpu":
         raise InputError("plan.stages", f"the plan uses device types {', '.join(types)}; one machine runs one kind "

@@ -25,7 +25,7 @@ from .costs.hetero import HeteroModel
 from .costs.pipelines import pipeline_ends
 from .costs.stages import UnevenCosts
 from .costs.terms import stage_order
-from .plan import Plan, Pipelines, check_plan, parse_plan
+from .plan import Plan, Pipelines, check_plan, devices_of, parse_plan
 from .plan_pipelines import pipeline_instance
 from .profiles import worst_source
 from .tables import LayerSums, Tables
@@ -187,7 +187,7 @@ def _evaluate_one(instance, plan: Plan, model: CostModel, costs) -> Evaluation:
         for r in over
     )
     notes = _notes(model, reports, violations)
-    devices = [d for stage in plan.stages for group in stage for d in group]
+    devices = devices_of(plan)
     return Evaluation(
         plan=plan,
         cost_model=model.name,
@@ -221,7 +221,7 @@ def _evaluate_pipelines(instance, plan: Pipelines, model: CostModel) -> Evaluati
                           predicted_time=bodies[i] + max(ends[i]), breakdown={**ev.breakdown, "allreduce": max(ends[i])})
                   for i, ev in enumerate(own))
     total, slowest = max(bodies) + end, max(range(len(own)), key=bodies.__getitem__)
-    devices = [d for p in plan.pipelines for stage in p.stages for group in stage for d in group]
+    devices = devices_of(plan)
     return Evaluation(
         plan=plan, cost_model=model.name, predicted_time=total, feasible=all(ev.feasible for ev in own),
         breakdown={**own[slowest].breakdown, "allreduce": end}, n_micro=plan.micro_batches,

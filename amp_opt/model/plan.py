@@ -199,6 +199,19 @@ class Plan:
         return [i for k, l in self.chunks(s) for i in range(k, l)]
 
 
+def devices_of(plan: Plan | Pipelines) -> list[int]:
+    """The device ids a checked plan uses (explicit ``stages``), every pipeline's for several.
+
+    Examples
+    --------
+    >>> devices_of(parse_plan({"tp": 2, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 2],
+    ...                        "stages": [[[3, 1]]]}))
+    [3, 1]
+    """
+    return [d for p in (plan.pipelines if isinstance(plan, Pipelines) else (plan,))
+            for stage in p.stages for group in stage for d in group]
+
+
 def one_pipeline(plan: Plan | Pipelines, what: str) -> Plan:
     """``plan`` itself when it is one pipeline; for several, InputError naming ``pipelines`` and
     saying that ``what`` takes one (and where several go).
