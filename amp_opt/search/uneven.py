@@ -245,6 +245,9 @@ def search_class_stages(instance, options, tables, *, cutoff: float, clock, near
     return found, True, INF
 
 
+ONE_PIPELINE = "plans of one pipeline (plans of several pipelines are priced by evaluate, not searched)"
+
+
 def solve_with_uneven(instance, options, run, clock) -> SolveResult:
     """The uniform search (``run(clock)``) and the uneven one, merged: the best plans of both, OPTIMAL
     when both were searched whole (``clock``: the solve's :class:`~amp_opt.search.clock.Clock`).
@@ -262,7 +265,8 @@ def solve_with_uneven(instance, options, run, clock) -> SolveResult:
         if not narrow:
             raise
         uniform, why_none = None, exc
-    within = uniform.solver.within if uniform is not None else None
+    # the engine runs several pipelines too (X6 of formulations/exactness.md): the searches list one
+    within = (uniform.solver.within + "; " if uniform is not None and uniform.solver.within else "") + ONE_PIPELINE
     if options.placement != "free":
         within = (within + "; " if within else "") + "plans whose stages and replicas agree (rank-order placement)"
         if uniform is None:
