@@ -118,27 +118,21 @@ def assemble_pipelines(plan: dict, ranks: list[dict], *, pipes, provenance: dict
                       memory_limit=memory_limit) for i, pipe in enumerate(pipes)]
     iterations = len(ranks[0]["records"])
     iteration_times = [max(r["records"][k]["iteration"] for r in ranks) for k in range(iterations)]
-    losses = [sum(part["measured"]["losses"][k] for part in parts) for k in range(len(parts[0]["measured"]["losses"]))]
     first = parts[0]["measured"]
-    limit = run_memory_limit(memory_limit, ranks)
     notes = list(dict.fromkeys(n for part in parts for n in part["measured"]["notes"]))
     notes.append("allreduce sums each segment of the pipelines' joint partition over every replica holding it; "
                  "tie_allreduce the tied word table within and across the pipelines")
+    threads = [r.get("threads", provenance["threads"]) for r in sorted(ranks, key=lambda r: r["rank"])]
+    limit = run_memory_limit(memory_limit, ranks)
     return {
         "plan": plan,
         "iteration_time": float(statistics.median(iteration_times)),
         "peak_memory": max(r["peak_memory"] for r in ranks),
         **({"memory_limit": limit} if limit is not None else {}),
-        "measured": {
-            "iteration_times": iteration_times,
-            "micro_batches_per_iteration": [pipe.lay.n_micro for pipe in pipes],
-            "losses": losses,
-            "stages": [dict(stage, pipeline=i) for i, part in enumerate(parts) for stage in part["measured"]["stages"]],
-            "ranks": [dict(rank, pipeline=i) for i, part in enumerate(parts) for rank in part["measured"]["ranks"]],
-            "memory_kind": first["memory_kind"],
-            "threads": first["threads"] if all(p["measured"]["threads"] == first["threads"] for p in parts) else
-            [r.get("threads", provenance["threads"]) for r in sorted(ranks, key=lambda r: r["rank"])],
-            "provenance": provenance,
-            "notes": notes,
-        },
+        "measured": dict(
+            first, iteration_times=iteration_times, micro_batches_per_iteration=[pipe.lay.n_micro for pipe in pipes],
+            losses=[sum(part["measured"]["losses"][k] for part in parts) for k in range(len(first["losses"]))],
+            stages=[dict(stage, pipeline=i) for i, part in enumerate(parts) for stage in part["measured"]["stages"]],
+            ranks=[dict(rank, pipeline=i) for i, part in enumerate(parts) for rank in part["measured"]["ranks"]],
+            threads=threads[0] if len(set(threads)) == 1 else threads, notes=notes),
     }
