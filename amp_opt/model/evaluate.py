@@ -170,7 +170,7 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
     model = get_cost_model(cost_model)
     plan = check_plan(instance, parse_plan(plan) if isinstance(plan, Mapping) else plan)
     if isinstance(plan, Pipelines):
-        return _evaluate_pipelines(instance, plan, model)
+        return _evaluate_pipelines(instance, plan, model, tables or Tables(instance))
     return _evaluate_one(instance, plan, model, stage_costs(instance, plan, model, tables))
 
 
@@ -204,15 +204,15 @@ def _evaluate_one(instance, plan: Plan, model: CostModel, costs) -> Evaluation:
     )
 
 
-def _evaluate_pipelines(instance, plan: Pipelines, model: CostModel) -> Evaluation:
+def _evaluate_pipelines(instance, plan: Pipelines, model: CostModel, tables: Tables) -> Evaluation:
     """Score a checked plan of several pipelines (eq. U6): each pipeline on its own samples, the
     iteration ending with the slowest stage's reduction and step after the slowest pipeline."""
     if not isinstance(model, HeteroModel):
         raise InputError("plan.pipelines", f"the {model.name} cost model prices one pipeline: use --cost-model hetero")
     subs = [pipeline_instance(instance, plan, i) for i in range(len(plan.pipelines))]
-    costs = [stage_costs(sub, p, model) for sub, p in zip(subs, plan.pipelines)]
+    costs = [stage_costs(sub, p, model, tables.with_batch(sub)) for sub, p in zip(subs, plan.pipelines)]
     own = [_evaluate_one(sub, p, model, c) for sub, p, c in zip(subs, plan.pipelines, costs)]
-    ends = pipeline_ends(instance, Tables(instance), plan, [[r.optimizer_step for r in ev.stages] for ev in own])
+    ends = pipeline_ends(instance, tables, plan, [[r.optimizer_step for r in ev.stages] for ev in own])
     # a pipeline's time to the end of its last micro-batch: H13 without its end, which U6 replaces
     bodies = [c.pipeline.time([r.compute for r in ev.stages], [r.p2p for r in ev.stages], [0.0])
               for c, ev in zip(costs, own)]

@@ -126,6 +126,13 @@ class Tables:
         out._sums, out._arrays = self._sums, self._arrays
         return out
 
+    def with_batch(self, instance) -> "Tables":
+        """Tables of ``instance``, this one's instance with another global batch (one pipeline of
+        several, U6): no table reads the batch, so all of them are shared."""
+        out = self.recalibrated(instance)
+        out._times = self._times
+        return out
+
     def layer_times(self, device_type: str, intra_bw: float, tp: int, micro_batch: int, *,
                     latency: float = 0.0) -> LayerTimes:
         """Seconds per layer for one micro-batch (eq. H2, H19), see :func:`amp_opt.model.profiles.layer_times`."""
