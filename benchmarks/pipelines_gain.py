@@ -159,7 +159,8 @@ def main(argv=None) -> int:
             one = f"exit {exc.exit_code}: {exc}"
         t, doc = several(inst, args.time_limit)
         rows.append((path.stem, inst.num_devices, len({n.device_type for n in inst.nodes}), one, t, doc))
-        print(f"{path.stem}: one {getattr(one, 'best', one)} several {t}", file=sys.stderr)
+        print(f"{path.stem}: one {one if isinstance(one, str) else one.best.predicted_time} several {t}",
+              file=sys.stderr)
     cmd = "python benchmarks/pipelines_gain.py" + (f" --time-limit {args.time_limit:g}" if args.time_limit != 20 else "")
     cmd += f" --only {args.only}" if args.only else ""
     print("# Several pipelines, one per GPU type, against the searched plan of one pipeline\n")

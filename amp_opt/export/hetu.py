@@ -117,7 +117,7 @@ def export_hetu(instance, plan) -> dict[str, Any]:
     Examples
     --------
     >>> out = export_hetu(instance, plan)  # doctest: +SKIP
-    >>> out["ds_parallel"]["hetero_layers"]  # doctest: +SKIP
+    >>> out["config"]["ds_parallel"]["hetero_layers"]  # doctest: +SKIP
     [[2, 2], [4]]
     """
     plan = check_plan(instance, plan)
@@ -135,7 +135,8 @@ def export_hetu(instance, plan) -> dict[str, Any]:
     tp = max(len(group) for group in stages)
     slots = len(stages) * tp
     used = sorted(d for group in stages for d in group)
-    idle = [d for d in range(instance.num_devices) if d not in set(used)]
+    taken = set(used)
+    idle = [d for d in range(instance.num_devices) if d not in taken]
     if slots > instance.num_devices:
         raise InputError("plan.tp", f"Hetu gives each of the {len(stages)} stages {tp} virtual ranks (the largest tp), "
                                     f"each on a device of its own: {slots} devices, the cluster has "
@@ -176,7 +177,7 @@ def export_hetu(instance, plan) -> dict[str, Any]:
         "launch": {"world_size": slots, "ranks": [
             {"rank": k, "device": d, "node": nodes[instance.device_node[d]].name,
              "local_device": d - instance.node_first_device[instance.device_node[d]],
-             "device_type": nodes[instance.device_node[d]].device_type, "idle": d not in set(used)}
+             "device_type": nodes[instance.device_node[d]].device_type, "idle": d not in taken}
             for k, d in enumerate(launch)]},
         "notes": ["devices marked idle run Hetu's unused virtual ranks, which skip training; launch the "
                   "processes in the order of launch.ranks (rank_to_device_mapping maps to these ranks)",
