@@ -381,3 +381,21 @@ def test_calibrate_fits_runs_of_several_pipelines():
     assert runs.device_types(runs.records[0]) == ("A100", "V100")
     cal = fit_calibration(runs, cv=False, max_parameters=1)
     assert {k: round(v, 2) for k, v in cal.time.values.items()} == {"compute_scale[V100]": 1.3}
+
+
+def test_a_plug_in_s_plan_of_several_pipelines_is_scored_and_listed():
+    """result_from_plans re-scores a plug-in's plans with the evaluator, several pipelines included,
+    and the solve report's table of best plans lists them (each pipeline's partition)."""
+    import io
+
+    from amp_opt.commands.report import Report, top_table
+    from amp_opt.search.options import solve_options
+    from amp_opt.search.registry import result_from_plans
+
+    inst = cluster()
+    one = {"tp": 1, "dp": 2, "pp": 2, "micro_batch": 2, "partition": [0, 3, 6]}
+    result = result_from_plans(inst, [parse_plan(TWO), parse_plan(one)], solve_options(top_k=2), name="mine")
+    assert {type(ev.plan).__name__ for ev in result.top} == {"Pipelines", "Plan"}
+    buffer = io.StringIO()
+    Report(file=buffer).print(top_table(result))
+    assert "[0, 2, 6] and [0, 3, 6]" in buffer.getvalue() and "[0, 3, 6]" in buffer.getvalue()

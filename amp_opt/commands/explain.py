@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from ..model.load import load_instance
-from ..model.plan import describe, parse_plan
+from ..model.plan import describe, parse_plan, partition_text
 from ..search.alternatives import GIB, explain_instance, explain_plan
 from .common import add_cost_model, load_single_plan, positive_float
 
@@ -34,15 +34,10 @@ def _degrees(plan_doc: dict, stage: dict) -> str:
     return f"{head}; tp {stage['tp']}, dp {stage['dp']}, samples per replica {shares}"
 
 
-def _partitions(plan_doc: dict) -> str:
-    if "pipelines" in plan_doc:
-        return "partitions " + " and ".join(str(p["partition"]) for p in plan_doc["pipelines"])
-    return f"partition {plan_doc['partition']}"
-
-
 def plan_text(instance, doc: dict[str, Any]) -> str:
     p = doc["plan"]
-    lines = [f"{instance.name}: {describe(parse_plan(p))} {_partitions(p)} "
+    plan = parse_plan(p)
+    lines = [f"{instance.name}: {describe(plan)} partition{'s' if 'pipelines' in p else ''} {partition_text(plan)} "
              f"(cost model {doc['cost_model']})"]
     if doc.get("note"):
         lines.append(f"note: {doc['note']}")

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..model.costs import cost_model
 from ..model.evaluate import Evaluation
-from ..model.plan import describe
+from ..model.plan import describe, partition_text
 from ..search.result import SolveResult
 
 GIB = 2**30
@@ -163,7 +163,7 @@ def top_table(result: SolveResult):
         table.add_column(col, justify="left" if col in ("plan", "partition", "stages on") else "right")
     best = result.top[0].predicted_time
     for i, ev in enumerate(result.top):
-        table.add_row(str(i + 1), describe(ev.plan), str(ev.devices_used), str(list(ev.plan.partition)),
+        table.add_row(str(i + 1), describe(ev.plan), str(ev.devices_used), partition_text(ev.plan),
                       " | ".join(_stage_place(r) for r in ev.stages),
                       f"{ev.predicted_time:.4f}", f"{ev.predicted_time / best:.3f}x")
     return table

@@ -32,7 +32,7 @@ from ..model.costs import cost_model
 from ..model.costs.iteration import pipeline_weights
 from ..model.evaluate import evaluate
 from ..model.load import load_instance, load_json
-from ..model.plan import check_plan, describe, devices_of
+from ..model.plan import check_plan, describe, devices_of, partition_text
 from .common import add_torch_options, load_single_plan, positive_float, positive_int, write_text
 
 EXIT_RUN_FAILED = 6
@@ -164,8 +164,7 @@ def format_comparison(instance, record: dict, evaluation, comparison) -> str:
     plan = evaluation.plan
     several = bool(evaluation.pipelines)
     micro = "+".join(map(str, evaluation.n_micro)) if several else evaluation.n_micro
-    partition = (" and ".join(str(list(p.partition)) for p in plan.pipelines) if several else list(plan.partition))
-    head = f"{instance.name}: {describe(plan)} ({micro} micro-batches/iteration, partition {partition})"
+    head = f"{instance.name}: {describe(plan)} ({micro} micro-batches/iteration, partition {partition_text(plan)})"
     if record.get("failed"):
         return f"{head}\nrun FAILED ({record['failed']}): {record.get('error', '')}\n"
     m = record["measured"]

@@ -259,6 +259,19 @@ def describe(plan: Plan | Pipelines) -> str:
     return " ".join(parts)
 
 
+def partition_text(plan: Plan | Pipelines) -> str:
+    """A plan's layer boundaries for messages: ``[0, 2, 4]``, or each pipeline's joined by "and".
+
+    Examples
+    --------
+    >>> partition_text(parse_plan({"tp": 1, "dp": 1, "pp": 2, "micro_batch": 1, "partition": [0, 2, 4]}))
+    '[0, 2, 4]'
+    """
+    if isinstance(plan, Pipelines):
+        return " and ".join(partition_text(p) for p in plan.pipelines)
+    return str(list(plan.partition))
+
+
 def describe_candidate(cand: Candidate) -> str:
     """A candidate's degrees and settings in one line (:func:`describe` of its plans)."""
     text = describe(cand.plan(()))
