@@ -34,6 +34,7 @@ _EXPORTS = {
     "Node": "model.instance",
     "DeviceType": "model.instance",
     "Plan": "model.plan",
+    "Pipelines": "model.plan_pipelines",
     "parse_plan": "model.plan",
     "evaluate": "model.evaluate",
     "Evaluation": "model.evaluate",
@@ -58,6 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .model.instance import DeviceType, Instance, Layer, Node
     from .model.load import load_instance, parse_instance
     from .model.plan import Plan, parse_plan
+    from .model.plan_pipelines import Pipelines
     from .search.options import SolveOptions
     from .search.registry import register_solver, result_from_plans
     from .search.result import SolveResult, SolverStats

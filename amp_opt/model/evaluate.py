@@ -148,9 +148,9 @@ def evaluate(instance, plan: Plan, cost_model: str | CostModel = "hetero", *, ta
     Parameters
     ----------
     instance : Instance
-    plan : Plan or dict
+    plan : Plan, Pipelines or dict
         Validated against the instance here (missing ``stages`` means rank order); a dict in
-        the plan format (``parse_plan``) is parsed first.
+        the plan format (``parse_plan``) is parsed first.  Several pipelines are priced by eq. U6.
     cost_model : "hetero" (default), "amp", or a :class:`~amp_opt.model.costs.CostModel`
     tables : Tables, optional
         Derived tables to reuse (a solve passes its own); built afresh when omitted.
