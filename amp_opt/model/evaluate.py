@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import InputError
 from .costs import CostModel, StageCosts, cost_model as get_cost_model
 from .costs.hetero import HeteroModel
-from .costs.pipelines import pipeline_ends
+from .costs.pipelines import stage_ends
 from .costs.stages import UnevenCosts
 from .costs.terms import stage_order
 from .plan import Plan, Pipelines, check_plan, devices_of, parse_plan
@@ -212,15 +212,20 @@ def _evaluate_pipelines(instance, plan: Pipelines, model: CostModel, tables: Tab
     subs = [pipeline_instance(instance, plan, i) for i in range(len(plan.pipelines))]
     costs = [stage_costs(sub, p, model, tables.with_batch(sub)) for sub, p in zip(subs, plan.pipelines)]
     own = [_evaluate_one(sub, p, model, c) for sub, p, c in zip(subs, plan.pipelines, costs)]
-    ends = pipeline_ends(instance, tables, plan, [[r.optimizer_step for r in ev.stages] for ev in own])
     # a pipeline's time to the end of its last micro-batch: H13 without its end, which U6 replaces
     bodies = [c.pipeline.time([r.compute for r in ev.stages], [r.p2p for r in ev.stages], [0.0])
               for c, ev in zip(costs, own)]
-    end = max(max(row) for row in ends)
+    bounds = [stage_boundaries(p) for p in plan.pipelines]
+    windows = [[float(c.overlap_window(s, b[s], b[s + 1])) if c.overlap_share else 0.0 for s in range(p.pp)]
+               for c, p, b in zip(costs, plan.pipelines, bounds)]
+    finish = stage_ends(instance, tables, plan, bodies, windows, [[r.optimizer_step for r in ev.stages] for ev in own])
+    # each stage's end as the one-pipeline reports give it: its seconds after the slowest pipeline's body
+    total, slowest = max(max(row) for row in finish), max(range(len(own)), key=bodies.__getitem__)
+    ends = [[max(0.0, t - bodies[slowest]) for t in row] for row in finish]
     parts = tuple(replace(ev, stages=tuple(replace(r, allreduce=x, pipeline=i) for r, x in zip(ev.stages, ends[i])),
-                          predicted_time=bodies[i] + max(ends[i]), breakdown={**ev.breakdown, "allreduce": max(ends[i])})
+                          predicted_time=max(finish[i]), breakdown={**ev.breakdown, "allreduce": max(ends[i])})
                   for i, ev in enumerate(own))
-    total, slowest = max(bodies) + end, max(range(len(own)), key=bodies.__getitem__)
+    end = max(max(row) for row in ends)
     devices = devices_of(plan)
     return Evaluation(
         plan=plan, cost_model=model.name, predicted_time=total, feasible=all(ev.feasible for ev in own),

@@ -2,9 +2,10 @@
 
 The pipelines' partitions cut the layers into segments (the union of their boundaries); the
 gradients of a segment are reduced by one ring over every replica, in every pipeline, of the
-stage that holds the segment.  A stage runs the rings of its segments one after another and
-then its optimizer step; the iteration ends with the slowest stage's end, after the slowest
-pipeline.  Each pipeline's own terms (compute, boundaries, memory, the optimizer step) come from
+stage that holds the segment, once all of them have produced them (during their last backward
+pass where the engine overlaps the reduction, H18; else after it).  A stage runs the rings of
+its segments one after another and then its optimizer step; the iteration ends with the
+slowest stage's end.  Each pipeline's own terms (compute, boundaries, memory, the optimizer step) come from
 the cost model's stage terms as for one pipeline.
 """
 
@@ -50,12 +51,21 @@ def segment_reduction(instance, tables, plan, a: int, b: int, holders) -> float:
     return moved / ring_link(instance, nodes, max(tps)) + 2 * (R - 1) * link_latency(instance, nodes)
 
 
-def pipeline_ends(instance, tables, plan, optimizer_steps) -> tuple[tuple[float, ...], ...]:
-    """U6: per pipeline i and stage s, X[i][s] = the rings of its segments plus its optimizer step
-    (``optimizer_steps[i][s]``, seconds, from the pipeline's own stage terms, H15)."""
-    ends = [list(row) for row in optimizer_steps]
+def stage_ends(instance, tables, plan, bodies, windows, steps) -> tuple[tuple[float, ...], ...]:
+    """U6: per pipeline i and stage s, the second its end of iteration finishes, counted from the
+    iteration's start.  ``bodies[i]``: pipeline i's time to the end of its last backward pass (H13
+    without its end); ``windows[i][s]``: the seconds of stage (i, s)'s last backward pass a reduction
+    may hide in (H18; 0 where the engine does not overlap); ``steps[i][s]``: its optimizer step (H15).
+    A segment's ring starts once every holder has produced its gradients, at the latest
+    B_i - W_{i,s} over its holders; a stage runs its segments' rings one after another from the
+    latest of their starts, then, once its own backward pass is done, its step."""
+    ready = [[0.0] * len(row) for row in steps]
+    rings = [[0.0] * len(row) for row in steps]
     for a, b, holders in segments(plan):
+        start = max(bodies[i] - windows[i][s] for i, s in holders)
         seconds = segment_reduction(instance, tables, plan, a, b, holders)
         for i, s in holders:
-            ends[i][s] += seconds
-    return tuple(tuple(row) for row in ends)
+            ready[i][s] = max(ready[i][s], start)
+            rings[i][s] += seconds
+    return tuple(tuple(max(bodies[i], ready[i][s] + rings[i][s]) + steps[i][s] for s in range(len(steps[i])))
+                 for i in range(len(steps)))

@@ -149,6 +149,15 @@ class UnevenCosts:
         """Stage s's optimizer step (H15), the part of :meth:`allreduce` after its reduction."""
         return self.stage_views[s].optimizer_step(s, k, l)
 
+    @property
+    def overlap_share(self) -> float:
+        """H18's share of a stage's backward pass its reduction may hide in (0: not overlapped)."""
+        return self.stage_views[0].overlap_share
+
+    def overlap_window(self, s: int, k, l):
+        """Stage s's seconds of last backward pass a reduction may hide in (H18), over its devices."""
+        return self.stage_views[s].overlap_window(s, k, l)
+
     def replica_memory(self, s: int, k, l) -> list[tuple[float, float]]:
         """U4: per distinct replica view of stage s, (bytes per device, its devices' capacity)."""
         return [(v.memory(s, k, l), v.capacity[s]) for v in self.distinct[s]]
