@@ -436,3 +436,30 @@ def test_a_plug_in_s_plan_of_several_pipelines_is_scored_and_listed():
     buffer = io.StringIO()
     Report(file=buffer).print(top_table(result))
     assert "[0, 2, 6] and [0, 3, 6]" in buffer.getvalue() and "[0, 3, 6]" in buffer.getvalue()
+
+
+def test_explain_offers_each_overflowing_pipeline_its_own_changes():
+    """A plan of several pipelines that does not fit: the changes are those of the pipeline whose
+    stages overflow, on its own devices and samples, each scored as the whole plan."""
+    from amp_opt.search.alternatives import explain_plan
+
+    doc = json.loads((Path(__file__).resolve().parent.parent / "docs/hetero/gpt_two_types.json").read_text())
+    doc["device_types"][1]["memory"] = "10 GiB"  # the V100s: too small for pipeline 1 as written
+    inst = parse_instance(doc)
+    plan = {"pipelines": [
+        {"tp": 4, "dp": 1, "pp": 2, "micro_batch": 4, "partition": [0, 14, 26], "micro_batches": 11,
+         "stages": [[[0, 1, 2, 3]], [[4, 5, 6, 7]]]},
+        {"tp": 1, "dp": 1, "pp": 8, "micro_batch": 4, "partition": [0, 4, 7, 10, 13, 16, 19, 22, 26],
+         "micro_batches": 5, "stages": [[[d]] for d in range(8, 16)]}]}
+    out = explain_plan(inst, parse_plan(plan))
+    assert not out["fits"] and {o["pipeline"] for o in out["overflows"]} == {1}
+    assert all(out["stages"][o["position"]]["pipeline"] == 1 for o in out["overflows"])
+    changes = [a["change"] for a in out["alternatives"]]
+    assert changes and all(c.startswith("pipeline 1: ") for c in changes)
+    fitting = [a for a in out["alternatives"] if a["fits"]]
+    assert any("recompute full" in a["change"] for a in fitting)
+    for a in fitting:  # pipeline 0 as written, pipeline 1 on its samples (5 x 4 = 20)
+        changed = parse_plan(a["plan"])
+        assert changed.pipelines[0] == check_plan(inst, parse_plan(plan)).pipelines[0]
+        assert changed.samples(1) == 20
+        assert evaluate(inst, changed).predicted_time == pytest.approx(a["predicted_time"])

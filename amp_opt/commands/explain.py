@@ -55,9 +55,6 @@ def plan_text(instance, doc: dict[str, Any]) -> str:
             f"{_gib(o['capacity'])}, over by {_gib(o['over_bytes'])} ({o['over_bytes']:.0f} bytes); "
             f"model state {_gib(s['model_state'])}, activations {_gib(s['activations'])}, reserve "
             f"{_gib(s['reserve'])}: {o['dominant']} dominates")
-    if "pipelines" in p:
-        lines.append("alternatives are tried for plans of one pipeline only")
-        return "\n".join(lines)
     fit = [a for a in doc["alternatives"] if a["fits"]]
     lines.append("alternatives (each scored by the evaluator):")
     for a in doc["alternatives"]:

@@ -24,7 +24,8 @@ from ..model.costs import plan_of
 from ..model.engines import engine_of
 from ..model.evaluate import MemoryParts, evaluate, memory_parts
 from ..model.load import DEFAULT_TP, RECOMPUTE
-from ..model.plan import Candidate, Pipelines, check_plan, rank_order_stages
+from ..model.plan import Candidate, Pipelines, check_plan, parse_plan, rank_order_stages
+from ..model.plan_pipelines import pipeline_instance
 from ..model.tables import Tables
 from .context import Search
 from .free_grouping import candidate_graph
@@ -47,6 +48,7 @@ class Overflow:
     capacity: float
     parts: MemoryParts
     position: int = 0  # the stage's place in the evaluation's stages (several pipelines: pipeline 0's first)
+    pipeline: int | None = None  # several pipelines: the stage's pipeline
 
     @property
     def over(self) -> float:
@@ -71,7 +73,7 @@ def overflows(instance, ev, parts) -> list[Overflow]:
         for t in r.device_types:
             cap = instance.device_types[t].capacity
             if r.memory > cap:
-                out.append(Overflow(r.index, t, r.memory, cap, p, at))
+                out.append(Overflow(r.index, t, r.memory, cap, p, at, r.pipeline))
     return out
 
 
@@ -163,21 +165,52 @@ def _settings_changed(instance, plan, cost_model: str) -> list[Alternative]:
     return out
 
 
+def _on_its_devices(instance, plan, cost_model: str) -> list[Alternative]:
+    """The changes that keep a plan's partition and devices: a smaller micro-batch (one tp and dp),
+    more memory-saving settings (where the cost model counts memory)."""
+    out = []
+    batch = instance.training.global_batch
+    if plan.uniform:
+        for b in sorted({m for m in instance.search.micro_batches if m < plan.micro_batch} | {
+                m for m in (1, 2, 4, 8) if m < plan.micro_batch and batch % (plan.dp * m) == 0}, reverse=True):
+            if batch % (plan.dp * b) == 0:
+                out += _changed(instance, plan, cost_model,
+                                f"micro_batch {plan.micro_batch} -> {b} (same partition and devices)", micro_batch=b)
+    if get_cost_model(cost_model).enforces_memory:
+        out += _settings_changed(instance, plan, cost_model)
+    return out
+
+
+def _pipeline_alternatives(instance, plan: Pipelines, over, cost_model: str) -> list[Alternative]:
+    """Per pipeline with a stage that does not fit, the changes on its own devices (:func:`_on_its_devices`,
+    on the samples it processes), each scored as the whole plan with that pipeline changed and its
+    micro-batches set to keep its samples; the other pipelines unchanged."""
+    out = []
+    for i in sorted({o.pipeline for o in over}):
+        samples = plan.samples(i)
+        for alt in _on_its_devices(pipeline_instance(instance, plan, i), plan.pipelines[i], cost_model):
+            changed = parse_plan(alt.plan)
+            M = changed.pipeline_micro_batch
+            if samples % M:
+                continue
+            whole = Pipelines(plan.pipelines[:i] + (changed,) + plan.pipelines[i + 1:],
+                              plan.micro_batches[:i] + (samples // M,) + plan.micro_batches[i + 1:])
+            try:
+                out.append(_evaluated(f"pipeline {i}: {alt.change}", instance, whole, cost_model))
+            except InputError:  # a setting several pipelines do not take (ZeRO): not an alternative
+                continue
+    return out
+
+
 def plan_alternatives(instance, plan, cost_model: str) -> list[Alternative]:
     """Smaller micro-batch; more memory-saving settings (ZeRO, sequence parallelism, recomputation,
     the block method); more pipeline stages (same tp); larger tp: each scored.  A plan whose
     stages differ gets the settings only (its degrees are per stage, not one candidate's)."""
-    out = []
-    batch, L = instance.training.global_batch, instance.num_layers
+    L = instance.num_layers
+    batch = instance.training.global_batch
+    out = _on_its_devices(instance, plan, cost_model)
     if not plan.uniform:
-        return _settings_changed(instance, plan, cost_model) if get_cost_model(cost_model).enforces_memory else []
-    for b in sorted({m for m in instance.search.micro_batches if m < plan.micro_batch} | {
-            m for m in (1, 2, 4, 8) if m < plan.micro_batch and batch % (plan.dp * m) == 0}, reverse=True):
-        if batch % (plan.dp * b) == 0:
-            out += _changed(instance, plan, cost_model, f"micro_batch {plan.micro_batch} -> {b} (same partition and devices)",
-                            micro_batch=b)
-    if get_cost_model(cost_model).enforces_memory:
-        out += _settings_changed(instance, plan, cost_model)
+        return out
     cand = plan.candidate
     devices = cand.devices
     for pp in range(plan.pp + 1, min(L, devices // (plan.tp * plan.cp)) + 1):
@@ -222,14 +255,16 @@ def explain_plan(instance, plan, cost_model: str = "hetero") -> dict[str, Any]:
         "feasible": ev.feasible,
         "predicted_time": ev.predicted_time,
         "stages": stages,
-        "overflows": [{"stage": o.stage, "position": o.position, "device_type": o.device_type, "memory": o.memory, "capacity": o.capacity,
+        "overflows": [{**({} if o.pipeline is None else {"pipeline": o.pipeline}),
+                       "stage": o.stage, "position": o.position, "device_type": o.device_type, "memory": o.memory, "capacity": o.capacity,
                        "over_bytes": o.over, "dominant": o.parts.dominant} for o in over],
     }
     if not get_cost_model(cost_model).enforces_memory:
         out["note"] = f"the {ev.cost_model} cost model does not enforce memory; the memory figures are eq. H5's"
-    if over:  # changes of one pipeline's degrees; a plan of several pipelines is left to its author
-        out["alternatives"] = ([] if isinstance(plan, Pipelines) else
-                               [dataclasses.asdict(a) for a in plan_alternatives(instance, plan, cost_model)])
+    if over:  # several pipelines: each overflowing pipeline's own settings, the others kept
+        alternatives = (_pipeline_alternatives(instance, plan, over, cost_model) if isinstance(plan, Pipelines)
+                        else plan_alternatives(instance, plan, cost_model))
+        out["alternatives"] = [dataclasses.asdict(a) for a in alternatives]
     return out
 
 
