@@ -463,3 +463,17 @@ def test_explain_offers_each_overflowing_pipeline_its_own_changes():
         assert changed.pipelines[0] == check_plan(inst, parse_plan(plan)).pipelines[0]
         assert changed.samples(1) == 20
         assert evaluate(inst, changed).predicted_time == pytest.approx(a["predicted_time"])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_order_of_the_pipelines_does_not_change_the_price(overlap):
+    """Pipelines are a set: listed in the other order (devices given), every term is the same."""
+    inst = cluster(latency=1e-5, overlap=overlap)
+    ev = evaluate(inst, parse_plan(TWO))
+    swapped = evaluate(inst, parse_plan({"pipelines": TWO["pipelines"][::-1]}))
+    assert swapped.predicted_time == pytest.approx(ev.predicted_time, rel=1e-12)
+    def terms(e):
+        return sorted((r.layers, r.device_types, r.compute, r.allreduce, r.memory) for r in e.stages)
+
+    for a, b in zip(terms(swapped), terms(ev)):
+        assert a[:2] == b[:2] and a[2:] == pytest.approx(b[2:], rel=1e-12)
