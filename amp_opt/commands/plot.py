@@ -16,6 +16,7 @@ from ..model.load import load_instance
 from ..model.plan import describe
 from ..model.schedule import Schedule, schedule_of
 from .common import add_cost_model, load_single_plan
+from .report import micro_batches_text
 
 COLORS = {"F": "#4C8BF5", "B": "#F28C28", "p2pF": "#8E8E8E", "p2pB": "#8E8E8E", "allreduce": "#3BAA5C"}
 
@@ -82,7 +83,7 @@ def render(instance, evaluation, path: str) -> Schedule:
     plan = evaluation.plan
     ax.set_title(
         f"{instance.name}: {describe(plan)}, "
-        f"{n if isinstance(evaluation.n_micro, int) else '+'.join(map(str, evaluation.n_micro))} micro-batches, "
+        f"{micro_batches_text(evaluation.n_micro)} micro-batches, "
         f"{'interleaved ' if plan.virtual_stages > 1 else ''}1F1B, "
         f"cost model {evaluation.cost_model}\n"
         f"iteration time - model: {evaluation.predicted_time:.4f} s, simulated schedule: {sched.makespan:.4f} s",

@@ -65,19 +65,23 @@ def _groups(groups) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def micro_batches_text(n_micro) -> str:
+    """An evaluation's micro-batches per iteration: ``8``, or one count per pipeline, ``5+3``."""
+    return str(n_micro) if isinstance(n_micro, int) else "+".join(map(str, n_micro))
+
+
 def evaluation_tables(instance, ev: Evaluation):
     """The stage table and the breakdown table of one evaluation."""
     plan = ev.plan
-    micro = ev.n_micro if isinstance(ev.n_micro, int) else "+".join(map(str, ev.n_micro))
     title = (
         f"{describe(plan)}  "
-        f"({micro} micro-batches/iteration, cost model {ev.cost_model})"
+        f"({micro_batches_text(ev.n_micro)} micro-batches/iteration, cost model {ev.cost_model})"
     )
     stages = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     # Where the layer times come from, shown when some stage's were not all measured.
     sources = any(r.compute_source != "measured" for r in ev.stages)
-    for col, justify in [("pipeline.stage" if ev.pipelines else "stage", "right"), ("layers", "left"), ("first..last", "left"),
-                         ("types", "left"), ("devices", "left"), ("compute ms", "right"), ("p2p ms", "right"),
+    for col, justify in [("pipeline.stage" if ev.pipelines else "stage", "right"), ("layers", "left"),
+                         ("first..last", "left"), ("types", "left"), ("devices", "left"), ("compute ms", "right"), ("p2p ms", "right"),
                          ("allreduce ms", "right"), ("mem GiB", "right"), ("cap GiB", "right")] + \
             ([("times", "left")] if sources else []):
         wide = col in ("first..last", "devices")
@@ -87,7 +91,8 @@ def evaluation_tables(instance, ev: Evaluation):
         a, b = r.layers
         names = instance.layers[a].name if b - a == 1 else f"{instance.layers[a].name}..{instance.layers[b - 1].name}"
         mem = f"{r.memory / GIB:.2f}" + ("" if r.fits else " !")
-        stages.add_row(str(r.index) if r.pipeline is None else f"{r.pipeline}.{r.index}", f"{a}-{b - 1}", names, ", ".join(r.device_types), _groups(r.groups),
+        label = str(r.index) if r.pipeline is None else f"{r.pipeline}.{r.index}"
+        stages.add_row(label, f"{a}-{b - 1}", names, ", ".join(r.device_types), _groups(r.groups),
                        _ms(r.compute), _ms(r.p2p), _ms(r.allreduce), mem, f"{r.capacity / GIB:.2f}",
                        *([r.compute_source] if sources else []))
 

@@ -34,6 +34,7 @@ from ..model.evaluate import evaluate
 from ..model.load import load_instance, load_json
 from ..model.plan import check_plan, describe, devices_of, partition_text
 from .common import add_torch_options, load_single_plan, positive_float, positive_int, write_text
+from .report import micro_batches_text
 
 EXIT_RUN_FAILED = 6
 
@@ -163,8 +164,8 @@ def format_comparison(instance, record: dict, evaluation, comparison) -> str:
     """Measured next to predicted, term by term (text)."""
     plan = evaluation.plan
     several = bool(evaluation.pipelines)
-    micro = "+".join(map(str, evaluation.n_micro)) if several else evaluation.n_micro
-    head = f"{instance.name}: {describe(plan)} ({micro} micro-batches/iteration, partition {partition_text(plan)})"
+    head = (f"{instance.name}: {describe(plan)} ({micro_batches_text(evaluation.n_micro)} micro-batches/iteration, "
+            f"partition {partition_text(plan)})")
     if record.get("failed"):
         return f"{head}\nrun FAILED ({record['failed']}): {record.get('error', '')}\n"
     m = record["measured"]

@@ -1,4 +1,5 @@
-"""One rank of a plan's execution: its stage's layers, the 1F1B schedule, the allreduces, Adam.
+"""One rank of a plan's execution: its stage's layers, the 1F1B schedule, the allreduces, Adam
+(its process groups and boundary peers: :mod:`.groups`).
 
 Every stage s has its own tensor-parallel degree tp_s and dp_s replicas (:class:`.layout.Layout`);
 ranks are stage by stage, rank = offset_s + tp_rank + tp_s*dp_rank (Megatron / DeepSpeed's order
@@ -60,8 +61,7 @@ from ..model.presets import ModelShape
 from ..model.schedule import pipeline_order
 
 from ._torch import require_torch
-from ..model.costs.pipelines import segments
-from ..model.plan import parse_plan
+from .groups import Groups, Peer
 from .layout import Layout, pipelines_of
 from .memory import SavedTensorTracker
 from .modules import TensorParallel, build_model, run_layers, set_recompute, torch_dtype
@@ -78,88 +78,6 @@ def synthetic_batch(shape: ModelShape, global_batch: int, seed: int, iteration: 
     gen = torch.Generator().manual_seed(seed * 7919 + iteration)
     tokens = torch.randint(0, shape.vocab, (global_batch, shape.seq_len + 1), generator=gen)
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-
-@dataclass(frozen=True)
-class Peer:
-    """One piece that crosses a stage boundary: the other rank and positions [a, b) of this
-    rank's own samples (relative to the start of its share)."""
-
-    rank: int
-    a: int
-    b: int
-
-
-class _Groups:
-    """Every process group of the plan (all ranks create all groups, in one order) and this rank's
-    peers across the stage boundaries.  With several pipelines (``pipes``, :func:`.layout.pipelines_of`)
-    each pipeline has its own groups, and each segment of the pipelines' joint partition a group per
-    tensor-parallel rank over every replica holding it (``segments``: this rank's (a, b, group));
-    a tied word table is summed over the first stages' ranks and over the last stages' ranks of
-    every pipeline (``word_groups``: this rank's (first, last), None where it is not in one)."""
-
-    def __init__(self, pipes, rank: int, tied: bool):
-        self.pipeline = next(i for i, p in enumerate(pipes) if p.base <= rank < p.base + p.lay.world)
-        base, lay = pipes[self.pipeline].base, pipes[self.pipeline].lay
-        self.stage, self.dp_rank, self.tp_rank = lay.place(rank - base)
-        self.tp = self.dp = self.tie = None
-        for p in pipes:
-            for s in range(p.lay.pp):
-                for r in range(p.lay.dp[s]):
-                    self.tp = self._group([p.base + p.lay.rank(s, r, j) for j in range(p.lay.tp[s])], rank, self.tp)
-        for p in pipes:
-            for s in range(p.lay.pp):
-                for j in range(p.lay.tp[s]):
-                    self.dp = self._group([p.base + p.lay.rank(s, r, j) for r in range(p.lay.dp[s])], rank, self.dp)
-        for p in pipes:
-            if tied and p.lay.pp > 1:
-                self.tie = self._group(_stage_ranks(p, 0) + _stage_ranks(p, p.lay.pp - 1), rank, self.tie, always=True)
-        self.segments, self.word_groups = [], (None, None)
-        if len(pipes) > 1:
-            plan = parse_plan({"pipelines": [dict(p.plan, micro_batches=1) for p in pipes]})
-            for a, b, holders in segments(plan):
-                for j in range(pipes[holders[0][0]].lay.tp[holders[0][1]]):  # one tp among the holders (run.py)
-                    ranks = [pipes[i].base + pipes[i].lay.rank(s, r, j) for i, s in holders
-                             for r in range(pipes[i].lay.dp[s])]
-                    group = self._group(ranks, rank, None)
-                    if rank in ranks:
-                        self.segments.append((a, b, group))
-            if tied:
-                first = self._group([x for p in pipes for x in _stage_ranks(p, 0)], rank, None, always=True)
-                last = self._group([x for p in pipes for x in _stage_ranks(p, p.lay.pp - 1)], rank, None, always=True)
-                self.word_groups = (first, last)
-        self.prev = self._peers(lay, base, -1) if self.stage > 0 else None
-        self.next = self._peers(lay, base, +1) if self.stage < lay.pp - 1 else None
-
-    @staticmethod
-    def _group(ranks, rank, mine, always=False):
-        group = dist.new_group(ranks) if always or len(ranks) > 1 else None
-        return group if rank in ranks else mine
-
-    def _peers(self, lay: Layout, first: int, step: int) -> tuple[list[Peer], list[Peer]]:
-        """(forward, backward) peers toward stage s+step of this rank's pipeline (whose ranks start
-        at ``first``): from step -1 the pieces received forward and the gradients sent back; toward
-        step +1 the pieces sent forward, the gradients received."""
-        s, r, j = self.stage, self.dp_rank, self.tp_rank
-        t = s + step
-        base = lay.samples(s, r)[0]
-        forward, backward = [], []
-        for q, a, b in lay.overlaps(s, t, r):
-            if step < 0:  # q sends from its tensor-parallel rank j mod tp_t; we send gradients back
-                forward.append(Peer(first + lay.rank(t, q, j % lay.tp[t]), a - base, b - base))
-                backward += [Peer(first + lay.rank(t, q, k), a - base, b - base) for k in range(lay.tp[t])
-                             if k % lay.tp[s] == j]
-            else:
-                forward += [Peer(first + lay.rank(t, q, k), a - base, b - base) for k in range(lay.tp[t])
-                            if k % lay.tp[s] == j]
-                backward.append(Peer(first + lay.rank(t, q, j % lay.tp[t]), a - base, b - base))
-        return forward, backward
-
-
-def _stage_ranks(pipe, s: int) -> list[int]:
-    """Every rank of stage s of a pipeline."""
-    lay = pipe.lay
-    return [pipe.base + lay.rank(s, r, j) for r in range(lay.dp[s]) for j in range(lay.tp[s])]
 
 
 class _Clock:
@@ -214,7 +132,7 @@ class _Rank:
     task: dict
     shape: ModelShape
     lay: Layout
-    groups: _Groups
+    groups: Groups
     layers: Any
     optimizer: Any  # a .zero optimizer: reduce, step, and the model state's memory parts
     tracker: Any
@@ -247,7 +165,7 @@ def _setup(task: dict, rank: int) -> _Rank:
         torch.cuda.set_device(int(task.get("local_rank", rank)) % torch.cuda.device_count())
     threads = set_threads(task["threads"][rank] if isinstance(task["threads"], list) else task["threads"])
     dtype = torch_dtype(task["dtype"])
-    groups = _Groups(pipes, rank, shape.tied_embeddings)
+    groups = Groups(pipes, rank, shape.tied_embeddings)
     mine = pipes[groups.pipeline]
     lay, plan = mine.lay, mine.plan
     s = groups.stage

@@ -79,7 +79,7 @@ def _world_formula(pipes) -> str:
 def _one_tp_per_segment(plan: Pipelines) -> None:
     """The runtime reduces a layer's gradients over the pipelines that hold it rank by rank of one
     tensor-parallel degree (shards alike); pipelines that hold a layer at different tp are refused."""
-    for a, b, holders in segments(plan):
+    for a, b, holders in segments([p.partition for p in plan.pipelines]):
         tps = sorted({plan.pipelines[i].tp_at(s) for i, s in holders})
         if len(tps) > 1:
             raise InputError("plan.pipelines", f"the runtime reduces each layer over the pipelines holding it at one "

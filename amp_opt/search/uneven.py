@@ -7,8 +7,9 @@ every training setting is priced by the cost terms U1-U4
 :mod:`.partition` finds the best layer partition (and, in the setting PER_STAGE, each stage's
 recomputation mode: S2 step 3).  Past ``MAX_CONFIGURATIONS`` it narrows to the
 class-stage space of :mod:`.class_stages` (S6), walked best bound first (:mod:`.class_walk`, S7-S11) and cut off at the
-incumbent, and the result says "OPTIMAL within plans whose stages and replicas agree, or whose
-every stage sits on one node class with even shares".  The uniform plans are searched by the
+incumbent, and the result says "OPTIMAL within plans of one pipeline (...); plans whose stages and
+replicas agree, or whose every stage sits on one node class with even shares" (on the engine that
+runs them, plans of several pipelines are priced but not searched: X6 of formulations/exactness.md).  The uniform plans are searched by the
 usual search; the better of the two is returned, re-scored by the evaluator.
 """
 
@@ -268,7 +269,7 @@ def solve_with_uneven(instance, options, run, clock) -> SolveResult:
     # the engine runs several pipelines too (X6 of formulations/exactness.md): the searches list one
     within = (uniform.solver.within + "; " if uniform is not None and uniform.solver.within else "") + ONE_PIPELINE
     if options.placement != "free":
-        within = (within + "; " if within else "") + "plans whose stages and replicas agree (rank-order placement)"
+        within += "; plans whose stages and replicas agree (rank-order placement)"
         if uniform is None:
             raise InfeasibleError(f"{why_none} (uneven plans were not searched: rank-order placement)")
         return dataclasses.replace(uniform, solver=dataclasses.replace(uniform.solver, within=within))
@@ -279,8 +280,8 @@ def solve_with_uneven(instance, options, run, clock) -> SolveResult:
     if narrow:
         found, done, rest = search_class_stages(instance, options, Tables(instance), cutoff=cutoff, clock=clock,
                                                 near=top[0].plan if top else None)
-        within = (within + "; " if within else "") + (
-            f"plans whose stages and replicas agree, or whose every stage sits on one node class with even shares "
+        within += (
+            f"; plans whose stages and replicas agree, or whose every stage sits on one node class with even shares "
             f"(class stages: more than {MAX_CONFIGURATIONS} uneven configurations)")
         stats = {"space": "class stages", "searched_whole": done, "plans_found": len(found)}
     else:
@@ -297,7 +298,7 @@ def solve_with_uneven(instance, options, run, clock) -> SolveResult:
         raise InfeasibleError(f"{why_none} (nor does any plan whose stages or replicas differ)")
     best = _value(merged[0], obj)
     if options.top_k > 1:  # the uneven search keeps one plan per configuration and setting
-        within = (within + "; " if within else "") + "one plan per configuration of stages and replicas that differ (--top-k)"
+        within += "; one plan per configuration of stages and replicas that differ (--top-k)"
     u_bound = uniform.solver.bound if uniform is not None else (
         why_none.bound if isinstance(why_none, NoPlanFound) else INF)  # a uniform search stopped early proved only this
     bound = min(u_bound, best) if done else min(u_bound, best, rest)

@@ -14,23 +14,19 @@ from __future__ import annotations
 from .link_rules import link_latency, ring_link
 
 
-def segments(plan) -> list[tuple[int, int, list[tuple[int, int]]]]:
-    """Per segment [a, b) of the pipelines' joint partition, the (pipeline, stage) pairs holding it.
+def segments(partitions) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """Per segment [a, b) of the pipelines' joint partition, the (pipeline, stage) pairs holding it;
+    ``partitions[i]``: pipeline i's layer boundaries.
 
     Examples
     --------
-    >>> from amp_opt.model.plan import parse_plan
-    >>> plan = parse_plan({"pipelines": [
-    ...     {"tp": 1, "dp": 1, "pp": 2, "micro_batch": 1, "partition": [0, 2, 4], "micro_batches": 4},
-    ...     {"tp": 1, "dp": 1, "pp": 1, "micro_batch": 1, "partition": [0, 4], "micro_batches": 4}]})
-    >>> segments(plan)
+    >>> segments([(0, 2, 4), (0, 4)])
     [(0, 2, [(0, 0), (1, 0)]), (2, 4, [(0, 1), (1, 0)])]
     """
-    cuts = sorted({b for p in plan.pipelines for b in p.partition})
+    cuts = sorted({b for p in partitions for b in p})
     out = []
     for a, b in zip(cuts, cuts[1:]):
-        holders = [(i, next(s for s in range(p.pp) if p.partition[s] <= a < p.partition[s + 1]))
-                   for i, p in enumerate(plan.pipelines)]
+        holders = [(i, next(s for s in range(len(p) - 1) if p[s] <= a < p[s + 1])) for i, p in enumerate(partitions)]
         out.append((a, b, holders))
     return out
 
@@ -61,7 +57,7 @@ def stage_ends(instance, tables, plan, bodies, windows, steps) -> tuple[tuple[fl
     latest of their starts, then, once its own backward pass is done, its step."""
     ready = [[0.0] * len(row) for row in steps]
     rings = [[0.0] * len(row) for row in steps]
-    for a, b, holders in segments(plan):
+    for a, b, holders in segments([p.partition for p in plan.pipelines]):
         start = max(bodies[i] - windows[i][s] for i, s in holders)
         seconds = segment_reduction(instance, tables, plan, a, b, holders)
         for i, s in holders:
