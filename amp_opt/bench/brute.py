@@ -23,6 +23,12 @@ every share vector of each stage (dp_s positive integers summing to M, each at m
 largest of ``search.micro_batches``: the bound on the shares), every placement of the
 groups, every partition and every setting; such plans are priced with cp 1, no
 interleaving and ZeRO at most 2 (the evaluator refuses the others).
+
+:func:`brute_force_pipelines` walks the plans of several pipelines (``formulations/exactness.md``,
+X6): every ordered split of the global batch into q positive sample counts and, per pipeline,
+every plan above of the instance at that batch, the pipelines on disjoint devices (all of them
+with ``search.idle`` "none").  Its cost is the product of the pipelines' plan counts: two or
+three single-GPU nodes and a batch of a few samples.
 """
 
 from __future__ import annotations
@@ -240,6 +246,47 @@ def brute_top(instance, k: int, *, cost_model="hetero", objective: str = "time")
                     if not any(_no_worse(instance, other, value, cost_model, tables, objective)
                                for other in _replacements(instance, doc)))
     return values[:k]
+
+
+def brute_force_pipelines(instance, *, pipelines: int = 2) -> Best | None:
+    """The fastest feasible raw plan of ``pipelines`` pipelines of a tiny instance (time
+    objective), None when none is feasible."""
+    import dataclasses
+
+    batch, every = instance.training.global_batch, idle_level(instance.search.idle) == "none"
+    loose = dataclasses.replace(instance, search=dataclasses.replace(instance.search, idle="devices"))
+    per_batch = {}
+    for s in range(1, batch):
+        sub = dataclasses.replace(loose, training=dataclasses.replace(loose.training, global_batch=s))
+        docs = []
+        for doc in itertools.chain(raw_plans(sub), uneven_plans(sub)):
+            per_micro = sum(doc["shares"][0]) if "shares" in doc else doc["dp"] * doc["micro_batch"]
+            used = frozenset(d for stage in doc["stages"] for group in stage for d in group)
+            docs.append((used, dict(doc, micro_batches=s // per_micro)))
+        per_batch[s] = docs
+    tables = Tables(instance)
+    best, kept, scored = math.inf, [], 0
+    def disjoint(samples, taken=frozenset()):  # every choice of a plan per pipeline, no device twice
+        if not samples:
+            yield ()
+            return
+        for used, doc in per_batch[samples[0]]:
+            if not used & taken:
+                for rest in disjoint(samples[1:], taken | used):
+                    yield ((used, doc),) + rest
+
+    for samples in _compositions(batch, pipelines, batch):
+        for chosen in disjoint(samples):
+            if every and sum(len(u) for u, _ in chosen) != instance.num_devices:
+                continue
+            try:
+                ev = evaluate(instance, parse_plan({"pipelines": [d for _, d in chosen]}), tables=tables)
+            except InputError:
+                continue
+            scored += 1
+            if ev.feasible and ev.predicted_time < best:
+                best, kept = ev.predicted_time, [ev]
+    return None if not kept else Best(best, tuple(kept), scored)
 
 
 def _score(instance, doc: dict, cost_model, tables, objective: str) -> float | None:

@@ -29,6 +29,11 @@ def add_arguments(p) -> None:
     p.add_argument("--per-candidate", action="store_true",
                    help="with --top-k: each (tp, dp, pp, micro-batch, settings) candidate's best plan only, the K "
                         "best of those (AMP's ranking of candidates) rather than the K best plans")
+    p.add_argument("--pipelines", choices=("skip", "bound"), default="skip",
+                   help="on search.engine amp_opt: skip: plans of several pipelines are not searched (OPTIMAL says "
+                        "so); bound: on a small cluster also solve every split of its devices and batch and, when "
+                        "no split's slowest pipeline alone beats the plan found, OPTIMAL covers them too "
+                        "(default: skip)")
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="S",
                    help="seconds for the whole run, loading and writing included (a little more on very large "
                         "instances); when it cuts the search short, the best plan so far is printed with status "
@@ -55,7 +60,7 @@ def run(args) -> int:
     instance = load_instance(args.instance)
     try:
         result = solve(instance, solver=args.solver, cost_model=args.cost_model, placement=args.placement,
-                       top_k=args.top_k, per_candidate=args.per_candidate, time_limit=args.time_limit,
+                       top_k=args.top_k, per_candidate=args.per_candidate, pipelines=args.pipelines, time_limit=args.time_limit,
                        seed=args.seed, workers=args.workers,
                        objective=args.objective, budget=args.budget, processes=args.processes,
                        progress=None if args.json else progress_printer(), started=getattr(args, "started", None))

@@ -24,6 +24,7 @@ OBJECTIVES = ("time", "cost")
 BACKENDS = ("auto", "enumerate", "cpsat", "cbc", "highs", "plugin")
 ROW_BACKENDS = ("cpsat", "cbc", "highs")  # the backends whose programs read candidate_terms (terms.py)
 LAYER_FORMULATIONS = ("prefix", "assignment")
+PIPELINES = ("skip", "bound")  # plans of several pipelines: left out, or ruled out by P1 (exactness.md X6)
 
 
 def option(default, *, given=MISSING, **kwargs):
@@ -53,6 +54,11 @@ class SolveOptions:
     per_candidate : bool
         With ``top_k``: each candidate's best plan only, the K best of those (AMP's ranking of
         candidates), rather than the K best plans.
+    pipelines : str
+        On the engine "amp_opt": "skip" (default) leaves plans of several pipelines out of the
+        search, and OPTIMAL says so; "bound" also solves the sub-clusters of every split of the
+        devices and batch of a small cluster and, when no split's slowest pipeline can beat the
+        plan found, OPTIMAL covers them (``formulations/exactness.md``, X6).
     time_limit : float or None
         Seconds for the whole search.
     seed, workers : int
@@ -110,6 +116,7 @@ class SolveOptions:
     carry: object = field(default=None, compare=False, repr=False)
     processes: int = option(1)
     per_candidate: bool = option(False)
+    pipelines: str = option("skip")
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -167,6 +174,8 @@ def solve_options(**given) -> SolveOptions:
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
                                or not budget > 0 or not math.isfinite(budget)):
         raise InputError("--budget", f"must be positive USD per hour, got {budget!r}")
+    if o["pipelines"] not in PIPELINES:
+        raise InputError("--pipelines", f"unknown choice {o['pipelines']!r} (choose from {', '.join(PIPELINES)})")
     if budget is not None and objective == "cost":
         raise InputError("--budget", "applies with --objective time (the cost objective already minimises cost)")
     settings = dict(entry.settings) if entry.builtin else {"backend": "plugin"}

@@ -18,7 +18,7 @@ from .registry import lookup, run_plugin
 from .result import SolveResult
 from .route import enumerator_fits
 from .subsets import solve_subsets
-from . import uneven  # at the top: every solve asks uneven.applies; `import amp_opt` loads solve on first use
+from . import several_pipelines, uneven  # at the top: every solve asks uneven.applies; `import amp_opt` loads solve on first use
 
 
 def solve(instance, *, started: float | None = None, **options) -> SolveResult:
@@ -49,6 +49,11 @@ def solve(instance, *, started: float | None = None, **options) -> SolveResult:
         candidate whose free grouping is too large to list, and the result then says so).
     per_candidate : bool
         With ``top_k``: the best plan of each of the K best candidates (AMP's ranking).
+    pipelines : {"skip", "bound"}
+        On the engine "amp_opt": plans of several pipelines are left out of the search (skip,
+        default: OPTIMAL says so), or also ruled out where the bound P1 over every split of a small
+        cluster's devices and batch proves that none beats the plan found (bound;
+        ``formulations/exactness.md``, X6; ``solver.extra["pipelines"]`` says what it proved).
     time_limit : float, optional
         Seconds for the whole search, counted from ``started``.  A search cut short returns
         the best plan found so far (status FEASIBLE, with its proven bound).
@@ -99,7 +104,16 @@ def solve(instance, *, started: float | None = None, **options) -> SolveResult:
     if not entry.builtin:  # a plug-in gets the whole instance; its plans are re-scored by the evaluator
         return run_plugin(entry, instance, options)
     clock = Clock.of(options.time_limit, started)
-    if uneven.applies(instance, options):  # engine amp_opt: the plans whose stages and replicas differ too
+    result = _search(instance, options, clock)
+    if options.pipelines == "bound" and uneven.applies(instance, options) and options.placement == "free":
+        result = several_pipelines.checked(instance, options, result, clock, _search)
+    return result
+
+
+def _search(instance, options: SolveOptions, clock: Clock) -> SolveResult:
+    """The built-in search of one instance: every set of its devices, and on the engine amp_opt the
+    plans whose stages and replicas differ too."""
+    if uneven.applies(instance, options):
         return uneven.solve_with_uneven(instance, options, lambda part: solve_subsets(instance, options, run_builtin, part),
                                         clock)
     return solve_subsets(instance, options, run_builtin, clock)
