@@ -9,7 +9,7 @@ from amp_opt.errors import InputError  # noqa: E402
 from amp_opt.runtime.layout import pipelines_of  # noqa: E402
 from amp_opt.runtime.run import run_plan  # noqa: E402
 
-from test_runtime_run import RUN, doc, plan  # noqa: E402
+from test_runtime_run import MODEL, RUN, doc, plan  # noqa: E402
 from test_runtime_uneven import amp_doc  # noqa: E402
 
 # pipeline 0: two stages (the embedding alone, then the rest), 3 micro-batches of 1; pipeline 1: one
@@ -80,10 +80,22 @@ def test_the_run_is_measured_next_to_its_prediction(several):
     assert "3+5 micro-batches" in text and "  1.0 " in text and "(the slowest pipeline)" in text
 
 
-def test_pipelines_holding_a_layer_at_different_tp_are_refused():
-    mixed = {"pipelines": [dict(TWO["pipelines"][0]), dict(TWO["pipelines"][1], tp=2)]}
-    with pytest.raises(InputError, match=r"plan.pipelines: the runtime reduces each layer .* tp 1, 2"):
-        run_plan(amp_doc(devices=4), mixed, oversubscribe=True, **RUN)
+def test_pipelines_holding_a_layer_at_tp_that_do_not_divide_are_refused():
+    mixed = {"pipelines": [dict(TWO["pipelines"][0], tp=2), dict(TWO["pipelines"][1], tp=3)]}
+    with pytest.raises(InputError, match=r"plan.pipelines: the runtime reduces each layer .* tp 2, 3"):
+        run_plan(amp_doc(devices=7, model=dict(MODEL, heads=6, hidden=96, ffn=384)), mixed, oversubscribe=True, **RUN)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_pipelines_holding_a_layer_at_different_tp_run_the_same_training_step(single, sp):
+    """Per-replica tp: a two-stage pipeline at tp 1 and a one-stage one at tp 2 (sequence parallel
+    or not); each layer's gradients are summed piece by piece of the tp-2 sharding, the tp-1
+    replica's shard cut in two, and every rank ends with the whole batch's gradient."""
+    mixed = {"pipelines": [dict(TWO["pipelines"][0]),
+                           dict(TWO["pipelines"][1], tp=2, sequence_parallel=sp)]}
+    record = run_plan(amp_doc(devices=4), mixed, oversubscribe=True, **RUN)
+    assert "failed" not in record, record.get("error")
+    assert record["measured"]["losses"] == pytest.approx(single["measured"]["losses"], rel=1e-5)
 
 
 def test_pipelines_of_tp_2_with_sequence_parallelism_run_the_same_training_step(single):

@@ -33,7 +33,9 @@ class Groups:
     """Every process group of the plan (all ranks create all groups, in one order) and this rank's
     peers across the stage boundaries.  With several pipelines (``pipes``, :func:`.layout.pipelines_of`)
     each pipeline has its own groups, and each segment of the pipelines' joint partition a group per
-    tensor-parallel rank over every replica holding it (``segments``: this rank's (a, b, group));
+    piece of its finest tensor-parallel sharding over the rank holding that piece in every replica
+    that holds the segment (``segments``: this rank's (a, b, group, piece, pieces), its shard cut
+    into ``pieces``, of which the group reduces piece ``piece``);
     a tied word table is summed over the first stages' ranks and over the last stages' ranks of
     every pipeline (``word_groups``: this rank's (first, last), None where it is not in one)."""
 
@@ -56,12 +58,14 @@ class Groups:
         self.segments, self.word_groups = [], (None, None)
         if len(pipes) > 1:
             for a, b, holders in segments([p.plan["partition"] for p in pipes]):
-                for j in range(pipes[holders[0][0]].lay.tp[holders[0][1]]):  # one tp among the holders (run.py)
-                    ranks = [pipes[i].base + pipes[i].lay.rank(s, r, j) for i, s in holders
-                             for r in range(pipes[i].lay.dp[s])]
+                finest = max(pipes[i].lay.tp[s] for i, s in holders)  # every holder's tp divides it (run.py)
+                for j in range(finest):  # piece j of the finest sharding, held by rank j // (finest / tp)
+                    ranks = [pipes[i].base + pipes[i].lay.rank(s, r, j // (finest // pipes[i].lay.tp[s]))
+                             for i, s in holders for r in range(pipes[i].lay.dp[s])]
                     group = self._group(ranks, rank, None)
                     if rank in ranks:
-                        self.segments.append((a, b, group))
+                        pieces = finest // lay.tp[self.stage]
+                        self.segments.append((a, b, group, j % pieces, pieces))
             if tied:
                 first = self._group([x for p in pipes for x in _stage_ranks(p, 0)], rank, None, always=True)
                 last = self._group([x for p in pipes for x in _stage_ranks(p, p.lay.pp - 1)], rank, None, always=True)

@@ -110,6 +110,7 @@ class ParallelLinear(nn.Module):
         full_b = torch.zeros(out_f) if bias else None
         self.mode, self.tp = mode, tp
         n, r = tp.size, tp.rank
+        self.segments = tuple(segments or (out_f,)) if mode == "column" else (in_f,)  # sharded dim's parts
         if mode == "column" and n > 1:
             pieces = torch.arange(out_f).split(list(segments or (out_f,)))
             rows = torch.cat([p.tensor_split(n)[r] for p in pieces])
@@ -119,6 +120,23 @@ class ParallelLinear(nn.Module):
             full_w = full_w.tensor_split(n, dim=1)[r]
         self.weight = nn.Parameter(full_w.to(dtype=dtype, device=device).contiguous())
         self.bias = nn.Parameter(full_b.to(dtype=dtype, device=device)) if bias else None
+
+    def pieces(self, piece: int, pieces: int) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
+        """(parameter, dimension, indices) of this rank's shard cut into ``pieces`` along the
+        sharded dimension (each part of a fused weight alike): piece ``piece`` is the piece a rank
+        at ``pieces`` times this tp holds whole (the biases of a row-parallel layer are replicated)."""
+        dim = 0 if self.mode == "column" else 1
+        index, offset = [], 0
+        for part in self.segments:
+            local = part // self.tp.size
+            size = local // pieces
+            index.append(torch.arange(offset + piece * size, offset + (piece + 1) * size))
+            offset += local
+        index = torch.cat(index).to(self.weight.device)
+        out = [(self.weight, dim, index)]
+        if self.bias is not None and self.mode == "column":
+            out.append((self.bias, 0, index))
+        return out
 
     def forward(self, x):
         if self.mode == "column":

@@ -64,7 +64,7 @@ from ._torch import require_torch
 from .groups import Groups, Peer
 from .layout import Layout, pipelines_of
 from .memory import SavedTensorTracker
-from .modules import TensorParallel, build_model, run_layers, set_recompute, torch_dtype
+from .modules import ParallelLinear, TensorParallel, build_model, run_layers, set_recompute, torch_dtype
 from .profile import Timer
 from .provenance import device_memory, provenance, set_threads
 from .zero import make_optimizer, sum_gradients
@@ -179,12 +179,12 @@ def _setup(task: dict, rank: int) -> _Rank:
     params = list({id(p): p for p in layers.parameters()}.values())
     optimizer = make_optimizer(params, zero_stage=plan.get("zero_stage") or 0, replicas=lay.dp[s],
                                index=groups.dp_rank, group=groups.dp, lr=task["lr"])
-    if groups.segments:  # several pipelines: a flat buffer per segment, the largest live at once
-        modules, first = list(layers.values()), plan["partition"][s]
+    if groups.segments:  # several pipelines: a flat buffer per segment (its pieces' are smaller), the largest
+        modules, first = list(layers.values()), plan["partition"][s]  # live at once
         optimizer.memory["communication_buffers"] = max(
             sum(p.numel() * p.element_size() for p in {id(p): p for m in modules[a - first:b - first]
                                                         for p in m.parameters()}.values())
-            for a, b, _ in groups.segments)
+            for a, b, *_ in groups.segments)
     # --memory-limit stands for the device's memory: parameters, gradients, Adam's moments, the
     # reduction buffers and the instance's reserve count toward it before any activation.
     tracker = SavedTensorTracker(exclude=[layers], limit=task.get("memory_limit"),
@@ -310,11 +310,13 @@ def _reduce_across(me: _Rank, clock: _Clock) -> None:
     start = me.plan["partition"][me.groups.stage]
     modules = list(me.layers.values())
     t0 = time.perf_counter()
-    for a, b, group in me.groups.segments:
+    for a, b, group, piece, pieces in me.groups.segments:
         params = list({id(p): p for module in modules[a - start:b - start] for p in module.parameters()
                        if p is not word}.values())
-        if params:
+        if params and pieces == 1:
             sum_gradients(params, group)
+        elif params:
+            _sum_piece(modules[a - start:b - start], params, group, piece, pieces)
     clock.add("allreduce", time.perf_counter() - t0)
     if word is not None:
         t0 = time.perf_counter()
@@ -326,6 +328,27 @@ def _reduce_across(me: _Rank, clock: _Clock) -> None:
         if last is not None:
             dist.all_reduce(lent, group=last)
         clock.add("tie_allreduce", time.perf_counter() - t0)
+
+
+def _sum_piece(modules, params: list, group, piece: int, pieces: int) -> None:
+    """Piece ``piece`` of ``pieces`` of this rank's shard of every sharded parameter, and every
+    replicated parameter whole, summed over ``group`` (one rank per replica holding the segment, at
+    any tp): a rank whose tp is ``pieces`` times below the finest reduces each piece in its own group,
+    in piece order; its replicated gradients enter every one of them as they were and take the sum
+    after the last."""
+    cut = {id(p): (dim, index) for m in modules for sub in m.modules() if isinstance(sub, ParallelLinear)
+           for p, dim, index in sub.pieces(piece, pieces)}
+    parts = [p.grad.index_select(cut[id(p)][0], cut[id(p)][1]) if id(p) in cut else p.grad for p in params]
+    flat = torch.cat([t.reshape(-1) for t in parts])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for p, part in zip(params, parts):
+        got = flat[offset:offset + part.numel()].view_as(part)
+        offset += part.numel()
+        if id(p) in cut:
+            p.grad.index_copy_(cut[id(p)][0], cut[id(p)][1], got)
+        elif piece == pieces - 1:  # every group sums the same replicated gradients: kept after the last
+            p.grad.copy_(got)
 
 
 def _iteration(me: _Rank, it: int) -> tuple[dict, float | None, dict | None]:

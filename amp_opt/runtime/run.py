@@ -77,14 +77,14 @@ def _world_formula(pipes) -> str:
 
 
 def _one_tp_per_segment(plan: Pipelines) -> None:
-    """The runtime reduces a layer's gradients over the pipelines that hold it rank by rank of one
-    tensor-parallel degree (shards alike); pipelines that hold a layer at different tp are refused."""
+    """The runtime reduces a layer's gradients over the pipelines that hold it piece by piece of the
+    finest tensor-parallel sharding among them, so every holder's tp must divide the largest."""
     for a, b, holders in segments([p.partition for p in plan.pipelines]):
         tps = sorted({plan.pipelines[i].tp_at(s) for i, s in holders})
-        if len(tps) > 1:
-            raise InputError("plan.pipelines", f"the runtime reduces each layer over the pipelines holding it at one "
-                                               f"tp; layers {a}-{b - 1} are held at tp {', '.join(map(str, tps))} "
-                                               "(evaluate prices such a plan; run executes it when the tp agree)")
+        if any(tps[-1] % t for t in tps):
+            raise InputError("plan.pipelines", f"the runtime reduces each layer over the pipelines holding it in pieces "
+                                               f"of the largest tp, which the others must divide; layers {a}-{b - 1} "
+                                               f"are held at tp {', '.join(map(str, tps))} (evaluate prices such a plan)")
 
 
 def refuse_unsupported(plan: Plan, *, where: str = "plan") -> None:
