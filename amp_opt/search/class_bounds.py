@@ -1,15 +1,17 @@
-"""Lower bounds on every plan of a configuration of the class-stage space R (S7-S11).
+"""Lower bounds on every plan of a configuration of the class-stage space R (S7-S12).
 
 ``formulations/uneven-search.md``: S7 bounds the pipeline's compute (a fractional knapsack of the
 layers' reference seconds over the blocks, with a floor, each block's limit in layers and in
 memory (S9) and the least seconds of the slowest stage), S8 the end of the iteration (the stages'
-reductions and optimizer steps), S10 ties the end to the work a block holds, and S11 prices one
-order of the blocks.  :class:`Bounds` prices one configuration; :func:`balanced`,
+reductions and optimizer steps), S10 ties the end to the work a block holds, S11 prices one
+order of the blocks, and S12 rules out blocks whose stages cannot each hold a layer that fits.  :class:`Bounds` prices one configuration; :func:`balanced`,
 :func:`with_end`, :func:`bottleneck`, :func:`heaviest`, :func:`most_held`, :func:`spread` and
 :func:`ending` are the pieces the walk's key (:mod:`.class_walk`) relaxes.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
@@ -23,7 +25,7 @@ from .class_stages import Block, configuration
 
 
 class Bounds:
-    """Lower bounds (S7-S11) on the iteration seconds of every plan of an R configuration under a
+    """Lower bounds (S7-S12) on the iteration seconds of every plan of an R configuration under a
     cost ``model`` (hetero).  They read the layer tables, which a caller's own pricing may not
     follow: under such a model (``holds`` false) every bound is 0."""
 
@@ -37,6 +39,9 @@ class Bounds:
         self._rooms: dict = {}
         self._held: dict = {}
         self._leans: dict = {}
+        self._kept: dict = {}
+        self._flight: dict = {}
+        self._crowded: dict = {}
         self._last: tuple = (None, (0.0, None))
 
     def times(self, b: Block) -> tuple[np.ndarray, float]:
@@ -96,17 +101,21 @@ class Bounds:
             self._leans[tp] = (np.maximum(params, 0.0), tied)
         return self._leans[tp]
 
+    def _per_param(self, dp: int) -> float:
+        """The least model-state bytes per parameter over the ZeRO stages ≤ 2 the search tries (H9)."""
+        tr = self.instance.training
+        return min((state_bytes_per_param(tr, dp, z) for z in self.instance.search.zero_stages if z <= 2), default=0.0)
+
     def room(self, b: Block) -> float:
         """S9: the most parameters per rank one stage of the block holds: its type's capacity less
         the framework's bytes (a pipeline neighbour's buffers left out), over the least model-state
-        bytes per parameter of the ZeRO stages the search tries, through the allocator; the
-        activations left out.  INF where the cost model ignores memory."""
+        bytes per parameter of the ZeRO stages the search tries, through the allocator (the
+        activations are weighed in :meth:`kept`).  INF where the cost model ignores memory."""
         key = (b.cls, b.tp, b.dp)
         if key not in self._rooms:
             inst = self.instance
             tr = inst.training
-            per_param = min((state_bytes_per_param(tr, b.dp, z) for z in inst.search.zero_stages if z <= 2),
-                            default=0.0)
+            per_param = self._per_param(b.dp)
             if not self.model.enforces_memory or per_param <= 0:
                 self._rooms[key] = INF
             else:
@@ -115,17 +124,81 @@ class Bounds:
                 self._rooms[key] = max(free, 0.0) / ((1.0 + tr.fragmentation) * per_param)
         return self._rooms[key]
 
+    def kept(self, b: Block) -> np.ndarray:
+        """S9: per layer, the least bytes of activations one micro-batch of the block's share keeps
+        on a stage (the least over the search's sequence-parallel values and recomputation modes,
+        H7), in :meth:`room`'s parameters (divided by the least model-state bytes per parameter)."""
+        key = (b.tp, b.dp, b.share)
+        if key not in self._kept:
+            space, factor = self.instance.search, self.instance.training.activation_factor
+            least = None
+            for sp in space.sequence_parallel:
+                per = self.tables.layer_arrays(b.tp, sp)
+                modes = {"none": per.activations,
+                         "selective": per.activations - np.where(per.recomputes, per.scores, 0.0),
+                         "full": np.where(per.recomputes, per.kept_full, per.activations)}
+                for mode in space.recompute:
+                    least = modes[mode] if least is None else np.minimum(least, modes[mode])
+            per_param = self._per_param(b.dp)
+            self._kept[key] = (np.zeros(self.instance.num_layers) if least is None or per_param <= 0
+                               else np.maximum(np.asarray(least, dtype=float), 0.0) * factor * b.share / per_param)
+        return self._kept[key]
+
     def held(self, b: Block, ref: np.ndarray) -> float:
         """S9: the most reference seconds the block's k stages hold within their memory, k times
         :meth:`room` parameters per rank (:func:`most_held` over each layer's parameters per rank
-        at the block's tp, a tie group's shared tensor taken off every member)."""
+        at the block's tp, a tie group's shared tensor taken off every member, plus the activations
+        one micro-batch keeps, :meth:`kept`)."""
         room = self.room(b)
         if room == INF:
             return INF
-        key = (b.tp, ref.tobytes())
+        key = (b.tp, b.dp, b.share, ref.tobytes())
         if key not in self._held:
-            self._held[key] = _Knapsack(ref, self._lean(b.tp)[0])
+            self._held[key] = _Knapsack(ref, self._lean(b.tp)[0] + self.kept(b))
         return self._held[key](b.stages * room)
+
+    def _fit_levels(self, b: Block, n: int) -> np.ndarray:
+        """S12: per layer, the most micro-batches in flight (at most n) at which it fits alone on a
+        stage of the block (its model state and those micro-batches' least activations within the
+        room, S9); -1 where it fits at none."""
+        key = (b.cls, b.tp, b.dp, b.share, n)
+        if key not in self._flight:
+            room, lean, kept = self.room(b), self._lean(b.tp)[0], self.kept(b)
+            if room == INF:
+                most = np.full(len(lean), n)
+            else:
+                room *= 1 + 1e-12
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    most = np.where(kept > 0, np.floor((room - lean) / kept), n)
+                most = np.where(lean <= room, np.minimum(most, n), -1)
+            self._flight[key] = most.astype(int)
+        return self._flight[key]
+
+    def crowded(self, M: int, blocks) -> bool:
+        """S12: whether some set of the blocks has more stages at F micro-batches in flight or more
+        (all but F - 1 of them) than layers that fit alone on one of its stages there, for some
+        F ≥ 1; every stage holds a layer of its own.  ``blocks`` may be some of a combination's
+        (more blocks only add stages)."""
+        blocks = tuple(b for b in blocks if b is not None)
+        if not blocks or not self.holds:
+            return False
+        if (M, blocks) not in self._crowded:
+            if len(self._crowded) > 100_000:  # the walk asks again for the blocks it keeps: a cache
+                self._crowded.clear()
+            self._crowded[M, blocks] = self._crowded_now(M, blocks)
+        return self._crowded[M, blocks]
+
+    def _crowded_now(self, M: int, blocks: tuple) -> bool:
+        n = self.instance.training.global_batch // M
+        levels = [self._fit_levels(b, n) for b in blocks]
+        for r in range(1, len(blocks) + 1):
+            for chosen in itertools.combinations(range(len(blocks)), r):
+                stages = sum(blocks[i].stages for i in chosen)
+                best = np.max([levels[i] for i in chosen], axis=0)
+                F = np.arange(1, min(n, stages) + 1)
+                if (np.count_nonzero(best[:, None] >= F[None, :], axis=0) < stages - F + 1).any():
+                    return True
+        return False
 
     def added(self, b: Block, ref: np.ndarray) -> float:
         """What the block's k stages add to S7's floor F over the reference's seconds of their layers
@@ -168,22 +241,28 @@ class Bounds:
         """S11: a bound on the plans of the blocks in this order, over every partition of the layers
         into its stages, each stage priced at its layers' seconds without recomputation and its
         step seconds (E_s), at c times its parameters per rank (X_s, S8's c), and +inf where its
-        model state passes its room (S9); :func:`partitioned` solves it (``value``: the caller's
+        model state and the activations of its micro-batches in flight pass its room (S9);
+        :func:`partitioned` solves it (``value``: the caller's
         incumbent, where its grid ends)."""
         if not self.holds:
             return 0.0
         stages = [b for b in order for _ in range(b.stages)]
-        pipe = pipeline_weights(self.instance.training.global_batch // M, len(stages), 1, self.schedule)
+        n = self.instance.training.global_batch // M
+        pipe = pipeline_weights(n, len(stages), 1, self.schedule)
         g = grid(self.instance.num_layers)
         ranges: dict = {}
-        for b in order:  # per block, E_s and X_s of a stage holding [k, l) (rows k, columns l)
-            if (b.cls, b.tp, b.dp, b.share) not in ranges:
+        per_stage = []
+        for i, b in enumerate(stages):  # E_s and X_s of a stage holding [k, l) (rows k, columns l)
+            flight = min(len(stages) - i, n)  # micro-batches whose activations the stage keeps (H5, 1F1B)
+            key = (b.cls, b.tp, b.dp, b.share, flight)
+            if key not in ranges:
                 t, sigma = self.times(b)
                 params = self.tables.layer_sums(b.tp).params_in(g.start, g.stop)  # computed once per tp
-                usable = g.nonempty & (params <= self.room(b) * (1 + 1e-12))
-                ranges[b.cls, b.tp, b.dp, b.share] = (np.where(usable, range_table(t) + sigma, INF),
-                                                      np.where(usable, self.end_factor(b) * params, INF))
-        per_stage = [ranges[b.cls, b.tp, b.dp, b.share] for b in stages]
+                held = params + flight * range_table(self.kept(b))
+                usable = g.nonempty & (held <= self.room(b) * (1 + 1e-12))
+                ranges[key] = (np.where(usable, range_table(t) + sigma, INF),
+                               np.where(usable, self.end_factor(b) * params, INF))
+            per_stage.append(ranges[key])
         return partitioned([e for e, _ in per_stage], [x for _, x in per_stage], pipe.bottleneck, pipe.fill,
                            value)
 
@@ -201,6 +280,8 @@ class Bounds:
     def _program(self, M: int, order: tuple[Block, ...], *, strong: bool) -> float:
         if not self.holds:
             return 0.0
+        if self.crowded(M, order):
+            return INF  # S12: no order of these blocks fits
         p = sum(b.stages for b in order)
         L = self.instance.num_layers
         pipe = pipeline_weights(self.instance.training.global_batch // M, p, 1, self.schedule)

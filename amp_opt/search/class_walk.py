@@ -1,4 +1,4 @@
-"""The walk over the class-stage space R: its configurations best bound first (S7-S11).
+"""The walk over the class-stage space R: its configurations best bound first (S7-S12).
 
 A heap over the product of the node classes' options (no block, or a block) per pipeline
 micro-batch M, keyed by a relaxation of :mod:`.class_bounds`' program that holds for every
@@ -43,6 +43,7 @@ def ranked(instance, bounds: Bounds, *, limit=None):
         pipe = pipeline_weights(batch // M, top, 1, bounds.schedule)
         options = _weightiest_first(bounds, options, pipe.least, pipe.fill)
         per_m[M] = _Walk(options, _references(bounds, options), bounds, pipe.least, pipe.fill, top)
+        per_m[M].M = M
         start = (0,) * len(options)
         heapq.heappush(heap, (per_m[M].key(start, 0), M, start, 0))
     while heap:
@@ -190,7 +191,8 @@ class _Walk:
         those, and no step seconds in its capacity; the floor F of :meth:`_floor`; plus S8's end of
         the iteration with each later class at the largest end capacity of those options; or, larger,
         S10's program for some group (a later class at the least gamma of those options).  INF
-        where no combination it leads to has few enough stages, or fits in memory."""
+        where no combination it leads to has few enough stages, or fits in memory, or where the kept
+        blocks break S12."""
         kept = [self.order[c][idx[c]] for c in range(last)]
         left = self.top - sum(0 if self.options[c][i] is None else self.options[c][i].stages for c, i in enumerate(kept))
         left -= sum(self.fewest[c][idx[c]] for c in range(last, len(idx)))
@@ -209,6 +211,8 @@ class _Walk:
             return INF
         if not self.bounds.holds:  # a caller's pricing: the layer tables bound nothing
             return 0.0
+        if self.bounds.crowded(self.M, [self.options[c][i] for c, i in enumerate(kept)]):
+            return INF  # S12 on the kept blocks: every combination adds stages to them
         best = coupled = 0.0
         for groups, work, tops, zeta, tails in self.references:
             own = [(groups[c][i], self.options[c][i].stages) for c, i in enumerate(kept) if groups[c][i] is not None]
