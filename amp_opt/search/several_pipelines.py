@@ -171,7 +171,7 @@ def checked(instance, options, result, clock, search):
     top = result.top
     value = top[options.top_k - 1].predicted_time if len(top) >= options.top_k else math.inf
     sub_options = dataclasses.replace(options, top_k=1, per_candidate=False, pipelines="skip", progress=None,
-                                      diagnose=False, carry=None, cutoff=math.inf)
+                                      diagnose=False, carry=None, cutoff=math.inf, processes=1)
     proof = pipelines_bound(instance, options, value, lambda sub, part: search(sub, sub_options, part), clock)
     within = result.solver.within
     if proof.ruled_out and within:
