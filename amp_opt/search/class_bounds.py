@@ -4,9 +4,10 @@
 layers' reference seconds over the blocks, with a floor, each block's limit in layers and in
 memory (S9) and the least seconds of the slowest stage), S8 the end of the iteration (the stages'
 reductions and optimizer steps), S10 ties the end to the work a block holds, S11 prices one
-order of the blocks, and S12 rules out blocks whose stages cannot each hold a layer that fits.  :class:`Bounds` prices one configuration; :func:`balanced`,
-:func:`with_end`, :func:`bottleneck`, :func:`heaviest`, :func:`most_held`, :func:`spread` and
-:func:`ending` are the pieces the walk's key (:mod:`.class_walk`) relaxes.
+order of the blocks, and S12 rules out blocks whose stages cannot each hold a layer that fits.
+:class:`Bounds` prices one configuration; :func:`balanced`, :func:`with_end`, :func:`bottleneck`,
+:func:`heaviest`, :func:`most_held`, :func:`spread` and :func:`ending` are the pieces the walk's
+key (:mod:`.class_walk`) relaxes.
 """
 
 from __future__ import annotations
