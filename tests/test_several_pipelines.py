@@ -166,6 +166,17 @@ def test_the_recursion_rules_out_exactly_at_the_least_split():
     assert not above.ruled_out and above.split_below == pytest.approx(4.0)
 
 
+def test_an_infeasible_verdict_says_whether_several_pipelines_fit():
+    """Seed 1 on two GPUs: no plan of one pipeline fits; the default says plans of several pipelines
+    were not searched, the bound proves none fits either (the brute force over them agrees)."""
+    inst = tiny(1)
+    with pytest.raises(amp_opt.InfeasibleError, match="plans of several pipelines are not searched"):
+        solve(inst)
+    with pytest.raises(amp_opt.InfeasibleError, match="nor does any plan of several pipelines"):
+        solve(inst, pipelines="bound")
+    assert brute_force_pipelines(inst) is None
+
+
 def test_what_p1_does_not_try_says_why():
     inst = tiny(0)
     cost = solve(inst, pipelines="bound", objective="cost").solver
@@ -173,6 +184,8 @@ def test_what_p1_does_not_try_says_why():
     assert ONE_PIPELINE in cost.within
     slow_intra = solve(tiny(0, latency=(1e-3, 0.0)), pipelines="bound").solver.extra["pipelines"]
     assert "latency" in slow_intra["why"]
+    ranked = solve(inst, pipelines="bound", placement="rank-order").solver.extra["pipelines"]
+    assert "rank-order" in ranked["why"]
     assert "pipelines" not in solve(inst).solver.extra  # skip: the default
     with pytest.raises(InputError, match="--pipelines"):
         solve(inst, pipelines="all")

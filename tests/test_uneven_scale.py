@@ -13,7 +13,7 @@ import amp_opt
 from amp_opt import parse_instance
 from amp_opt.model.generate import generate_instance
 from amp_opt.model.tables import Tables
-from amp_opt.search import class_bounds, class_stages, class_walk, uneven
+from amp_opt.search import class_bounds, class_memory, class_stages, class_walk, uneven
 from amp_opt.search.options import solve_options
 from amp_opt.search.uneven_space import Configuration
 
@@ -192,7 +192,7 @@ def test_the_memory_limit_holds_every_stage_the_search_finds_and_is_nearly_reach
                 lean = np.array(sums.params, dtype=float)
                 for members, shared in sums.ties:
                     lean[members] -= shared
-                fill.append(lean[edges[s]:edges[s + 1]].sum() / bounds.room(b))
+                fill.append(lean[edges[s]:edges[s + 1]].sum() / bounds.memory.room(b))
     assert len(fill) > 100 and max(fill) <= 1 + 1e-9 and max(fill) > 0.95
 
 
@@ -209,7 +209,7 @@ def crowded(seed, *, share=0.8, **kw):
 
 def stage_fills(inst, heavier=1.0):
     """Per stage of every configuration's best plan (each setting): its parameters per rank and the
-    activations of its micro-batches in flight (``heavier`` times :meth:`Bounds.kept`), over the room."""
+    activations of its micro-batches in flight (``heavier`` times :meth:`BlockMemory.kept`), over the room."""
     tables, cache = Tables(inst), {}
     bounds = class_bounds.Bounds(inst, tables, solve_options().model)
     fill = []
@@ -222,9 +222,9 @@ def stage_fills(inst, heavier=1.0):
             if ev is not None:
                 e = ev.plan.partition
                 for i, b in enumerate(stages):
-                    held = bounds._lean(b.tp)[0][e[i]:e[i + 1]].sum()
-                    held += heavier * min(len(stages) - i, n) * bounds.kept(b)[e[i]:e[i + 1]].sum()
-                    fill.append(held / bounds.room(b))
+                    held = bounds.memory.lean(b.tp)[0][e[i]:e[i + 1]].sum()
+                    held += heavier * min(len(stages) - i, n) * bounds.memory.kept(b)[e[i]:e[i + 1]].sum()
+                    fill.append(held / bounds.memory.room(b))
     return fill
 
 
@@ -253,13 +253,13 @@ def test_the_bounds_hold_where_activations_decide(monkeypatch):
     listed = list(every_r(inst))
     bounds = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
     with_act = [(bounds(M, order), bounds.ordered(M, order)) for M, order in listed]
-    crowded_ones = [(M, order) for M, order in listed if bounds.crowded(M, order)]  # S12
+    crowded_ones = [(M, order) for M, order in listed if bounds.memory.crowded(M, order)]  # S12
     assert crowded_ones and all(bounds(M, order) == float("inf") for M, order in crowded_ones)
     with monkeypatch.context() as patch:
-        patch.setattr(class_bounds.Bounds, "crowded", lambda self, M, blocks: False)
+        patch.setattr(class_memory.BlockMemory, "crowded", lambda self, M, blocks: False)
         plain = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
         assert any(np.isfinite(plain(M, order)) for M, order in crowded_ones)  # S12 proves what S7-S9 do not
-    monkeypatch.setattr(class_bounds.Bounds, "kept", lambda self, b: np.zeros(self.instance.num_layers))
+    monkeypatch.setattr(class_memory.BlockMemory, "kept", lambda self, b: np.zeros(self.instance.num_layers))
     bounds = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
     without = [(bounds(M, order), bounds.ordered(M, order)) for M, order in listed]
     assert any(w[0] > o[0] * (1 + 1e-6) for w, o in zip(with_act, without))
@@ -277,7 +277,7 @@ def test_the_bound_holds_where_memory_decides(monkeypatch):
     listed = list(every_r(inst))
     bounds = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
     with_limits = [bounds(M, order) for M, order in listed]
-    monkeypatch.setattr(class_bounds.Bounds, "room", lambda self, b: float("inf"))
+    monkeypatch.setattr(class_memory.BlockMemory, "room", lambda self, b: float("inf"))
     bounds = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
     raised = [w for w, (M, order) in zip(with_limits, listed) if np.isfinite(w) and w > bounds(M, order) * (1 + 1e-6)]
     assert raised
@@ -332,7 +332,7 @@ def test_most_held_is_the_linear_program_it_solves():
         lp += pulp.lpSum(float(r) * v for r, v in zip(ref, x))
         lp += pulp.lpSum(float(p) * v for p, v in zip(params, x)) <= budget
         assert lp.solve(_cbc_command()) == 1
-        got = class_bounds.most_held(ref, params, budget)
+        got = class_memory.most_held(ref, params, budget)
         if got == float("inf"):
             assert params.sum() <= budget
         else:

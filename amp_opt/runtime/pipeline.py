@@ -179,8 +179,8 @@ def _setup(task: dict, rank: int) -> _Rank:
     params = list({id(p): p for p in layers.parameters()}.values())
     optimizer = make_optimizer(params, zero_stage=plan.get("zero_stage") or 0, replicas=lay.dp[s],
                                index=groups.dp_rank, group=groups.dp, lr=task["lr"])
-    if groups.segments:  # several pipelines: a flat buffer per segment (its pieces' are smaller), the largest
-        modules, first = list(layers.values()), plan["partition"][s]  # live at once
+    if groups.segments:  # several pipelines: a flat buffer per segment (or smaller piece), the largest live at once
+        modules, first = list(layers.values()), plan["partition"][s]
         optimizer.memory["communication_buffers"] = max(
             sum(p.numel() * p.element_size() for p in {id(p): p for m in modules[a - first:b - first]
                                                         for p in m.parameters()}.values())

@@ -5,23 +5,21 @@ layers' reference seconds over the blocks, with a floor, each block's limit in l
 memory (S9) and the least seconds of the slowest stage), S8 the end of the iteration (the stages'
 reductions and optimizer steps), S10 ties the end to the work a block holds, S11 prices one
 order of the blocks, and S12 rules out blocks whose stages cannot each hold a layer that fits.
-:class:`Bounds` prices one configuration; :func:`balanced`, :func:`with_end`, :func:`bottleneck`,
-:func:`heaviest`, :func:`most_held`, :func:`spread` and :func:`ending` are the pieces the walk's
-key (:mod:`.class_walk`) relaxes.
+:class:`Bounds` prices one configuration, with S9 and S12 from :mod:`.class_memory`;
+:func:`balanced`, :func:`with_end`, :func:`bottleneck`, :func:`heaviest`, :func:`spread` and
+:func:`ending` are the pieces the walk's key (:mod:`.class_walk`) relaxes.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 
 from ..model.classes import node_classes
 from ..model.costs.contract import library_priced
 from ..model.costs.iteration import pipeline_weights
-from ..model.costs.terms import framework_bytes, state_bytes_per_param
-from ..model.plan import Candidate
 from ..model.ranges import INF, grid, min_max_chain, min_sum_step, range_table, start_row, weighted
+from ..model.plan import Candidate
+from .class_memory import BlockMemory
 from .class_stages import Block, configuration
 
 
@@ -37,12 +35,7 @@ class Bounds:
         self.spread = spread(instance, tables)
         self._times: dict = {}
         self._factors: dict = {}
-        self._rooms: dict = {}
-        self._held: dict = {}
-        self._leans: dict = {}
-        self._kept: dict = {}
-        self._flight: dict = {}
-        self._crowded: dict = {}
+        self.memory = BlockMemory(instance, tables, model, self.classes, self.holds)  # S9, S12
         self._last: tuple = (None, (0.0, None))
 
     def times(self, b: Block) -> tuple[np.ndarray, float]:
@@ -79,7 +72,7 @@ class Bounds:
         iteration is at least gamma * (R_b - zeta), R_b the reference seconds the block holds;
         gamma = c * kappa / k with kappa the least parameters per rank per reference second of a
         layer outside the tie groups, zeta the tie groups' reference seconds."""
-        lean, tied = self._lean(b.tp)
+        lean, tied = self.memory.lean(b.tp)
         use = (ref > 0) & ~tied
         if not use.any():
             return 0.0, 0.0
@@ -88,118 +81,7 @@ class Bounds:
 
     def tied_seconds(self, ref: np.ndarray) -> float:
         """S10's zeta: the reference seconds of the layers in tie groups."""
-        return float(ref[self._lean(self.instance.search.tp[0])[1]].sum())
-
-    def _lean(self, tp: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per layer its parameters per rank at ``tp`` with a tie group's shared tensor taken off
-        every member (a stage holds at least their sum: S9), and which layers are tied."""
-        if tp not in self._leans:
-            sums = self.tables.layer_sums(tp)
-            params, tied = np.array(sums.params, dtype=float), np.zeros(len(sums.params), dtype=bool)
-            for members, shared in sums.ties:
-                params[members] -= shared
-                tied[members] = True
-            self._leans[tp] = (np.maximum(params, 0.0), tied)
-        return self._leans[tp]
-
-    def _per_param(self, dp: int) -> float:
-        """The least model-state bytes per parameter over the ZeRO stages ≤ 2 the search tries (H9)."""
-        tr = self.instance.training
-        return min((state_bytes_per_param(tr, dp, z) for z in self.instance.search.zero_stages if z <= 2), default=0.0)
-
-    def room(self, b: Block) -> float:
-        """S9: the most parameters per rank one stage of the block holds: its type's capacity less
-        the framework's bytes (a pipeline neighbour's buffers left out), over the least model-state
-        bytes per parameter of the ZeRO stages the search tries, through the allocator (the
-        activations are weighed in :meth:`kept`).  INF where the cost model ignores memory."""
-        key = (b.cls, b.tp, b.dp)
-        if key not in self._rooms:
-            inst = self.instance
-            tr = inst.training
-            per_param = self._per_param(b.dp)
-            if not self.model.enforces_memory or per_param <= 0:
-                self._rooms[key] = INF
-            else:
-                free = (inst.device_types[self.classes[b.cls].device_type].capacity
-                        - framework_bytes(tr, Candidate(b.tp, b.dp, 1, b.share)))
-                self._rooms[key] = max(free, 0.0) / ((1.0 + tr.fragmentation) * per_param)
-        return self._rooms[key]
-
-    def kept(self, b: Block) -> np.ndarray:
-        """S9: per layer, the least bytes of activations one micro-batch of the block's share keeps
-        on a stage (the least over the search's sequence-parallel values and recomputation modes,
-        H7), in :meth:`room`'s parameters (divided by the least model-state bytes per parameter)."""
-        key = (b.tp, b.dp, b.share)
-        if key not in self._kept:
-            space, factor = self.instance.search, self.instance.training.activation_factor
-            least = None
-            for sp in space.sequence_parallel:
-                per = self.tables.layer_arrays(b.tp, sp)
-                modes = {"none": per.activations,
-                         "selective": per.activations - np.where(per.recomputes, per.scores, 0.0),
-                         "full": np.where(per.recomputes, per.kept_full, per.activations)}
-                for mode in space.recompute:
-                    least = modes[mode] if least is None else np.minimum(least, modes[mode])
-            per_param = self._per_param(b.dp)
-            self._kept[key] = (np.zeros(self.instance.num_layers) if least is None or per_param <= 0
-                               else np.maximum(np.asarray(least, dtype=float), 0.0) * factor * b.share / per_param)
-        return self._kept[key]
-
-    def held(self, b: Block, ref: np.ndarray) -> float:
-        """S9: the most reference seconds the block's k stages hold within their memory, k times
-        :meth:`room` parameters per rank (:func:`most_held` over each layer's parameters per rank
-        at the block's tp, a tie group's shared tensor taken off every member, plus the activations
-        one micro-batch keeps, :meth:`kept`)."""
-        room = self.room(b)
-        if room == INF:
-            return INF
-        key = (b.tp, b.dp, b.share, ref.tobytes())
-        if key not in self._held:
-            self._held[key] = _Knapsack(ref, self._lean(b.tp)[0] + self.kept(b))
-        return self._held[key](b.stages * room)
-
-    def _fit_levels(self, b: Block, n: int) -> np.ndarray:
-        """S12: per layer, the most micro-batches in flight (at most n) at which it fits alone on a
-        stage of the block (its model state and those micro-batches' least activations within the
-        room, S9); -1 where it fits at none."""
-        key = (b.cls, b.tp, b.dp, b.share, n)
-        if key not in self._flight:
-            room, lean, kept = self.room(b), self._lean(b.tp)[0], self.kept(b)
-            if room == INF:
-                most = np.full(len(lean), n)
-            else:
-                room *= 1 + 1e-12
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    most = np.where(kept > 0, np.floor((room - lean) / kept), n)
-                most = np.where(lean <= room, np.minimum(most, n), -1)
-            self._flight[key] = most.astype(int)
-        return self._flight[key]
-
-    def crowded(self, M: int, blocks) -> bool:
-        """S12: whether some set of the blocks has more stages at F micro-batches in flight or more
-        (all but F - 1 of them) than layers that fit alone on one of its stages there, for some
-        F ≥ 1; every stage holds a layer of its own.  ``blocks`` may be some of a combination's
-        (more blocks only add stages)."""
-        blocks = tuple(b for b in blocks if b is not None)
-        if not blocks or not self.holds:
-            return False
-        if (M, blocks) not in self._crowded:
-            if len(self._crowded) > 100_000:  # the walk asks again for the blocks it keeps: a cache
-                self._crowded.clear()
-            self._crowded[M, blocks] = self._crowded_now(M, blocks)
-        return self._crowded[M, blocks]
-
-    def _crowded_now(self, M: int, blocks: tuple) -> bool:
-        n = self.instance.training.global_batch // M
-        levels = [self._fit_levels(b, n) for b in blocks]
-        for r in range(1, len(blocks) + 1):
-            for chosen in itertools.combinations(range(len(blocks)), r):
-                stages = sum(blocks[i].stages for i in chosen)
-                best = np.max([levels[i] for i in chosen], axis=0)
-                F = np.arange(1, min(n, stages) + 1)
-                if (np.count_nonzero(best[:, None] >= F[None, :], axis=0) < stages - F + 1).any():
-                    return True
-        return False
+        return float(ref[self.memory.lean(self.instance.search.tp[0])[1]].sum())
 
     def added(self, b: Block, ref: np.ndarray) -> float:
         """What the block's k stages add to S7's floor F over the reference's seconds of their layers
@@ -259,8 +141,8 @@ class Bounds:
             if key not in ranges:
                 t, sigma = self.times(b)
                 params = self.tables.layer_sums(b.tp).params_in(g.start, g.stop)  # computed once per tp
-                held = params + flight * range_table(self.kept(b))
-                usable = g.nonempty & (held <= self.room(b) * (1 + 1e-12))
+                held = params + flight * range_table(self.memory.kept(b))
+                usable = g.nonempty & (held <= self.memory.room(b) * (1 + 1e-12))
                 ranges[key] = (np.where(usable, range_table(t) + sigma, INF),
                                np.where(usable, self.end_factor(b) * params, INF))
             per_stage.append(ranges[key])
@@ -281,7 +163,7 @@ class Bounds:
     def _program(self, M: int, order: tuple[Block, ...], *, strong: bool) -> float:
         if not self.holds:
             return 0.0
-        if self.crowded(M, order):
+        if self.memory.crowded(M, order):
             return INF  # S12: no order of these blocks fits
         p = sum(b.stages for b in order)
         L = self.instance.num_layers
@@ -300,7 +182,7 @@ class Bounds:
             if not (ref > 0).any():
                 continue
             tops = heaviest(ref)
-            groups = [(*self.group(b, ref), min(tops[n], self.held(b, ref))) for b, n in zip(order, limits)]
+            groups = [(*self.group(b, ref), min(tops[n], self.memory.held(b, ref))) for b, n in zip(order, limits)]
             if all(g[0] > 0 for g in groups):
                 work = float(ref.sum())
                 best = max(best, balanced(pipe.least, pipe.fill, work, groups, floor, slowest))
@@ -399,40 +281,6 @@ def heaviest(ref: np.ndarray) -> np.ndarray:
     tops = np.concatenate([[0.0], np.cumsum(np.sort(ref)[::-1])])
     tops[len(ref):] = INF
     return tops
-
-
-class _Knapsack:
-    """:func:`most_held` for one (reference, parameters), sorted once for many budgets."""
-
-    def __init__(self, ref: np.ndarray, params: np.ndarray):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rate = np.where(params > 0, ref / params, INF)
-        order = np.argsort(-rate, kind="stable")
-        self.ref, self.params = ref[order], params[order]
-        self.cum_params = np.cumsum(self.params)
-        self.cum_ref = np.concatenate([[0.0], np.cumsum(self.ref)])
-
-    def __call__(self, budget: float) -> float:
-        whole = int(np.searchsorted(self.cum_params, budget, side="right"))  # layers held whole
-        if whole == len(self.ref):
-            return INF  # every layer fits: no limit
-        before = self.cum_params[whole - 1] if whole else 0.0
-        return float(self.cum_ref[whole] + self.ref[whole] * (budget - before) / self.params[whole])
-
-
-def most_held(ref: np.ndarray, params: np.ndarray, budget: float) -> float:
-    """The most of ``ref`` that layers of at most ``budget`` parameters in all hold, fractions of
-    layers allowed (a fractional knapsack, most seconds per parameter first): a bound on the
-    reference seconds of any set of layers within ``budget`` (S9); INF where every layer fits.
-
-    Examples
-    --------
-    >>> most_held(np.array([3.0, 1.0, 2.0]), np.array([1.0, 1.0, 2.0]), 2.0)
-    4.0
-    >>> most_held(np.array([3.0, 1.0]), np.array([1.0, 1.0]), 2.0)
-    inf
-    """
-    return _Knapsack(np.asarray(ref, dtype=float), np.asarray(params, dtype=float))(budget)
 
 
 def spread(instance, tables) -> float:

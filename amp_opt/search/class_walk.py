@@ -104,7 +104,7 @@ def _references(bounds: Bounds, options) -> list[tuple[list, float, np.ndarray, 
                 if b is not None and (b.cls, b.tp, b.share) not in alphas:
                     alphas[b.cls, b.tp, b.share] = bounds.alpha(b, ref)
                 row.append(None if b is None else (*bounds.group(b, ref, alpha=alphas[b.cls, b.tp, b.share]),
-                                                   bounds.held(b, ref), bounds.coupling(b, ref)[0]))
+                                                   bounds.memory.held(b, ref), bounds.coupling(b, ref)[0]))
             groups.append(row)
         if all(g is None or g[0] > 0 for row in groups for g in row):
             out.append((groups, float(ref.sum()), heaviest(ref), bounds.tied_seconds(ref)))
@@ -211,7 +211,7 @@ class _Walk:
             return INF
         if not self.bounds.holds:  # a caller's pricing: the layer tables bound nothing
             return 0.0
-        if self.bounds.crowded(self.M, [self.options[c][i] for c, i in enumerate(kept)]):
+        if self.bounds.memory.crowded(self.M, [self.options[c][i] for c, i in enumerate(kept)]):
             return INF  # S12 on the kept blocks: every combination adds stages to them
         best = coupled = 0.0
         for groups, work, tops, zeta, tails in self.references:

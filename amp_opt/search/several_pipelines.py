@@ -47,6 +47,8 @@ class PipelinesBound:
 
 def why_not(instance, options) -> str | None:
     """Why P1 is not tried on this solve (one phrase), None when it is."""
+    if options.placement != "free":
+        return "the rank-order placement (plans of one pipeline in rank order only)"
     if options.objective != "time":
         return "the cost objective (P1 bounds time)"
     if any(node.inter_latency < node.intra_latency for node in instance.nodes):
@@ -161,6 +163,30 @@ class _Splits:
         return float(result.solver.bound)
 
 
+def infeasible(instance, options, exc: InfeasibleError, clock, search) -> InfeasibleError:
+    """An engine-amp_opt solve's infeasible verdict with P1 against no plan at all: every split
+    leaves some pipeline a sub-cluster on which no plan fits, or the verdict says which plans of
+    several pipelines are left."""
+    from .uneven import SEVERAL_UNSEARCHED
+
+    proof = pipelines_bound(instance, options, math.inf, _sub(options, search), clock)
+    if proof.ruled_out:
+        said = "nor does any plan of several pipelines (P1: every split of the devices and batch leaves a pipeline " \
+               "on which no plan fits)"
+    else:
+        said = f"plans of several pipelines not ruled out ({proof.why or 'P1: a split whose every pipeline fits alone'})"
+    message = str(exc)
+    return InfeasibleError(message.replace(SEVERAL_UNSEARCHED, said) if SEVERAL_UNSEARCHED in message
+                           else f"{message} ({said})")
+
+
+def _sub(options, search):
+    """The one-pipeline search of a sub-cluster (helpers and extras off)."""
+    sub_options = dataclasses.replace(options, top_k=1, per_candidate=False, pipelines="skip", progress=None,
+                                      diagnose=False, carry=None, cutoff=math.inf, processes=1)
+    return lambda sub, part: search(sub, sub_options, part)
+
+
 def checked(instance, options, result, clock, search):
     """``result`` (an engine-amp_opt solve) with P1 applied: ``solver.within`` loses its
     one-pipeline part when no plan of several pipelines beats the K-th best plan, and
@@ -170,9 +196,7 @@ def checked(instance, options, result, clock, search):
 
     top = result.top
     value = top[options.top_k - 1].predicted_time if len(top) >= options.top_k else math.inf
-    sub_options = dataclasses.replace(options, top_k=1, per_candidate=False, pipelines="skip", progress=None,
-                                      diagnose=False, carry=None, cutoff=math.inf, processes=1)
-    proof = pipelines_bound(instance, options, value, lambda sub, part: search(sub, sub_options, part), clock)
+    proof = pipelines_bound(instance, options, value, _sub(options, search), clock)
     within = result.solver.within
     if proof.ruled_out and within:
         within = "; ".join(p for p in within.split("; ") if p != ONE_PIPELINE) or None

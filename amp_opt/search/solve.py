@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from ..errors import SearchTooLarge
+from ..errors import InfeasibleError, SearchTooLarge
 from ..model.costs.contract import check_rows_price
 from ..model.coarsen import coarsen
 from .blocks import solve_blocks
@@ -104,10 +104,13 @@ def solve(instance, *, started: float | None = None, **options) -> SolveResult:
     if not entry.builtin:  # a plug-in gets the whole instance; its plans are re-scored by the evaluator
         return run_plugin(entry, instance, options)
     clock = Clock.of(options.time_limit, started)
-    result = _search(instance, options, clock)
-    if options.pipelines == "bound" and uneven.applies(instance, options) and options.placement == "free":
-        result = several_pipelines.checked(instance, options, result, clock, _search)
-    return result
+    if options.pipelines != "bound" or not uneven.applies(instance, options):
+        return _search(instance, options, clock)
+    try:
+        result = _search(instance, options, clock)
+    except InfeasibleError as exc:  # of one pipeline: P1 says whether several pipelines fit
+        raise several_pipelines.infeasible(instance, options, exc, clock, _search) from None
+    return several_pipelines.checked(instance, options, result, clock, _search)
 
 
 def _search(instance, options: SolveOptions, clock: Clock) -> SolveResult:

@@ -247,6 +247,7 @@ def search_class_stages(instance, options, tables, *, cutoff: float, clock, near
 
 
 ONE_PIPELINE = "plans of one pipeline (plans of several pipelines are priced by evaluate, not searched)"
+SEVERAL_UNSEARCHED = "plans of several pipelines are not searched"  # what an infeasible verdict leaves out (X6)
 
 
 def solve_with_uneven(instance, options, run, clock) -> SolveResult:
@@ -295,7 +296,7 @@ def solve_with_uneven(instance, options, run, clock) -> SolveResult:
             proven = (f"no plan whose stages and replicas agree fits ({why_none}), and the class stages were not "
                       "searched whole" if isinstance(why_none, InfeasibleError) else "")
             raise NoPlanFound(clock.stopped_why(), bound=0.0, proven=proven)
-        raise InfeasibleError(f"{why_none} (nor does any plan whose stages or replicas differ)")
+        raise InfeasibleError(f"{why_none} (nor does any plan whose stages or replicas differ; {SEVERAL_UNSEARCHED})")
     best = _value(merged[0], obj)
     if options.top_k > 1:  # the uneven search keeps one plan per configuration and setting
         within += "; one plan per configuration of stages and replicas that differ (--top-k)"

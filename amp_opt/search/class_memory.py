@@ -1,0 +1,177 @@
+"""What memory lets a block of the class-stage space hold (S9, S12 of
+``formulations/uneven-search.md``): a stage's room in parameters per rank, the activations its
+micro-batches in flight keep at the least, the most reference seconds a block's stages hold
+(a fractional knapsack), and whether a set of blocks has more stages than layers that fit them.
+:class:`~.class_bounds.Bounds` reads them for S7, S11 and the walk's key.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ..model.costs.terms import framework_bytes, state_bytes_per_param
+from ..model.plan import Candidate
+from ..model.ranges import INF
+from .class_stages import Block
+
+
+class BlockMemory:
+    """S9 and S12 for the blocks of one instance under a cost ``model`` (``classes``: its node
+    classes); every bound is void (INF room, never crowded) where the model ignores memory or
+    (``holds`` false) prices with methods of its own."""
+
+    def __init__(self, instance, tables, model, classes, holds: bool):
+        self.instance, self.tables, self.model, self.classes, self.holds = instance, tables, model, classes, holds
+        self._rooms: dict = {}
+        self._held: dict = {}
+        self._leans: dict = {}
+        self._kept: dict = {}
+        self._flight: dict = {}
+        self._crowded: dict = {}
+
+    def lean(self, tp: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer its parameters per rank at ``tp`` with a tie group's shared tensor taken off
+        every member (a stage holds at least their sum: S9), and which layers are tied."""
+        if tp not in self._leans:
+            sums = self.tables.layer_sums(tp)
+            params, tied = np.array(sums.params, dtype=float), np.zeros(len(sums.params), dtype=bool)
+            for members, shared in sums.ties:
+                params[members] -= shared
+                tied[members] = True
+            self._leans[tp] = (np.maximum(params, 0.0), tied)
+        return self._leans[tp]
+
+    def _per_param(self, dp: int) -> float:
+        """The least model-state bytes per parameter over the ZeRO stages ≤ 2 the search tries (H9)."""
+        tr = self.instance.training
+        return min((state_bytes_per_param(tr, dp, z) for z in self.instance.search.zero_stages if z <= 2), default=0.0)
+
+    def room(self, b: Block) -> float:
+        """S9: the most parameters per rank one stage of the block holds: its type's capacity less
+        the framework's bytes (a pipeline neighbour's buffers left out), over the least model-state
+        bytes per parameter of the ZeRO stages the search tries, through the allocator (the
+        activations are weighed in :meth:`kept`).  INF where the cost model ignores memory."""
+        key = (b.cls, b.tp, b.dp)
+        if key not in self._rooms:
+            inst = self.instance
+            tr = inst.training
+            per_param = self._per_param(b.dp)
+            if not self.model.enforces_memory or per_param <= 0:
+                self._rooms[key] = INF
+            else:
+                free = (inst.device_types[self.classes[b.cls].device_type].capacity
+                        - framework_bytes(tr, Candidate(b.tp, b.dp, 1, b.share)))
+                self._rooms[key] = max(free, 0.0) / ((1.0 + tr.fragmentation) * per_param)
+        return self._rooms[key]
+
+    def kept(self, b: Block) -> np.ndarray:
+        """S9: per layer, the least bytes of activations one micro-batch of the block's share keeps
+        on a stage (the least over the search's sequence-parallel values and recomputation modes,
+        H7), in :meth:`room`'s parameters (divided by the least model-state bytes per parameter)."""
+        key = (b.tp, b.dp, b.share)
+        if key not in self._kept:
+            space, factor = self.instance.search, self.instance.training.activation_factor
+            least = None
+            for sp in space.sequence_parallel:
+                per = self.tables.layer_arrays(b.tp, sp)
+                modes = {"none": per.activations,
+                         "selective": per.activations - np.where(per.recomputes, per.scores, 0.0),
+                         "full": np.where(per.recomputes, per.kept_full, per.activations)}
+                for mode in space.recompute:
+                    least = modes[mode] if least is None else np.minimum(least, modes[mode])
+            per_param = self._per_param(b.dp)
+            self._kept[key] = (np.zeros(self.instance.num_layers) if least is None or per_param <= 0
+                               else np.maximum(np.asarray(least, dtype=float), 0.0) * factor * b.share / per_param)
+        return self._kept[key]
+
+    def held(self, b: Block, ref: np.ndarray) -> float:
+        """S9: the most reference seconds the block's k stages hold within their memory, k times
+        :meth:`room` parameters per rank (:func:`most_held` over each layer's parameters per rank
+        at the block's tp, a tie group's shared tensor taken off every member, plus the activations
+        one micro-batch keeps, :meth:`kept`)."""
+        room = self.room(b)
+        if room == INF:
+            return INF
+        key = (b.tp, b.dp, b.share, ref.tobytes())
+        if key not in self._held:
+            self._held[key] = _Knapsack(ref, self.lean(b.tp)[0] + self.kept(b))
+        return self._held[key](b.stages * room)
+
+    def fit_levels(self, b: Block, n: int) -> np.ndarray:
+        """S12: per layer, the most micro-batches in flight (at most n) at which it fits alone on a
+        stage of the block (its model state and those micro-batches' least activations within the
+        room, S9); -1 where it fits at none."""
+        key = (b.cls, b.tp, b.dp, b.share, n)
+        if key not in self._flight:
+            room, lean, kept = self.room(b), self.lean(b.tp)[0], self.kept(b)
+            if room == INF:
+                most = np.full(len(lean), n)
+            else:
+                room *= 1 + 1e-12
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    most = np.where(kept > 0, np.floor((room - lean) / kept), n)
+                most = np.where(lean <= room, np.minimum(most, n), -1)
+            self._flight[key] = most.astype(int)
+        return self._flight[key]
+
+    def crowded(self, M: int, blocks) -> bool:
+        """S12: whether some set of the blocks has more stages at F micro-batches in flight or more
+        (all but F - 1 of them) than layers that fit alone on one of its stages there, for some
+        F ≥ 1; every stage holds a layer of its own.  ``blocks`` may be some of a combination's
+        (more blocks only add stages)."""
+        blocks = tuple(b for b in blocks if b is not None)
+        if not blocks or not self.holds:
+            return False
+        if (M, blocks) not in self._crowded:
+            if len(self._crowded) > 100_000:  # the walk asks again for the blocks it keeps: a cache
+                self._crowded.clear()
+            self._crowded[M, blocks] = self._crowded_now(M, blocks)
+        return self._crowded[M, blocks]
+
+    def _crowded_now(self, M: int, blocks: tuple) -> bool:
+        n = self.instance.training.global_batch // M
+        levels = [self.fit_levels(b, n) for b in blocks]
+        for r in range(1, len(blocks) + 1):
+            for chosen in itertools.combinations(range(len(blocks)), r):
+                stages = sum(blocks[i].stages for i in chosen)
+                best = np.max([levels[i] for i in chosen], axis=0)
+                F = np.arange(1, min(n, stages) + 1)
+                if (np.count_nonzero(best[:, None] >= F[None, :], axis=0) < stages - F + 1).any():
+                    return True
+        return False
+
+
+class _Knapsack:
+    """:func:`most_held` for one (reference, parameters), sorted once for many budgets."""
+
+    def __init__(self, ref: np.ndarray, params: np.ndarray):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.where(params > 0, ref / params, INF)
+        order = np.argsort(-rate, kind="stable")
+        self.ref, self.params = ref[order], params[order]
+        self.cum_params = np.cumsum(self.params)
+        self.cum_ref = np.concatenate([[0.0], np.cumsum(self.ref)])
+
+    def __call__(self, budget: float) -> float:
+        whole = int(np.searchsorted(self.cum_params, budget, side="right"))  # layers held whole
+        if whole == len(self.ref):
+            return INF  # every layer fits: no limit
+        before = self.cum_params[whole - 1] if whole else 0.0
+        return float(self.cum_ref[whole] + self.ref[whole] * (budget - before) / self.params[whole])
+
+
+def most_held(ref: np.ndarray, params: np.ndarray, budget: float) -> float:
+    """The most of ``ref`` that layers of at most ``budget`` parameters in all hold, fractions of
+    layers allowed (a fractional knapsack, most seconds per parameter first): a bound on the
+    reference seconds of any set of layers within ``budget`` (S9); INF where every layer fits.
+
+    Examples
+    --------
+    >>> most_held(np.array([3.0, 1.0, 2.0]), np.array([1.0, 1.0, 2.0]), 2.0)
+    4.0
+    >>> most_held(np.array([3.0, 1.0]), np.array([1.0, 1.0]), 2.0)
+    inf
+    """
+    return _Knapsack(np.asarray(ref, dtype=float), np.asarray(params, dtype=float))(budget)
