@@ -118,10 +118,12 @@ def device_sets(instance, model) -> tuple[list[DeviceSet], str | None]:
     if interleaving_narrowed(instance, model):
         parts.append(f"plans whose interleaved chunks are the engine's even split (more than {MAX_CHUNKINGS} "
                      "chunkings of the layers)")
-    return [_device_set(instance, key) for key in keys], "; ".join(parts) or None
+    return [device_set(instance, key) for key in keys], "; ".join(parts) or None
 
 
-def _device_set(instance, key) -> DeviceSet:
+def device_set(instance, key) -> DeviceSet:
+    """The sub-cluster of a key (per node class, each node's device count, non-increasing): its
+    nodes keep their first devices (X3); the searches over device sets and P1's splits use it."""
     counts = {j: u for c, cls in zip(key, node_classes(instance)) for j, u in zip(cls.nodes, c)}
     nodes = [j for j in range(len(instance.nodes)) if counts[j]]
     devices = tuple(instance.node_first_device[j] + q for j in nodes for q in range(counts[j]))

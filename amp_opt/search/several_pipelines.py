@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from ..errors import InfeasibleError, NoPlanFound
 from ..model.classes import node_classes
 from ..model.instance import idle_level
-from .device_sets import WITHIN, _device_set
+from .device_sets import WITHIN, device_set
+from .uneven import ONE_PIPELINE, SEVERAL_UNSEARCHED
 
 # Sub-solves (one per sub-cluster and batch) a bound may need at most: the splits of a tiny cluster
 # need a few dozen (three single-GPU nodes of two types, a batch of 8: at most 35); the cap keeps
@@ -138,7 +139,7 @@ class _Splits:
             self.unknown = self.unknown or self.clock.stopped_why()
             value = 0.0
         else:
-            part = _device_set(self.instance, key).instance
+            part = device_set(self.instance, key).instance
             sub = dataclasses.replace(part, training=dataclasses.replace(part.training, global_batch=samples))
             self.solves += 1
             value = self._solved(sub)
@@ -146,8 +147,6 @@ class _Splits:
         return value
 
     def _solved(self, sub) -> float:
-        from .uneven import ONE_PIPELINE
-
         try:
             result = self.sub_solve(sub, self.clock)
         except InfeasibleError:
@@ -167,8 +166,6 @@ def infeasible(instance, options, exc: InfeasibleError, clock, search) -> Infeas
     """An engine-amp_opt solve's infeasible verdict with P1 against no plan at all: every split
     leaves some pipeline a sub-cluster on which no plan fits, or the verdict says which plans of
     several pipelines are left."""
-    from .uneven import SEVERAL_UNSEARCHED
-
     proof = pipelines_bound(instance, options, math.inf, _sub(options, search), clock)
     if proof.ruled_out:
         said = "nor does any plan of several pipelines (P1: every split of the devices and batch leaves a pipeline " \
@@ -192,8 +189,6 @@ def checked(instance, options, result, clock, search):
     one-pipeline part when no plan of several pipelines beats the K-th best plan, and
     ``solver.extra["pipelines"]`` says what P1 proved.  ``search(instance, options, clock)``: the
     solve's own search of one instance."""
-    from .uneven import ONE_PIPELINE
-
     top = result.top
     value = top[options.top_k - 1].predicted_time if len(top) >= options.top_k else math.inf
     proof = pipelines_bound(instance, options, value, _sub(options, search), clock)
