@@ -4,14 +4,13 @@ pipeline alone, and ``solve --pipelines bound`` rules such plans out with it."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import amp_opt
 from amp_opt import parse_instance, parse_plan, solve
-from amp_opt.bench.brute import brute_force_pipelines, raw_plans, uneven_plans
+from amp_opt.bench.brute import brute_force_pipelines, pipeline_plans
 from amp_opt.errors import InputError
 from amp_opt.model.generate import generate_instance
 from amp_opt.search.uneven import ONE_PIPELINE
@@ -35,17 +34,6 @@ def at_batch(instance, samples):
     return dataclasses.replace(instance, training=dataclasses.replace(instance.training, global_batch=samples))
 
 
-def plans_at(instance, samples):
-    """Every (devices, plan document with its micro-batch count) of one pipeline at ``samples``."""
-    sub = at_batch(instance, samples)
-    out = []
-    for doc in itertools.chain(raw_plans(sub), uneven_plans(sub)):
-        per_micro = sum(doc["shares"][0]) if "shares" in doc else doc["dp"] * doc["micro_batch"]
-        out.append((frozenset(d for stage in doc["stages"] for g in stage for d in g),
-                    dict(doc, micro_batches=samples // per_micro)))
-    return out
-
-
 def alone(instance, doc, samples):
     """Pipeline ``doc`` as a plan of one pipeline on its samples (None when refused)."""
     plain = {k: v for k, v in doc.items() if k != "micro_batches"}
@@ -60,8 +48,8 @@ def alone(instance, doc, samples):
        latency=st.sampled_from([(0.0, 0.0), (2e-4, 1e-3), (1e-3, 1e-3)]), pick=st.randoms(use_true_random=False))
 def test_p1_a_plan_of_two_pipelines_is_no_faster_than_its_slowest_pipeline_alone(seed, overlap, latency, pick):
     inst = tiny(seed, devices=3, overlap=overlap, latency=latency)
-    second = plans_at(inst, 3)
-    pairs = [(a, b) for ua, a in plans_at(inst, 1) for ub, b in second if not ua & ub]
+    second = pipeline_plans(inst, 3)
+    pairs = [(a, b) for ua, a in pipeline_plans(inst, 1) for ub, b in second if not ua & ub]
     checked = 0
     for a, b in pick.sample(pairs, 30):
         try:

@@ -33,6 +33,7 @@ three single-GPU nodes and a batch of a few samples.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -248,24 +249,27 @@ def brute_top(instance, k: int, *, cost_model="hetero", objective: str = "time")
     return values[:k]
 
 
+def pipeline_plans(instance, samples: int) -> list[tuple[frozenset, dict]]:
+    """Every (devices it uses, plan document with its ``micro_batches``) of one pipeline of a plan
+    of several that processes ``samples`` samples: every raw plan of the instance at that batch."""
+    sub = dataclasses.replace(instance, training=dataclasses.replace(instance.training, global_batch=samples))
+    out = []
+    for doc in itertools.chain(raw_plans(sub), uneven_plans(sub)):
+        per_micro = sum(doc["shares"][0]) if "shares" in doc else doc["dp"] * doc["micro_batch"]
+        used = frozenset(d for stage in doc["stages"] for group in stage for d in group)
+        out.append((used, dict(doc, micro_batches=samples // per_micro)))
+    return out
+
+
 def brute_force_pipelines(instance, *, pipelines: int = 2) -> Best | None:
     """The fastest feasible raw plan of ``pipelines`` pipelines of a tiny instance (time
     objective), None when none is feasible."""
-    import dataclasses
-
     batch, every = instance.training.global_batch, idle_level(instance.search.idle) == "none"
     loose = dataclasses.replace(instance, search=dataclasses.replace(instance.search, idle="devices"))
-    per_batch = {}
-    for s in range(1, batch):
-        sub = dataclasses.replace(loose, training=dataclasses.replace(loose.training, global_batch=s))
-        docs = []
-        for doc in itertools.chain(raw_plans(sub), uneven_plans(sub)):
-            per_micro = sum(doc["shares"][0]) if "shares" in doc else doc["dp"] * doc["micro_batch"]
-            used = frozenset(d for stage in doc["stages"] for group in stage for d in group)
-            docs.append((used, dict(doc, micro_batches=s // per_micro)))
-        per_batch[s] = docs
+    per_batch = {s: pipeline_plans(loose, s) for s in range(1, batch)}
     tables = Tables(instance)
     best, kept, scored = math.inf, [], 0
+
     def disjoint(samples, taken=frozenset()):  # every choice of a plan per pipeline, no device twice
         if not samples:
             yield ()

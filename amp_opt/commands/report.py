@@ -81,8 +81,8 @@ def evaluation_tables(instance, ev: Evaluation):
     # Where the layer times come from, shown when some stage's were not all measured.
     sources = any(r.compute_source != "measured" for r in ev.stages)
     for col, justify in [("pipeline.stage" if ev.pipelines else "stage", "right"), ("layers", "left"),
-                         ("first..last", "left"), ("types", "left"), ("devices", "left"), ("compute ms", "right"), ("p2p ms", "right"),
-                         ("allreduce ms", "right"), ("mem GiB", "right"), ("cap GiB", "right")] + \
+                         ("first..last", "left"), ("types", "left"), ("devices", "left"), ("compute ms", "right"),
+                         ("p2p ms", "right"), ("allreduce ms", "right"), ("mem GiB", "right"), ("cap GiB", "right")] + \
             ([("times", "left")] if sources else []):
         wide = col in ("first..last", "devices")
         stages.add_column(col, justify=justify, no_wrap=wide, overflow="ellipsis", max_width=28 if wide else None,

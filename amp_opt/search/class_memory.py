@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 
-from ..model.costs.terms import framework_bytes, state_bytes_per_param
+from ..model.costs.terms import framework_bytes, kept_bytes, state_bytes_per_param
 from ..model.plan import Candidate
 from ..model.ranges import INF
 from .class_stages import Block
@@ -75,15 +75,12 @@ class BlockMemory:
             space, factor = self.instance.search, self.instance.training.activation_factor
             least = None
             for sp in space.sequence_parallel:
-                per = self.tables.layer_arrays(b.tp, sp)
-                modes = {"none": per.activations,
-                         "selective": per.activations - np.where(per.recomputes, per.scores, 0.0),
-                         "full": np.where(per.recomputes, per.kept_full, per.activations)}
+                modes = kept_bytes(self.tables.layer_arrays(b.tp, sp), factor)
                 for mode in space.recompute:
                     least = modes[mode] if least is None else np.minimum(least, modes[mode])
             per_param = self._per_param(b.dp)
             self._kept[key] = (np.zeros(self.instance.num_layers) if least is None or per_param <= 0
-                               else np.maximum(np.asarray(least, dtype=float), 0.0) * factor * b.share / per_param)
+                               else np.maximum(np.asarray(least, dtype=float), 0.0) * b.share / per_param)
         return self._kept[key]
 
     def held(self, b: Block, ref: np.ndarray) -> float:

@@ -42,8 +42,7 @@ def ranked(instance, bounds: Bounds, *, limit=None):
             continue
         pipe = pipeline_weights(batch // M, top, 1, bounds.schedule)
         options = _weightiest_first(bounds, options, pipe.least, pipe.fill)
-        per_m[M] = _Walk(options, _references(bounds, options), bounds, pipe.least, pipe.fill, top)
-        per_m[M].M = M
+        per_m[M] = _Walk(M, options, _references(bounds, options), bounds, pipe.least, pipe.fill, top)
         start = (0,) * len(options)
         heapq.heappush(heap, (per_m[M].key(start, 0), M, start, 0))
     while heap:
@@ -120,8 +119,8 @@ class _Walk:
     and the largest end capacity of S8), per class and position the least seconds of each layer
     over the options from there on (``reach``), and the options' fewest stages (``fewest``)."""
 
-    def __init__(self, options, references, bounds: Bounds, least: float, fill: float, top: int):
-        self.options, self.bounds, self.spread = options, bounds, bounds.spread
+    def __init__(self, M: int, options, references, bounds: Bounds, least: float, fill: float, top: int):
+        self.M, self.options, self.bounds, self.spread = M, options, bounds, bounds.spread
         self.least, self.fill, self.top = least, fill, top
         self.ends = [[0.0 if b is None else bounds.end_capacity(b) for b in opts] for opts in options]
         first = references[0][0]

@@ -82,6 +82,15 @@ def stage_order(partition, pp: int) -> tuple[np.ndarray, tuple[int, ...]]:
     return np.array(order, dtype=int), tuple(boundaries)
 
 
+def kept_bytes(per, factor: float) -> dict[str, np.ndarray]:
+    """H7: per layer, the bytes kept per sample for backward by recomputation mode ("none",
+    "selective", "full": each recomputed layer keeps its input, at most what it would keep
+    anyway), from a :class:`~amp_opt.model.tables.LayerArrays` times the activation ``factor``."""
+    act, scores, full = per.activations * factor, per.scores * factor, per.kept_full * factor
+    return {"none": act, "selective": act - np.where(per.recomputes, scores, 0.0),
+            "full": np.where(per.recomputes, full, act)}
+
+
 class CandidateTerms:
     """What a candidate's stages need whatever their devices (``formulations/hetero.md``):
     micro-batches and the ones in flight, bytes per parameter of model state (ZeRO, H9),
@@ -115,13 +124,8 @@ class CandidateTerms:
         per = tables.layer_arrays(m, sp, self.order)
         factor = inst.training.activation_factor / cp  # calibrated activation bytes (C6), split over cp ranks
         act = per.activations * factor
-        scores = per.scores * factor
         self.recomputes = per.recomputes
-        # H7: bytes kept per sample for backward, by recomputation mode (full: each recomputed
-        # layer keeps its input, at most what it would keep anyway).
-        full = per.kept_full * factor
-        self.kept = {"none": act, "selective": act - np.where(self.recomputes, scores, 0.0),
-                     "full": np.where(self.recomputes, full, act)}
+        self.kept = kept_bytes(per, factor)
         # H8: a layer's extra compute, as a share of its forward+backward time.
         self.extra = {"none": np.zeros(len(act)), "selective": per.selective_share,
                       "full": np.where(self.recomputes, FORWARD_SHARE, 0.0)}
