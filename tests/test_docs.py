@@ -10,7 +10,7 @@ from conftest import ROOT
 MODULES = [
     "amp_opt.model.fields", "amp_opt.model.load", "amp_opt.model.plan", "amp_opt.model.profiles",
     "amp_opt.model.tables", "amp_opt.model.ranges", "amp_opt.model.classes", "amp_opt.model.costs",
-    "amp_opt.model.costs.terms", "amp_opt.model.costs.iteration", "amp_opt.model.costs.link_rules",
+    "amp_opt.model.costs.terms", "amp_opt.model.costs.stage_costs", "amp_opt.model.costs.iteration", "amp_opt.model.costs.link_rules",
     "amp_opt.model.costs.contract", "amp_opt.model.schedule",
     "amp_opt.model.evaluate", "amp_opt.model.calibration", "amp_opt.search.options", "amp_opt.search.solve",
     "amp_opt.calibrate.runs", "amp_opt.calibrate.metrics", "amp_opt.calibrate.predict", "amp_opt.calibrate.fit",

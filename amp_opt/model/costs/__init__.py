@@ -14,7 +14,8 @@ from .hetero import HETERO, HETERO_CLOSED
 from .link_rules import allreduce_factor, hetero_link
 from .iteration import iteration_time
 from .contract import CostModel, plan_of
-from .terms import CandidateTerms, StageCosts
+from .stage_costs import StageCosts
+from .terms import CandidateTerms
 
 COST_MODELS: dict[str, CostModel] = {model.name: model for model in (HETERO, AMP, HETERO_CLOSED)}
 

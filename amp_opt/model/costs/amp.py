@@ -13,7 +13,7 @@ import numpy as np
 from ...errors import InputError
 from ..ranges import min_max_chain, range_table
 from .contract import CostModel
-from .terms import StageCosts
+from .stage_costs import StageCosts
 
 AMP_WIRE_BYTES = 4.0  # AMP counts volumes in elements and charges each as fp32
 

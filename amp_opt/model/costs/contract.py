@@ -13,7 +13,8 @@ import numpy as np
 from ...errors import InputError
 from ..plan import Candidate, Stages
 from .iteration import Pipeline, pipeline_weights
-from .terms import CandidateTerms, StageCosts, stage_order
+from .stage_costs import StageCosts
+from .terms import CandidateTerms, stage_order
 
 def plan_of(model, tables, cand: Candidate, partition, stages: Stages, *, chunks=None):
     """The plan of a candidate at a partition and device groups.  A ``per_stage`` candidate's

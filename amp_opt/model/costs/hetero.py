@@ -21,7 +21,8 @@ from ..ranges import weighted as _weighted
 from ..engines import even_partition
 from .link_rules import hetero_link, link_latency, ring_link, tp_link
 from .contract import CostModel
-from .terms import CandidateTerms, StageCosts, memory_bandwidth, overlap_share, stage_order
+from .stage_costs import StageCosts
+from .terms import CandidateTerms, memory_bandwidth, overlap_share, stage_order
 
 LABELLED_BUDGET = 1.5e8  # cells of the labelled DP (B2) before falling back to B3
 

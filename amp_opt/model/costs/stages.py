@@ -26,7 +26,7 @@ from ...errors import InputError
 from .hetero import HeteroModel
 from .iteration import pipeline_weights
 from .link_rules import link_latency, ring_link, tp_link
-from .terms import StageCosts, StagePlacement
+from .stage_costs import StageCosts, StagePlacement
 
 
 @dataclass(frozen=True)
