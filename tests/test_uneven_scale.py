@@ -69,10 +69,11 @@ def best_of_configuration(inst, conf: Configuration, tables, cache):
     return min(times) if times else None
 
 
-def bound_violations(seeds, factor=1.0, *, step=False, key=False, overlap=False, make=small, ordered=False):
+def bound_violations(seeds, factor=1.0, *, step=False, key=False, overlap=False, make=small, ordered=False,
+                     in_order=False):
     """(configurations compared, those whose bound (or, with ``key``, the walk's key; with
-    ``ordered``, S11's bound of the order) times ``factor`` exceeds their optimum), on the
-    instances ``make(seed)`` builds."""
+    ``ordered``, S11's bound of the order; with ``in_order``, S13's in that order) times ``factor``
+    exceeds their optimum), on the instances ``make(seed)`` builds."""
     compared, bad = 0, []
     for seed in seeds:
         inst = make(seed, step=step, overlap=overlap)
@@ -85,7 +86,8 @@ def bound_violations(seeds, factor=1.0, *, step=False, key=False, overlap=False,
             if best is None:
                 continue
             compared += 1
-            value = factor * (k if key else bounds.ordered(M, order) if ordered else bounds(M, order))
+            value = factor * (k if key else bounds.ordered(M, order) if ordered
+                              else bounds.in_order(M, order) if in_order else bounds(M, order))
             if value > best * (1 + REL):
                 bad.append((seed, M, order, value, best))
     return compared, bad
@@ -160,6 +162,73 @@ def test_the_bottleneck_is_the_least_e_of_every_assignment():
                     for assign in itertools.product(range(C), repeat=L)
                     if all(assign.count(b) <= limits[b] for b in range(C)))
         assert class_bounds.bottleneck(seconds, limits) == truth
+
+
+def test_disjoint_windows_is_the_least_over_every_family_of_windows():
+    """S13's DP against every family of pairwise disjoint windows of a few positions, its sum and
+    its worst form, and the bound past MAX_EXACT rows (each row's own least window) below it."""
+    import random
+
+    from amp_opt.search.class_windows import disjoint_windows
+
+    rng = random.Random(5)
+    for _ in range(150):
+        L, C = rng.randint(1, 7), rng.randint(1, 3)
+        values = [np.array([rng.choice([0.0, 1.0, rng.uniform(0, 3)]) for _ in range(L)]) for _ in range(C)]
+        lengths = [rng.randint(1, 3) for _ in range(C)]
+        for worst in (False, True):
+            truth = float("inf")
+            for starts in itertools.product(range(L), repeat=C):
+                spans = [set(range(i, i + k)) for i, k in zip(starts, lengths)]
+                if any(i + k > L for i, k in zip(starts, lengths)) or any(a & b for a, b in itertools.combinations(spans, 2)):
+                    continue
+                parts = [v[i:i + k] for v, i, k in zip(values, starts, lengths)]
+                truth = min(truth, max(float(x.max()) for x in parts) if worst else sum(float(x.sum()) for x in parts))
+            assert disjoint_windows(values, lengths, worst=worst) == pytest.approx(truth, abs=1e-12)
+    many = [np.arange(12.0)[::-1].copy() for _ in range(10)]  # past MAX_EXACT: each row's own window
+    assert disjoint_windows(many, [1] * 10) == 0.0 < disjoint_windows(many[:2], [1, 1]) == 1.0
+
+
+def test_consecutive_layers_raise_the_bound_and_longer_windows_are_caught(monkeypatch):
+    """S13 raises S7's bound of some configurations of R over each stage claiming its cheapest layer
+    alone, and S13 in the blocks' order is above S7 on some order; both hold on every configuration
+    of R (and the key on every one the walk lists); windows one layer longer than a block's stages
+    (where they fit), or S13 in order with a block's largest pipeline weight, give a bound above some
+    configuration's optimum."""
+    inst = small(1, step=True, layers=6)
+    listed = list(every_r(inst))
+    bounds = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
+    full = [bounds(M, order) for M, order in listed]
+
+    def alone(self, blocks, ref):  # S7's floor before S13: every stage its least excess, E unraised
+        rows = [self.times(b) for b in blocks]
+        return sum(b.stages * (sigma + max(float((t - ref).min()), 0.0)) for b, (t, sigma) in zip(blocks, rows)), 0.0
+    with monkeypatch.context() as patch:
+        patch.setattr(class_bounds.Bounds, "consecutive", alone)
+        before = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
+        assert any(np.isfinite(f) and f > before(M, order) * (1 + 1e-6) for f, (M, order) in zip(full, listed))
+    six = lambda seed, **kw: small(seed, layers=6, **kw)  # noqa: E731
+    for mode in ({}, {"key": True}, {"in_order": True}):
+        compared, bad = bound_violations([1], step=True, make=six, **mode)
+        assert compared > 10 and bad == []
+    compared, bad = bound_violations([1, 2], step=True, in_order=True)
+    assert compared > 30 and bad == []
+    four = small(1, step=True)
+    bounds = class_bounds.Bounds(four, Tables(four), solve_options().model)
+    assert any(bounds.in_order(M, order) > bounds(M, order) * (1 + 1e-6) for M, order in every_r(four)
+               if np.isfinite(bounds(M, order)))
+    with monkeypatch.context() as patch:  # the block's largest weight instead of its least: too strong
+        patch.setattr(class_bounds, "block_weights", lambda weights, stages: [
+            max(weights[a:a + k]) for a, k in zip(np.cumsum([0] + list(stages)), stages)])
+        compared, bad = bound_violations([1, 2], step=True, in_order=True)
+        assert compared > 30 and bad
+    windows = class_bounds.disjoint_windows
+    monkeypatch.setattr(class_bounds, "disjoint_windows",
+                        lambda values, lengths, worst=False: windows(
+                            values, [k + 1 for k in lengths] if sum(lengths) + len(lengths) <= len(values[0]) else lengths,
+                            worst=worst))
+    compared, bad = bound_violations([1], step=True, make=six)
+    assert compared > 20 and bad
 
 
 def test_the_bound_one_percent_too_strong_is_caught():

@@ -1,11 +1,12 @@
-"""Lower bounds on every plan of a configuration of the class-stage space R (S7-S12).
+"""Lower bounds on every plan of a configuration of the class-stage space R (S7-S13).
 
 ``formulations/uneven-search.md``: S7 bounds the pipeline's compute (a fractional knapsack of the
 layers' reference seconds over the blocks, with a floor, each block's limit in layers and in
 memory (S9) and the least seconds of the slowest stage), S8 the end of the iteration (the stages'
 reductions and optimizer steps), S10 ties the end to the work a block holds, S11 prices one
-order of the blocks, and S12 rules out blocks whose stages cannot each hold a layer that fits.
-:class:`Bounds` prices one configuration, with S9 and S12 from :mod:`.class_memory`;
+order of the blocks, S12 rules out blocks whose stages cannot each hold a layer that fits, and
+S13 counts the runs of consecutive layers the blocks hold.  :class:`Bounds` prices one
+configuration, with S9 and S12 from :mod:`.class_memory` and S13 from :mod:`.class_windows`;
 :func:`balanced`, :func:`with_end`, :func:`bottleneck`, :func:`heaviest`, :func:`spread` and
 :func:`ending` are the pieces the walk's key (:mod:`.class_walk`) relaxes.
 """
@@ -21,10 +22,11 @@ from ..model.ranges import INF, grid, min_max_chain, min_sum_step, range_table, 
 from ..model.plan import Candidate
 from .class_memory import BlockMemory
 from .class_stages import Block, configuration
+from .class_windows import disjoint_windows
 
 
 class Bounds:
-    """Lower bounds (S7-S12) on the iteration seconds of every plan of an R configuration under a
+    """Lower bounds (S7-S13) on the iteration seconds of every plan of an R configuration under a
     cost ``model`` (hetero).  They read the layer tables, which a caller's own pricing may not
     follow: under such a model (``holds`` false) every bound is 0."""
 
@@ -83,12 +85,17 @@ class Bounds:
         """S10's zeta: the reference seconds of the layers in tie groups."""
         return float(ref[self.memory.lean(self.instance.search.tp[0])[1]].sum())
 
-    def added(self, b: Block, ref: np.ndarray) -> float:
-        """What the block's k stages add to S7's floor F over the reference's seconds of their layers
-        (``ref`` at most the block's seconds on every layer): each stage holds a layer, so at least
-        its step seconds and the least excess of one layer, k (sigma + min_l (t_b(l) - ref(l)))."""
-        t, sigma = self.times(b)
-        return b.stages * (sigma + max(float((t - ref).min()), 0.0))
+    def consecutive(self, blocks, ref: np.ndarray) -> tuple[float, float]:
+        """S13 for a set of blocks (one per class): each holds a run of at least k consecutive layers,
+        the runs disjoint.  (What the blocks add to S7's floor F over the reference's seconds of
+        their layers: k sigma each plus the least excess over ``ref`` of disjoint windows of k
+        consecutive layers, ``ref`` at most each block's seconds on every layer; the least seconds
+        of the slowest stage: over disjoint windows, the slowest layer of a window plus sigma.)"""
+        rows = [self.times(b) for b in blocks]
+        ks = [b.stages for b in blocks]
+        excess = disjoint_windows([np.maximum(t - ref, 0.0) for t, _ in rows], ks)
+        slowest = disjoint_windows([t + sigma for t, sigma in rows], ks, worst=True)
+        return sum(b.stages * sigma for b, (_, sigma) in zip(blocks, rows)) + excess, slowest
 
     def alpha(self, b: Block, ref: np.ndarray) -> float:
         """The least ratio of the block's layer seconds to the reference's (1 where the reference
@@ -116,9 +123,27 @@ class Bounds:
     def below(self, M: int, order: tuple[Block, ...], value: float) -> bool:
         """Whether the bound is below ``value``: first with the least E of one layer's stage, only
         when that is below with the least E of S7's bottleneck (:func:`bottleneck`), and only when
-        that is below with the order of the blocks (S11, :meth:`ordered`)."""
+        that is below with the order of the blocks (S13 in order, :meth:`in_order`, then S11,
+        :meth:`ordered`)."""
         return (self._bounds(M, order, strong=False)[0] < value and self(M, order) < value
-                and self.ordered(M, order, value) < value)
+                and self.in_order(M, order) < value and self.ordered(M, order, value) < value)
+
+    def in_order(self, M: int, order: tuple[Block, ...]) -> float:
+        """S13 with the blocks in this order (their windows in that order too): the slowest window
+        weighed by the least pipeline weight of its block's positions, plus fill times S13's floor,
+        plus S8's end of the iteration; a cheap bound to try before :meth:`ordered`."""
+        if not self.holds:
+            return 0.0
+        p = sum(b.stages for b in order)
+        pipe = pipeline_weights(self.instance.training.global_batch // M, p, 1, self.schedule)
+        rows = [self.times(b) for b in order]
+        least_t = np.min([t for t, _ in rows], axis=0)
+        ks = [b.stages for b in order]
+        weighed = [w * (t + sigma) for w, (t, sigma) in zip(block_weights(pipe.bottleneck, ks), rows)]
+        lead = disjoint_windows(weighed, ks, worst=True, in_order=True)
+        excess = disjoint_windows([np.maximum(t - least_t, 0.0) for t, _ in rows], ks, in_order=True)
+        floor = float(least_t.sum()) + sum(b.stages * sigma for b, (_, sigma) in zip(order, rows)) + excess
+        return lead + pipe.fill * floor + ending(self.spread, sum(self.end_capacity(b) for b in order))
 
     def ordered(self, M: int, order: tuple[Block, ...], value: float = INF) -> float:
         """S11: a bound on the plans of the blocks in this order, over every partition of the layers
@@ -171,12 +196,14 @@ class Bounds:
         rows = [self.times(b) for b in order]
         t = np.stack([r[0] for r in rows])
         least_t = t.min(axis=0)
-        floor = float(least_t.sum()) + sum(self.added(b, least_t) for b in order)
+        added, held = self.consecutive(order, least_t)  # S13
+        floor = float(least_t.sum()) + added
         limits = [min(L, L - p + b.stages) for b in order]  # layers a block holds at most
         if strong:
             slowest = bottleneck(t + np.array([[r[1]] for r in rows]), limits)
         else:
             slowest = float(least_t.max()) + min(r[1] for r in rows)  # the stage holding the slowest layer
+        slowest = max(slowest, held)
         best = coupled = pipe.fill * floor
         for ref in t:
             if not (ref > 0).any():
@@ -190,6 +217,17 @@ class Bounds:
                     coupled = max(coupled, with_end(pipe.least, pipe.fill, work, groups, floor, slowest, j,
                                                     *self.coupling(b, ref)))
         return max(best + ending(self.spread, sum(self.end_capacity(b) for b in order)), coupled)
+
+
+def block_weights(weights, stages) -> list[float]:
+    """The least pipeline weight over each block's positions (blocks of ``stages`` stages in order):
+    the stage of a block holding its slowest layer is weighed at least that much.
+
+    >>> block_weights((10.0, 10.5, 11.0, 11.5), [1, 3])
+    [10.0, 10.5]
+    """
+    starts = np.cumsum([0] + list(stages))
+    return [min(weights[a:a + k]) for a, k in zip(starts, stages)]
 
 
 GRID = 8  # thresholds of S11's parametric program: more is tighter and slower (each is one DP)

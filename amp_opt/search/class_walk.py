@@ -1,4 +1,4 @@
-"""The walk over the class-stage space R: its configurations best bound first (S7-S12).
+"""The walk over the class-stage space R: its configurations best bound first (S7-S13).
 
 A heap over the product of the node classes' options (no block, or a block) per pipeline
 micro-batch M, keyed by a relaxation of :mod:`.class_bounds`' program that holds for every
@@ -173,14 +173,18 @@ class _Walk:
     def _floor(self, idx, kept: list, fixed: float) -> tuple[float, float]:
         """S7's floor F over every combination an entry leads to, and the least E: per layer q, the
         least seconds of the kept blocks and of the options left to the later classes; F is their
-        sum plus each kept block's add-on (:meth:`Bounds.added`) and the later classes' least fixed
-        seconds ``fixed``, and E is at least the largest q (the stage holding that layer)."""
+        sum plus the kept blocks' add-on (:meth:`Bounds.consecutive`, S13) and the later classes' least
+        fixed seconds ``fixed``, and E is at least the largest q (the stage holding that layer) and
+        S13's slowest stage of the kept blocks."""
         blocks = [self.options[c][i] for c, i in enumerate(kept) if self.options[c][i] is not None]
         least = np.min([self.bounds.times(b)[0] for b in blocks]
                        + [self.reach[c][idx[c]] for c in range(len(kept), len(idx))], axis=0)
         if np.isinf(least).any():
             return INF, INF  # a layer no option left can run: the entry leads to no configuration
-        return float(least.sum()) + sum(self.bounds.added(b, least) for b in blocks) + fixed, float(least.max())
+        if not blocks:
+            return float(least.sum()) + fixed, float(least.max())
+        added, held = self.bounds.consecutive(blocks, least)  # S13 on the kept blocks
+        return float(least.sum()) + added + fixed, max(float(least.max()), held)
 
     def key(self, idx, last: int) -> float:
         """The largest over the references of S7's program relaxed over every combination this
