@@ -28,8 +28,9 @@ def ranked(instance, bounds: Bounds, *, limit=None):
     """Every non-uniform configuration of R as (key, M, blocks in stage order), in non-decreasing
     key, lazily; the key (S7's and S8's program over every combination the heap entry leads to) is at most
     the iteration seconds of every plan of that configuration and of every one listed after it.  A
-    combination of blocks that is no configuration of R yields (key, M, None), so that the caller
-    can stop (key, clock) between any two.  ``limit()``: the caller's incumbent, which only falls;
+    combination of blocks that is no configuration of R, and an entry whose only open class is the
+    last (expanded into one entry per option left), yield (key, M, None), so that the caller can
+    stop (key, clock) between any two.  ``limit()``: the caller's incumbent, which only falls;
     entries whose key is at or above it are not kept (the caller stops there anyway), which keeps
     the heap small."""
     limit = (lambda: INF) if limit is None else limit
@@ -47,19 +48,39 @@ def ranked(instance, bounds: Bounds, *, limit=None):
         heapq.heappush(heap, (per_m[M].key(start, 0), M, start, 0))
     while heap:
         key, M, idx, last = heapq.heappop(heap)
-        walk = per_m[M]
-        for i in range(last, len(idx)):
+        walk, n = per_m[M], len(idx)
+        if last == n - 1:  # only the last class open: each option left becomes an entry of its own
+            for j in range(idx[-1], len(walk.order[-1])):
+                leaf = idx[:-1] + (j,)
+                if _used(walk, leaf, top) is not None:
+                    leaf_key = max(walk.key(leaf, n), key)  # its own program, every class kept
+                    if leaf_key < limit():
+                        heapq.heappush(heap, (leaf_key, M, leaf, n))
+                if (j - idx[-1]) % 16 == 15:
+                    yield key, M, None  # the caller may stop (key still bounds every entry left)
+            yield key, M, None  # no configuration yet, but the caller may stop here
+            continue
+        for i in range(last, n):
             if idx[i] + 1 < len(walk.order[i]):
                 nxt = idx[:i] + (idx[i] + 1,) + idx[i + 1:]
                 nxt_key = max(walk.key(nxt, i), key)  # its combinations are some of this entry's
                 if nxt_key < limit():  # INF: every combination it leads to has too many stages
                     heapq.heappush(heap, (nxt_key, M, nxt, i))
-        used = tuple(b for b in (walk.options[c][walk.order[c][j]] for c, j in enumerate(idx)) if b is not None)
-        if not used or sum(b.stages for b in used) > top or len({(b.tp, b.dp) for b in used}) == 1:
+        used = _used(walk, idx, top)
+        if used is None:
             yield key, M, None  # no stage, too many, or a uniform plan: none, but the caller may stop here
             continue
         for blocks_in_order in _orders(used):
             yield key, M, blocks_in_order
+
+
+def _used(walk, idx, top: int) -> tuple[Block, ...] | None:
+    """The blocks of a combination, None where it is no configuration of R (no stage, more than
+    ``top`` stages, or one tp and dp on every stage: a uniform plan)."""
+    used = tuple(b for b in (walk.options[c][walk.order[c][j]] for c, j in enumerate(idx)) if b is not None)
+    if not used or sum(b.stages for b in used) > top or len({(b.tp, b.dp) for b in used}) == 1:
+        return None
+    return used
 
 
 def _weightiest_first(bounds: Bounds, options, least: float, fill: float) -> list:

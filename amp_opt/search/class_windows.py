@@ -60,7 +60,7 @@ def disjoint_windows(values: Sequence[np.ndarray], lengths: Sequence[int], *, wo
         return max(least) if worst else sum(least)
     # best[S][e]: the least cost of the windows of the rows in S, all within positions [0, e).
     best = {0: np.zeros(L + 1) if not worst else np.full(L + 1, -INF)}
-    for S in sorted(range(1, 1 << C), key=lambda s: bin(s).count("1")):
+    for S in range(1, 1 << C):  # every S - {b} is a smaller number: solved before S
         ends = np.full(L + 1, INF)
         for b in (b for b in range(C) if S >> b & 1):
             k, rest = lengths[b], best[S ^ (1 << b)]
