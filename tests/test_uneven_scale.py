@@ -200,7 +200,7 @@ def test_consecutive_layers_raise_the_bound_and_longer_windows_are_caught(monkey
     bounds = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
     full = [bounds(M, order) for M, order in listed]
 
-    def alone(self, blocks, ref):  # S7's floor before S13: every stage its least excess, E unraised
+    def alone(self, blocks, ref, **_):  # S7's floor before S13: every stage its least excess, E unraised
         rows = [self.times(b) for b in blocks]
         return sum(b.stages * (sigma + max(float((t - ref).min()), 0.0)) for b, (t, sigma) in zip(blocks, rows)), 0.0
     with monkeypatch.context() as patch:
@@ -224,9 +224,9 @@ def test_consecutive_layers_raise_the_bound_and_longer_windows_are_caught(monkey
         assert compared > 30 and bad
     windows = class_bounds.disjoint_windows
     monkeypatch.setattr(class_bounds, "disjoint_windows",
-                        lambda values, lengths, worst=False: windows(
+                        lambda values, lengths, worst=False, in_order=False: windows(
                             values, [k + 1 for k in lengths] if sum(lengths) + len(lengths) <= len(values[0]) else lengths,
-                            worst=worst))
+                            worst=worst, in_order=in_order))
     compared, bad = bound_violations([1], step=True, make=six)
     assert compared > 20 and bad
 

@@ -85,16 +85,20 @@ class Bounds:
         """S10's zeta: the reference seconds of the layers in tie groups."""
         return float(ref[self.memory.lean(self.instance.search.tp[0])[1]].sum())
 
-    def consecutive(self, blocks, ref: np.ndarray) -> tuple[float, float]:
+    def consecutive(self, blocks, ref: np.ndarray, *, weights=None) -> tuple[float, float]:
         """S13 for a set of blocks (one per class): each holds a run of at least k consecutive layers,
         the runs disjoint.  (What the blocks add to S7's floor F over the reference's seconds of
         their layers: k sigma each plus the least excess over ``ref`` of disjoint windows of k
         consecutive layers, ``ref`` at most each block's seconds on every layer; the least seconds
-        of the slowest stage: over disjoint windows, the slowest layer of a window plus sigma.)"""
+        of the slowest stage: over disjoint windows, the slowest layer of a window plus sigma.)
+        With ``weights`` (one per block) the blocks are in this order, their windows too, and the
+        second is the largest weighed slowest layer (S13 in order)."""
         rows = [self.times(b) for b in blocks]
-        ks = [b.stages for b in blocks]
-        excess = disjoint_windows([np.maximum(t - ref, 0.0) for t, _ in rows], ks)
-        slowest = disjoint_windows([t + sigma for t, sigma in rows], ks, worst=True)
+        ks, in_order = [b.stages for b in blocks], weights is not None
+        weights = [1.0] * len(blocks) if weights is None else weights
+        excess = disjoint_windows([np.maximum(t - ref, 0.0) for t, _ in rows], ks, in_order=in_order)
+        slowest = disjoint_windows([w * (t + sigma) for w, (t, sigma) in zip(weights, rows)], ks, worst=True,
+                                   in_order=in_order)
         return sum(b.stages * sigma for b, (_, sigma) in zip(blocks, rows)) + excess, slowest
 
     def alpha(self, b: Block, ref: np.ndarray) -> float:
@@ -134,15 +138,11 @@ class Bounds:
         plus S8's end of the iteration; a cheap bound to try before :meth:`ordered`."""
         if not self.holds:
             return 0.0
-        p = sum(b.stages for b in order)
-        pipe = pipeline_weights(self.instance.training.global_batch // M, p, 1, self.schedule)
-        rows = [self.times(b) for b in order]
-        least_t = np.min([t for t, _ in rows], axis=0)
         ks = [b.stages for b in order]
-        weighed = [w * (t + sigma) for w, (t, sigma) in zip(block_weights(pipe.bottleneck, ks), rows)]
-        lead = disjoint_windows(weighed, ks, worst=True, in_order=True)
-        excess = disjoint_windows([np.maximum(t - least_t, 0.0) for t, _ in rows], ks, in_order=True)
-        floor = float(least_t.sum()) + sum(b.stages * sigma for b, (_, sigma) in zip(order, rows)) + excess
+        pipe = pipeline_weights(self.instance.training.global_batch // M, sum(ks), 1, self.schedule)
+        least_t = np.min([self.times(b)[0] for b in order], axis=0)
+        added, lead = self.consecutive(order, least_t, weights=block_weights(pipe.bottleneck, ks))
+        floor = float(least_t.sum()) + added
         return lead + pipe.fill * floor + ending(self.spread, sum(self.end_capacity(b) for b in order))
 
     def ordered(self, M: int, order: tuple[Block, ...], value: float = INF) -> float:
