@@ -18,6 +18,10 @@ from ..model.ranges import INF
 from .class_bounds import Bounds, balanced, ending, heaviest, with_end
 from .class_stages import Block, blocks, depth
 
+# Options of the last class keyed (one program each) between two chances for the caller to read its
+# clock while an entry is expanded: a time limit overshoots by at most that many programs there.
+YIELD_EVERY = 16
+
 
 def _orders(blocks_used: tuple[Block, ...]):
     """Every order of the blocks (one per class, so no two orders are the same configuration)."""
@@ -56,7 +60,7 @@ def ranked(instance, bounds: Bounds, *, limit=None):
                     leaf_key = max(walk.key(leaf, n), key)  # its own program, every class kept
                     if leaf_key < limit():
                         heapq.heappush(heap, (leaf_key, M, leaf, n))
-                if (j - idx[-1]) % 16 == 15:
+                if (j - idx[-1]) % YIELD_EVERY == YIELD_EVERY - 1:
                     yield key, M, None  # the caller may stop (key still bounds every entry left)
             yield key, M, None  # no configuration yet, but the caller may stop here
             continue
