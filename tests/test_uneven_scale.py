@@ -165,8 +165,9 @@ def test_the_bottleneck_is_the_least_e_of_every_assignment():
 
 
 def test_disjoint_windows_is_the_least_over_every_family_of_windows():
-    """S13's DP against every family of pairwise disjoint windows of a few positions, its sum and
-    its worst form, and the bound past MAX_EXACT rows (each row's own least window) below it."""
+    """S13's DP against every family of pairwise disjoint windows of a few positions (and, in order,
+    every family whose windows follow the rows' order), its sum and its worst form, and the bound
+    past MAX_EXACT rows (each row's own least window) below it."""
     import random
 
     from amp_opt.search.class_windows import disjoint_windows
@@ -177,14 +178,18 @@ def test_disjoint_windows_is_the_least_over_every_family_of_windows():
         values = [np.array([rng.choice([0.0, 1.0, rng.uniform(0, 3)]) for _ in range(L)]) for _ in range(C)]
         lengths = [rng.randint(1, 3) for _ in range(C)]
         for worst in (False, True):
-            truth = float("inf")
+            truth = ordered = float("inf")
             for starts in itertools.product(range(L), repeat=C):
                 spans = [set(range(i, i + k)) for i, k in zip(starts, lengths)]
                 if any(i + k > L for i, k in zip(starts, lengths)) or any(a & b for a, b in itertools.combinations(spans, 2)):
                     continue
                 parts = [v[i:i + k] for v, i, k in zip(values, starts, lengths)]
-                truth = min(truth, max(float(x.max()) for x in parts) if worst else sum(float(x.sum()) for x in parts))
+                cost = max(float(x.max()) for x in parts) if worst else sum(float(x.sum()) for x in parts)
+                truth = min(truth, cost)
+                if list(starts) == sorted(starts):
+                    ordered = min(ordered, cost)
             assert disjoint_windows(values, lengths, worst=worst) == pytest.approx(truth, abs=1e-12)
+            assert disjoint_windows(values, lengths, worst=worst, in_order=True) == pytest.approx(ordered, abs=1e-12)
     many = [np.arange(12.0)[::-1].copy() for _ in range(10)]  # past MAX_EXACT: each row's own window
     assert disjoint_windows(many, [1] * 10) == 0.0 < disjoint_windows(many[:2], [1, 1]) == 1.0
 
