@@ -497,3 +497,31 @@ def test_no_plan_in_time_says_what_the_uniform_search_proved(monkeypatch):
     text = str(caught.value)
     assert caught.value.exit_code == 4 and "infeasibility not proven" in text
     assert "no plan whose stages and replicas agree fits (no plan fits in device memory)" in text
+
+
+def every_zero(seed, **kw):
+    """:func:`tight` with ZeRO stages 0, 1 and 2 to choose (the engine runs 2 only with pp = 1)."""
+    inst = tight(seed, **kw)
+    return dataclasses.replace(inst, search=dataclasses.replace(inst.search, zero_stages=(0, 1, 2)))
+
+
+def test_r_takes_the_zero_stages_the_engine_runs_with_a_pipeline(monkeypatch):
+    """Every configuration of R has two stages or more, so S8 and S9 read the ZeRO stages the engine
+    runs with pp > 1 (not 2 on engine amp_opt): the bounds hold on every configuration, the room is
+    smaller than with stage 2 counted, and counting stage 0 alone (too strong) is caught."""
+    assert class_stages.zero_stages(every_zero(1)) == [0, 1]
+    for ordered in (False, True):
+        compared, bad = bound_violations([1, 2], step=True, make=every_zero, ordered=ordered)
+        assert compared > 20 and bad == []
+    inst = every_zero(1)
+    listed = list(every_r(inst))
+    rooms = {b: class_bounds.Bounds(inst, Tables(inst), solve_options().model).memory.room(b)
+             for _, order in listed for b in order}
+    with monkeypatch.context() as patch:
+        patch.setattr(class_memory, "zero_stages", lambda inst: [0, 1, 2])
+        loose = class_bounds.Bounds(inst, Tables(inst), solve_options().model).memory
+        assert any(rooms[b] < loose.room(b) * (1 - 1e-6) for b in rooms)
+    for module in (class_memory, class_bounds):
+        monkeypatch.setattr(module, "zero_stages", lambda inst: [0])
+    compared, bad = bound_violations([1, 2], step=True, make=every_zero, ordered=True)
+    assert bad

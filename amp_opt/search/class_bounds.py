@@ -21,7 +21,7 @@ from ..model.costs.iteration import pipeline_weights
 from ..model.ranges import INF, grid, min_max_chain, min_sum_step, range_table, start_row, weighted
 from ..model.plan import Candidate
 from .class_memory import BlockMemory
-from .class_stages import Block, configuration
+from .class_stages import Block, configuration, zero_stages
 from .class_windows import disjoint_windows
 
 
@@ -37,6 +37,7 @@ class Bounds:
         self.spread = spread(instance, tables)
         self._times: dict = {}
         self._factors: dict = {}
+        self._ranges: dict = {}  # S11's tables per block (:meth:`_range_tables`)
         self.memory = BlockMemory(instance, tables, model, self.classes, self.holds)  # S9, S12
         self._last: tuple = (None, (0.0, None))
 
@@ -53,15 +54,15 @@ class Bounds:
 
     def end_factor(self, b: Block) -> float:
         """S8's c: the least seconds per parameter per rank of the block's first stage's end of
-        iteration over the ZeRO stages the search tries (that stage has the fastest ring of the
-        block's)."""
+        iteration over the ZeRO stages a configuration may take (that stage has the fastest ring of
+        the block's)."""
         key = (b.cls, b.tp, b.dp)
         if key not in self._factors:
             first = configuration(self.instance, b.dp * b.share, (Block(b.cls, 1, b.tp, b.dp, b.share),))
             stages = first.stages(self.instance)
             self._factors[key] = min(
                 (self.model.stage_costs(self.tables, Candidate(b.tp, b.dp, 1, b.share, zero_stage=z), stages)
-                 .least_end_factor(0) for z in self.instance.search.zero_stages if z <= 2), default=0.0)
+                 .least_end_factor(0) for z in zero_stages(self.instance)), default=0.0)
         return self._factors[key]
 
     def end_capacity(self, b: Block) -> float:
@@ -157,22 +158,35 @@ class Bounds:
         stages = [b for b in order for _ in range(b.stages)]
         n = self.instance.training.global_batch // M
         pipe = pipeline_weights(n, len(stages), 1, self.schedule)
-        g = grid(self.instance.num_layers)
         ranges: dict = {}
         per_stage = []
         for i, b in enumerate(stages):  # E_s and X_s of a stage holding [k, l) (rows k, columns l)
             flight = min(len(stages) - i, n)  # micro-batches whose activations the stage keeps (H5, 1F1B)
             key = (b.cls, b.tp, b.dp, b.share, flight)
             if key not in ranges:
-                t, sigma = self.times(b)
-                params = self.tables.layer_sums(b.tp).params_in(g.start, g.stop)  # computed once per tp
-                held = params + flight * range_table(self.memory.kept(b))
-                usable = g.nonempty & (held <= self.memory.room(b) * (1 + 1e-12))
-                ranges[key] = (np.where(usable, range_table(t) + sigma, INF),
-                               np.where(usable, self.end_factor(b) * params, INF))
+                seconds, params, kept, end = self._range_tables(b)
+                usable = (params + flight * kept) <= self.memory.room(b) * (1 + 1e-12)  # INF off the grid
+                ranges[key] = (np.where(usable, seconds, INF), np.where(usable, end, INF))
             per_stage.append(ranges[key])
         return partitioned([e for e, _ in per_stage], [x for _, x in per_stage], pipe.bottleneck, pipe.fill,
                            value)
+
+    def _range_tables(self, b: Block) -> tuple[np.ndarray, ...]:
+        """S11's tables of a block's stage over every range [k, l) (INF where k >= l): its seconds
+        (layers plus step), parameters per rank, activations of one micro-batch (S9's units) and
+        end (c times parameters); kept per (class, tp, dp, share) across the orders the walk
+        yields, which share them."""
+        key = (b.cls, b.tp, b.dp, b.share)
+        if key not in self._ranges:
+            if len(self._ranges) >= RANGE_TABLES:
+                self._ranges.clear()
+            g = grid(self.instance.num_layers)
+            t, sigma = self.times(b)
+            params = self.tables.layer_sums(b.tp).params_in(g.start, g.stop)  # computed once per tp
+            self._ranges[key] = (range_table(t) + sigma, np.where(g.nonempty, params, INF),
+                                 range_table(self.memory.kept(b)),
+                                 np.where(g.nonempty, self.end_factor(b) * params, INF))
+        return self._ranges[key]
 
     def _bounds(self, M: int, order: tuple[Block, ...], *, strong: bool) -> tuple[float, float | None]:
         """(the bound without the bottleneck, with it: None until asked), per combination."""
@@ -229,6 +243,10 @@ def block_weights(weights, stages) -> list[float]:
     starts = np.cumsum([0] + list(stages))
     return [min(weights[a:a + k]) for a, k in zip(starts, stages)]
 
+
+# Blocks whose S11 tables (four (L+1)^2 arrays each) are kept at most: a memory cap, past which the
+# tables are built again as the walk asks (a walk reads a few dozen blocks again and again).
+RANGE_TABLES = 128
 
 GRID = 8  # thresholds of S11's parametric program: more is tighter and slower (each is one DP)
 

@@ -14,7 +14,7 @@ import numpy as np
 from ..model.costs.terms import framework_bytes, kept_bytes, state_bytes_per_param
 from ..model.plan import Candidate
 from ..model.ranges import INF
-from .class_stages import Block
+from .class_stages import Block, zero_stages
 
 
 class BlockMemory:
@@ -44,9 +44,9 @@ class BlockMemory:
         return self._leans[tp]
 
     def _per_param(self, dp: int) -> float:
-        """The least model-state bytes per parameter over the ZeRO stages ≤ 2 the search tries (H9)."""
+        """The least model-state bytes per parameter over the ZeRO stages a configuration may take (H9)."""
         tr = self.instance.training
-        return min((state_bytes_per_param(tr, dp, z) for z in self.instance.search.zero_stages if z <= 2), default=0.0)
+        return min((state_bytes_per_param(tr, dp, z) for z in zero_stages(self.instance)), default=0.0)
 
     def room(self, b: Block) -> float:
         """S9: the most parameters per rank one stage of the block holds: its type's capacity less

@@ -16,6 +16,7 @@ import itertools
 from dataclasses import dataclass
 
 from ..model.classes import node_classes
+from ..model.engines import engine_of
 from ..model.instance import idle_level
 from .uneven_space import Configuration
 
@@ -46,6 +47,13 @@ def _class_ok(level: str, used: int, per_node: int, nodes: int) -> bool:
 def depth(instance) -> int:
     """The most stages a configuration of R may have."""
     return min(instance.search.max_pp, instance.num_layers, instance.num_devices, MAX_STAGES)
+
+
+def zero_stages(instance) -> list[int]:
+    """The ZeRO stages of ``search.zero_stages`` a configuration of R may take: at most 2 (U5), and,
+    every configuration having two blocks (p >= 2), at most what the engine runs with pp > 1."""
+    most = min(2, engine_of(instance).sharded_zero_with_pipeline)
+    return [z for z in instance.search.zero_stages if z <= most]
 
 
 def blocks(instance, M: int) -> list[list[Block | None]]:

@@ -217,6 +217,9 @@ def search_class_stages(instance, options, tables, *, cutoff: float, clock, near
     def incumbent() -> float:
         return _value(found[-1], obj) if len(found) >= options.top_k else cutoff
 
+    zeros = class_stages.zero_stages(instance)  # R's configurations have two stages or more
+    settings = [s for s in _settings(instance) if s[3] in zeros]
+
     for key, M, order in ranked(instance, bounds, limit=incumbent if obj == "time" else None):
         kth = incumbent()
         if order is None:  # no configuration: only the stops apply
@@ -240,7 +243,7 @@ def search_class_stages(instance, options, tables, *, cutoff: float, clock, near
             return found, False, key if obj == "time" else 0.0
         if not bounds.below(M, order, kth / scale):
             continue
-        found = _visit(instance, options, tables, cache, conf, list(_settings(instance)), found, cutoff, clock)
+        found = _visit(instance, options, tables, cache, conf, settings, found, cutoff, clock)
         if clock.out_of_time():
             return found, False, key if obj == "time" else 0.0
     return found, True, INF
@@ -296,7 +299,10 @@ def solve_with_uneven(instance, options, run, clock) -> SolveResult:
             proven = (f"no plan whose stages and replicas agree fits ({why_none}), and the class stages were not "
                       "searched whole" if isinstance(why_none, InfeasibleError) else "")
             raise NoPlanFound(clock.stopped_why(), bound=0.0, proven=proven)
-        raise InfeasibleError(f"{why_none} (nor does any plan whose stages or replicas differ; {SEVERAL_UNSEARCHED})")
+        differ = ("nor does any plan whose every stage sits on one node class with even shares; other plans whose "
+                  "stages or replicas differ are not searched" if narrow else
+                  "nor does any plan whose stages or replicas differ")
+        raise InfeasibleError(f"{why_none} ({differ}; {SEVERAL_UNSEARCHED})")
     best = _value(merged[0], obj)
     if options.top_k > 1:  # the uneven search keeps one plan per configuration and setting
         within += "; one plan per configuration of stages and replicas that differ (--top-k)"
