@@ -333,7 +333,9 @@ def test_the_bounds_hold_where_activations_decide(monkeypatch):
         patch.setattr(class_memory.BlockMemory, "crowded", lambda self, M, blocks: False)
         plain = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
         assert any(np.isfinite(plain(M, order)) for M, order in crowded_ones)  # S12 proves what S7-S9 do not
-    monkeypatch.setattr(class_memory.BlockMemory, "kept", lambda self, b: np.zeros(self.instance.num_layers))
+    zeros = np.zeros(inst.num_layers)
+    monkeypatch.setattr(class_memory.BlockMemory, "kept", lambda self, b: zeros)
+    monkeypatch.setattr(class_memory.BlockMemory, "ways", lambda self, tp: [(zeros, zeros, True)])
     bounds = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
     without = [(bounds(M, order), bounds.ordered(M, order)) for M, order in listed]
     assert any(w[0] > o[0] * (1 + 1e-6) for w, o in zip(with_act, without))
@@ -524,4 +526,37 @@ def test_r_takes_the_zero_stages_the_engine_runs_with_a_pipeline(monkeypatch):
     for module in (class_memory, class_bounds):
         monkeypatch.setattr(module, "zero_stages", lambda inst: [0])
     compared, bad = bound_violations([1, 2], step=True, make=every_zero, ordered=True)
+    assert bad
+
+
+def rebuilding(seed, *, share=0.5, layers=(), **kw):
+    """:func:`crowded` with full recomputation only (``layers``: the block method's counts too): a
+    stage keeps each layer's input per micro-batch in flight and rebuilds one layer at a time."""
+    inst = crowded(seed, share=share, **kw)
+    return dataclasses.replace(inst, search=dataclasses.replace(inst.search, recompute=("full",),
+                                                                recompute_layers=tuple(layers)))
+
+
+@pytest.mark.parametrize("layers", [(), (1,)])
+def test_the_rebuilt_layer_s14_counts_holds_and_ten_percent_more_is_caught(monkeypatch, layers):
+    """S14: S11 and S12 count the layer a recomputing stage rebuilds (its largest, or with the block
+    method its first layer's); S7, S11 and the walk's key hold on every configuration of R, the
+    rebuilt buffer raises some S11 bound, and a rebuilt buffer 10% larger is caught."""
+    def make(seed, **kw):
+        return rebuilding(seed, layers=layers, **kw)
+    for ordered, key in ((False, False), (True, False), (False, True)):
+        compared, bad = bound_violations([1, 2, 3], step=True, make=make, ordered=ordered, key=key)
+        assert compared > 10 and bad == []
+    inst = make(2, step=True)
+    listed = list(every_r(inst))
+    strong = [class_bounds.Bounds(inst, Tables(inst), solve_options().model).ordered(M, o) for M, o in listed]
+    ways = class_memory.BlockMemory.ways
+    with monkeypatch.context() as patch:
+        patch.setattr(class_memory.BlockMemory, "ways",
+                      lambda self, tp: [(kept, 0 * rebuilt, whole) for kept, rebuilt, whole in ways(self, tp)])
+        bounds = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
+        assert any(s > bounds.ordered(M, o) * (1 + 1e-6) for s, (M, o) in zip(strong, listed))
+    monkeypatch.setattr(class_memory.BlockMemory, "ways",
+                        lambda self, tp: [(kept, 1.1 * rebuilt, whole) for kept, rebuilt, whole in ways(self, tp)])
+    compared, bad = bound_violations([1, 2, 3], step=True, make=make, ordered=True)
     assert bad

@@ -1,12 +1,13 @@
-"""Lower bounds on every plan of a configuration of the class-stage space R (S7-S13).
+"""Lower bounds on every plan of a configuration of the class-stage space R (S7-S14).
 
 ``formulations/uneven-search.md``: S7 bounds the pipeline's compute (a fractional knapsack of the
 layers' reference seconds over the blocks, with a floor, each block's limit in layers and in
 memory (S9) and the least seconds of the slowest stage), S8 the end of the iteration (the stages'
 reductions and optimizer steps), S10 ties the end to the work a block holds, S11 prices one
 order of the blocks, S12 rules out blocks whose stages cannot each hold a layer that fits, and
-S13 counts the runs of consecutive layers the blocks hold.  :class:`Bounds` prices one
-configuration, with S9 and S12 from :mod:`.class_memory` and S13 from :mod:`.class_windows`;
+S13 counts the runs of consecutive layers the blocks hold, S14 the layer a recomputing stage
+rebuilds.  :class:`Bounds` prices one configuration, with S9, S12 and S14 from
+:mod:`.class_memory` and S13 from :mod:`.class_windows`;
 :func:`balanced`, :func:`with_end`, :func:`bottleneck`, :func:`heaviest`, :func:`spread` and
 :func:`ending` are the pieces the walk's key (:mod:`.class_walk`) relaxes.
 """
@@ -26,7 +27,7 @@ from .class_windows import disjoint_windows
 
 
 class Bounds:
-    """Lower bounds (S7-S13) on the iteration seconds of every plan of an R configuration under a
+    """Lower bounds (S7-S14) on the iteration seconds of every plan of an R configuration under a
     cost ``model`` (hetero).  They read the layer tables, which a caller's own pricing may not
     follow: under such a model (``holds`` false) every bound is 0."""
 
@@ -38,6 +39,7 @@ class Bounds:
         self._times: dict = {}
         self._factors: dict = {}
         self._ranges: dict = {}  # S11's tables per block (:meth:`_range_tables`)
+        self._fits: dict = {}  # S11's usable ranges per block and flight (:meth:`_usable`)
         self.memory = BlockMemory(instance, tables, model, self.classes, self.holds)  # S9, S12
         self._last: tuple = (None, (0.0, None))
 
@@ -164,18 +166,17 @@ class Bounds:
             flight = min(len(stages) - i, n)  # micro-batches whose activations the stage keeps (H5, 1F1B)
             key = (b.cls, b.tp, b.dp, b.share, flight)
             if key not in ranges:
-                seconds, params, kept, end = self._range_tables(b)
-                usable = (params + flight * kept) <= self.memory.room(b) * (1 + 1e-12)  # INF off the grid
+                seconds, end = self._range_tables(b)
+                usable = self._usable(b, flight)
                 ranges[key] = (np.where(usable, seconds, INF), np.where(usable, end, INF))
             per_stage.append(ranges[key])
         return partitioned([e for e, _ in per_stage], [x for _, x in per_stage], pipe.bottleneck, pipe.fill,
                            value)
 
-    def _range_tables(self, b: Block) -> tuple[np.ndarray, ...]:
+    def _range_tables(self, b: Block) -> tuple[np.ndarray, np.ndarray]:
         """S11's tables of a block's stage over every range [k, l) (INF where k >= l): its seconds
-        (layers plus step), parameters per rank, activations of one micro-batch (S9's units) and
-        end (c times parameters); kept per (class, tp, dp, share) across the orders the walk
-        yields, which share them."""
+        (layers plus step) and end (c times its parameters per rank); kept per (class, tp, dp,
+        share) across the orders the walk yields, which share them."""
         key = (b.cls, b.tp, b.dp, b.share)
         if key not in self._ranges:
             if len(self._ranges) >= RANGE_TABLES:
@@ -183,10 +184,21 @@ class Bounds:
             g = grid(self.instance.num_layers)
             t, sigma = self.times(b)
             params = self.tables.layer_sums(b.tp).params_in(g.start, g.stop)  # computed once per tp
-            self._ranges[key] = (range_table(t) + sigma, np.where(g.nonempty, params, INF),
-                                 range_table(self.memory.kept(b)),
-                                 np.where(g.nonempty, self.end_factor(b) * params, INF))
+            self._ranges[key] = (range_table(t) + sigma, np.where(g.nonempty, self.end_factor(b) * params, INF))
         return self._ranges[key]
+
+    def _usable(self, b: Block, flight: int) -> np.ndarray:
+        """S11: the ranges a stage of the block with ``flight`` micro-batches in flight may hold:
+        its parameters per rank and its activations' least bytes (S14) within its room (S9)."""
+        key = (b.cls, b.tp, b.dp, b.share, flight)
+        if key not in self._fits:
+            if len(self._fits) >= USABLE_MASKS:
+                self._fits.clear()
+            g = grid(self.instance.num_layers)
+            params = self.tables.layer_sums(b.tp).params_in(g.start, g.stop)
+            held = np.where(g.nonempty, params, INF) + self.memory.kept_in(b, flight)
+            self._fits[key] = held <= self.memory.room(b) * (1 + 1e-12)  # False off the grid (INF there)
+        return self._fits[key]
 
     def _bounds(self, M: int, order: tuple[Block, ...], *, strong: bool) -> tuple[float, float | None]:
         """(the bound without the bottleneck, with it: None until asked), per combination."""
@@ -244,9 +256,11 @@ def block_weights(weights, stages) -> list[float]:
     return [min(weights[a:a + k]) for a, k in zip(starts, stages)]
 
 
-# Blocks whose S11 tables (four (L+1)^2 arrays each) are kept at most: a memory cap, past which the
-# tables are built again as the walk asks (a walk reads a few dozen blocks again and again).
+# Blocks whose S11 tables (two (L+1)^2 arrays each), and blocks and flights whose usable ranges
+# (one (L+1)^2 mask each), are kept at most: memory caps, past which they are built again as the
+# walk asks (a walk reads a few dozen blocks again and again).
 RANGE_TABLES = 128
+USABLE_MASKS = 2048
 
 GRID = 8  # thresholds of S11's parametric program: more is tighter and slower (each is one DP)
 

@@ -1,6 +1,7 @@
-"""What memory lets a block of the class-stage space hold (S9, S12 of
+"""What memory lets a block of the class-stage space hold (S9, S12, S14 of
 ``formulations/uneven-search.md``): a stage's room in parameters per rank, the activations its
-micro-batches in flight keep at the least, the most reference seconds a block's stages hold
+micro-batches in flight keep at the least (with the layer a recomputing stage rebuilds, per
+range), the most reference seconds a block's stages hold
 (a fractional knapsack), and whether a set of blocks has more stages than layers that fit them.
 :class:`~.class_bounds.Bounds` reads them for S7, S11 and the walk's key.
 """
@@ -13,7 +14,7 @@ import numpy as np
 
 from ..model.costs.terms import framework_bytes, kept_bytes, state_bytes_per_param
 from ..model.plan import Candidate
-from ..model.ranges import INF
+from ..model.ranges import INF, grid, range_table
 from .class_stages import Block, zero_stages
 
 
@@ -83,6 +84,57 @@ class BlockMemory:
                                else np.maximum(np.asarray(least, dtype=float), 0.0) * b.share / per_param)
         return self._kept[key]
 
+    def ways(self, tp: int) -> list[tuple[np.ndarray, np.ndarray, bool]]:
+        """S14: per way a stage may keep its activations (a sequence-parallel value of the search
+        and its recomputation: each mode for the whole stage, and "full" on the stage's first layers
+        where ``search.recompute_layers`` allows it), per layer the bytes one sample keeps at the
+        least (times the activation factor) and the bytes rebuilt while a recomputed layer's
+        backward runs (0 where it does not recompute), and whether that rebuilt buffer is the range's
+        largest (the whole stage recomputes) or only its first layer's (a block of its first layers
+        does).  Bytes, before a block's share and state bytes per parameter."""
+        key = ("ways", tp)
+        if key not in self._kept:
+            space, factor = self.instance.search, self.instance.training.activation_factor
+            out = []
+            for sp in space.sequence_parallel:
+                per = self.tables.layer_arrays(tp, sp)
+                modes = kept_bytes(per, factor)
+                rebuilt = np.where(per.recomputes, per.rebuilt, 0.0) * factor
+                none = np.zeros(len(rebuilt))
+                for mode in space.recompute:
+                    out.append((np.asarray(modes[mode], dtype=float), rebuilt if mode == "full" else none, True))
+                if "full" in space.recompute and space.recompute_layers:
+                    out.append((np.asarray(modes["full"], dtype=float), rebuilt, False))
+            self._kept[key] = out
+        return self._kept[key]
+
+    def _way_ranges(self, tp: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`ways` over every range [k, l) of the layers: per way the bytes one sample keeps in
+        the range and the rebuilt buffer (its largest layer's, or its first layer's)."""
+        key = ("ranges", tp)
+        if key not in self._kept:
+            L = self.instance.num_layers
+            out = []
+            for kept, rebuilt, whole in self.ways(tp):
+                table = np.zeros((L + 1, L + 1))
+                for start in range(L):
+                    table[start, start + 1:] = np.maximum.accumulate(rebuilt[start:]) if whole else rebuilt[start]
+                out.append((range_table(kept), table))
+            self._kept[key] = out
+        return self._kept[key]
+
+    def kept_in(self, b: Block, flight: int) -> np.ndarray:
+        """S14: per range [k, l) of a stage of the block with ``flight`` micro-batches in flight,
+        the least bytes its activations take (the least over :meth:`ways` of flight times what
+        each micro-batch keeps plus the rebuilt buffer, each micro-batch ``b.share`` samples), in
+        :meth:`room`'s parameters; INF where k >= l."""
+        per_param = self._per_param(b.dp)
+        tables = self._way_ranges(b.tp)
+        if not tables or per_param <= 0:
+            return np.where(grid(self.instance.num_layers).nonempty, 0.0, INF)
+        least = np.min([flight * kept + rebuilt for kept, rebuilt in tables], axis=0)
+        return least * (b.share / per_param)
+
     def held(self, b: Block, ref: np.ndarray) -> float:
         """S9: the most reference seconds the block's k stages hold within their memory, k times
         :meth:`room` parameters per rank (:func:`most_held` over each layer's parameters per rank
@@ -98,18 +150,28 @@ class BlockMemory:
 
     def fit_levels(self, b: Block, n: int) -> np.ndarray:
         """S12: per layer, the most micro-batches in flight (at most n) at which it fits alone on a
-        stage of the block (its model state and those micro-batches' least activations within the
-        room, S9); -1 where it fits at none."""
+        stage of the block (its model state and those micro-batches' activations within the room,
+        S9), the most over the ways of :meth:`ways` (S14: the rebuilt buffer counted where the
+        whole stage recomputes; a stage holding the layer holds at least that); -1 where it fits
+        at none."""
         key = (b.cls, b.tp, b.dp, b.share, n)
         if key not in self._flight:
-            room, lean, kept = self.room(b), self.lean(b.tp)[0], self.kept(b)
+            room, lean = self.room(b), self.lean(b.tp)[0]
+            per_param = self._per_param(b.dp)
+            ways = self.ways(b.tp)
             if room == INF:
                 most = np.full(len(lean), n)
+            elif not ways or per_param <= 0:
+                most = np.where(lean <= room * (1 + 1e-12), n, -1)
             else:
                 room *= 1 + 1e-12
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    most = np.where(kept > 0, np.floor((room - lean) / kept), n)
-                most = np.where(lean <= room, np.minimum(most, n), -1)
+                scale = b.share / per_param
+                most = np.full(len(lean), -1.0)
+                for kept, rebuilt, whole in ways:
+                    need, per = lean + (scale * rebuilt if whole else 0.0), scale * kept
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        level = np.where(per > 0, np.floor((room - need) / per), n)
+                    most = np.maximum(most, np.where(need <= room, np.minimum(level, n), -1))
             self._flight[key] = most.astype(int)
         return self._flight[key]
 

@@ -1,4 +1,4 @@
-"""The walk over the class-stage space R: its configurations best bound first (S7-S13).
+"""The walk over the class-stage space R: its configurations best bound first (S7-S14).
 
 A heap over the product of the node classes' options (no block, or a block) per pipeline
 micro-batch M, keyed by a relaxation of :mod:`.class_bounds`' program that holds for every

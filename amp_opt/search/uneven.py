@@ -6,7 +6,7 @@ every training setting is priced by the cost terms U1-U4
 (:class:`~amp_opt.model.costs.stages.UnevenCosts`); for each, the exact stage DP of
 :mod:`.partition` finds the best layer partition (and, in the setting PER_STAGE, each stage's
 recomputation mode: S2 step 3).  Past ``MAX_CONFIGURATIONS`` it narrows to the
-class-stage space of :mod:`.class_stages` (S6), walked best bound first (:mod:`.class_walk`, S7-S13) and cut off at the
+class-stage space of :mod:`.class_stages` (S6), walked best bound first (:mod:`.class_walk`, S7-S14) and cut off at the
 incumbent, and the result says "OPTIMAL within plans of one pipeline (...); plans whose stages and
 replicas agree, or whose every stage sits on one node class with even shares" (on the engine that
 runs them, plans of several pipelines are priced but not searched: X6 of formulations/exactness.md).  The uniform plans are searched by the
@@ -199,7 +199,7 @@ def _visit(instance, options, tables, cache, conf, settings, found, cutoff, cloc
 
 
 def search_class_stages(instance, options, tables, *, cutoff: float, clock, near=None):
-    """The best plans of the class-stage space R (S6) below ``cutoff``, best bound first (S7-S13):
+    """The best plans of the class-stage space R (S6) below ``cutoff``, best bound first (S7-S14):
     (plans, whether R was searched whole, the least bound over R's configurations not searched).
     ``near``: a uniform plan whose neighbours in R (:func:`.class_stages.neighbours`) are tried
     first, in its own setting, for an early incumbent."""
