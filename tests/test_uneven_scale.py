@@ -560,3 +560,30 @@ def test_the_rebuilt_layer_s14_counts_holds_and_ten_percent_more_is_caught(monke
                         lambda self, tp: [(kept, 1.1 * rebuilt, whole) for kept, rebuilt, whole in ways(self, tp)])
     compared, bad = bound_violations([1, 2, 3], step=True, make=make, ordered=True)
     assert bad
+
+
+def test_s11s_program_bounds_every_partition_with_and_without_an_incumbent():
+    """``partitioned`` (S11) is at most every partition's max w E + fill * sum E + max X, with and
+    without the caller's incumbent (which sets its grid and ends it early on either side)."""
+    from amp_opt.model.ranges import range_table
+    rng = np.random.default_rng(5)
+    sides = Counter()
+    for _ in range(400):
+        L = int(rng.integers(2, 8))
+        p = int(rng.integers(1, min(L, 4) + 1))
+        E, X = [], []
+        for _ in range(p):
+            cut = rng.random((L + 1, L + 1)) < 0.15
+            E.append(np.where(cut, np.inf, range_table(rng.random(L) * rng.choice([0.1, 1.0, 10.0])) + rng.random()))
+            X.append(np.where(cut, np.inf, range_table(rng.random(L)) * rng.random()))
+        w, fill = rng.random(p) * 3, float(rng.random() * 5)
+        best = min((max(w[s] * E[s][e[s], e[s + 1]] for s in range(p)) + fill * sum(E[s][e[s], e[s + 1]] for s in range(p))
+                    + max(X[s][e[s], e[s + 1]] for s in range(p))
+                    for inner in itertools.combinations(range(1, L), p - 1) for e in [(0, *inner, L)]), default=np.inf)
+        full = class_bounds.partitioned(E, X, w, fill)
+        assert full <= best * (1 + REL) or best == np.inf
+        value = float(rng.random() * 2 * (full if np.isfinite(full) else 10.0))
+        given = class_bounds.partitioned(E, X, w, fill, value)
+        assert given <= best * (1 + REL) or best == np.inf
+        sides[given < value] += 1
+    assert sides[True] > 50 and sides[False] > 50

@@ -272,7 +272,9 @@ def partitioned(E, X, weights, fill: float, value: float = INF) -> float:
     partitions apart, and (b) the least of T + fill * S(T) over T, S(T) the least sum_s E_s with
     every w_s E_s + X_s at most T, taken on a grid of GRID steps from its least T up to
     ``value`` (or twice the least T): for T between two steps, T is at least the lower and S(T)
-    at least S at the upper.
+    at least S at the upper.  With a finite ``value`` the answer may be a weaker bound on the same
+    side of ``value`` (the caller only compares): (a) alone where it reaches ``value``, (a) and
+    the least T where some step goes below it.
 
     Examples
     --------
@@ -296,11 +298,21 @@ def partitioned(E, X, weights, fill: float, value: float = INF) -> float:
     if total == INF:
         return INF
     apart = min_max_chain(heavy) + fill * total + min_max_chain(X)
+    if apart >= value:
+        return apart  # at the caller's incumbent already
     low = min_max_chain([we + x for we, x in zip(heavy, X)])
     high = value if low < value < INF else 2 * low
     steps = [low + (high - low) * i / GRID for i in range(GRID + 1)]
-    sums = [least_sum(t) for t in steps[1:]]
-    joint = min([t + fill * s for t, s in zip(steps, sums)] + [steps[-1] + fill * total])
+    joint, known = steps[-1] + fill * total, total  # known: S at the lowest step priced so far (S falls as T rises)
+    for i in range(GRID - 1, -1, -1):  # from the top: S(steps[i + 1]) >= known
+        if steps[i] + fill * known >= joint:
+            continue  # this step cannot lower the least
+        known = least_sum(steps[i + 1])
+        if known == INF:
+            break  # no partition within steps[i + 1], nor within any lower step
+        joint = min(joint, steps[i] + fill * known)
+        if joint < value < INF:
+            return max(apart, low)  # below the caller's incumbent: a weaker bound that says so too
     return max(apart, joint)
 
 

@@ -29,6 +29,8 @@ class BlockMemory:
         self._held: dict = {}
         self._leans: dict = {}
         self._kept: dict = {}
+        self._ways: dict = {}  # S14 per tp: the ways a stage keeps its activations, per layer
+        self._way_tables: dict = {}  # and over every range
         self._flight: dict = {}
         self._crowded: dict = {}
 
@@ -92,8 +94,7 @@ class BlockMemory:
         backward runs (0 where it does not recompute), and whether that rebuilt buffer is the range's
         largest (the whole stage recomputes) or only its first layer's (a block of its first layers
         does).  Bytes, before a block's share and state bytes per parameter."""
-        key = ("ways", tp)
-        if key not in self._kept:
+        if tp not in self._ways:
             space, factor = self.instance.search, self.instance.training.activation_factor
             out = []
             for sp in space.sequence_parallel:
@@ -105,14 +106,13 @@ class BlockMemory:
                     out.append((np.asarray(modes[mode], dtype=float), rebuilt if mode == "full" else none, True))
                 if "full" in space.recompute and space.recompute_layers:
                     out.append((np.asarray(modes["full"], dtype=float), rebuilt, False))
-            self._kept[key] = out
-        return self._kept[key]
+            self._ways[tp] = out
+        return self._ways[tp]
 
     def _way_ranges(self, tp: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """:meth:`ways` over every range [k, l) of the layers: per way the bytes one sample keeps in
         the range and the rebuilt buffer (its largest layer's, or its first layer's)."""
-        key = ("ranges", tp)
-        if key not in self._kept:
+        if tp not in self._way_tables:
             L = self.instance.num_layers
             out = []
             for kept, rebuilt, whole in self.ways(tp):
@@ -120,8 +120,8 @@ class BlockMemory:
                 for start in range(L):
                     table[start, start + 1:] = np.maximum.accumulate(rebuilt[start:]) if whole else rebuilt[start]
                 out.append((range_table(kept), table))
-            self._kept[key] = out
-        return self._kept[key]
+            self._way_tables[tp] = out
+        return self._way_tables[tp]
 
     def kept_in(self, b: Block, flight: int) -> np.ndarray:
         """S14: per range [k, l) of a stage of the block with ``flight`` micro-batches in flight,
