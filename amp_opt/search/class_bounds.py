@@ -72,6 +72,11 @@ class Bounds:
         factor = self.end_factor(b)
         return b.stages * b.tp / factor if factor > 0 else INF
 
+    def end(self, blocks) -> float:
+        """S8's least end of the iteration over the blocks' stages (:func:`ending` of their end
+        capacities)."""
+        return ending(self.spread, sum(self.end_capacity(b) for b in blocks))
+
     def coupling(self, b: Block, ref: np.ndarray) -> tuple[float, float]:
         """S10's (gamma, zeta) of the block against reference ``ref``: the slowest stage's end of
         iteration is at least gamma * (R_b - zeta), R_b the reference seconds the block holds;
@@ -146,7 +151,7 @@ class Bounds:
         least_t = np.min([self.times(b)[0] for b in order], axis=0)
         added, lead = self.consecutive(order, least_t, weights=block_weights(pipe.bottleneck, ks))
         floor = float(least_t.sum()) + added
-        return lead + pipe.fill * floor + ending(self.spread, sum(self.end_capacity(b) for b in order))
+        return lead + pipe.fill * floor + self.end(order)
 
     def ordered(self, M: int, order: tuple[Block, ...], value: float = INF) -> float:
         """S11: a bound on the plans of the blocks in this order, over every partition of the layers
@@ -242,7 +247,7 @@ class Bounds:
                 for j, b in enumerate(order):
                     coupled = max(coupled, with_end(pipe.least, pipe.fill, work, groups, floor, slowest, j,
                                                     *self.coupling(b, ref)))
-        return max(best + ending(self.spread, sum(self.end_capacity(b) for b in order)), coupled)
+        return max(best + self.end(order), coupled)
 
 
 def block_weights(weights, stages) -> list[float]:
