@@ -501,6 +501,30 @@ def test_no_plan_in_time_says_what_the_uniform_search_proved(monkeypatch):
     assert "no plan whose stages and replicas agree fits (no plan fits in device memory)" in text
 
 
+def test_an_infeasible_verdict_after_the_class_stages_names_the_space_it_covers(monkeypatch):
+    """No uniform plan fits and the class stages were searched whole without a plan: infeasible
+    (exit 3) on the uniform plans and R only, and the message says which plans were not searched;
+    on a small cluster (no narrowing) it covers every plan whose stages or replicas differ."""
+    from amp_opt.errors import InfeasibleError
+    from amp_opt.search.clock import Clock
+
+    def uniform(clock):
+        raise InfeasibleError("no plan fits in device memory")
+
+    inst = small(1)
+    monkeypatch.setattr(uneven, "search_uneven", lambda *a, **k: ([], True))
+    with pytest.raises(InfeasibleError) as whole:
+        uneven.solve_with_uneven(inst, solve_options(time_limit=5), uniform, Clock.of(5))
+    assert "nor does any plan whose stages or replicas differ" in str(whole.value)
+    monkeypatch.setattr(uneven, "MAX_CONFIGURATIONS", 0)
+    monkeypatch.setattr(uneven, "search_class_stages", lambda *a, **k: ([], True, float("inf")))
+    with pytest.raises(InfeasibleError) as narrow:
+        uneven.solve_with_uneven(inst, solve_options(time_limit=5), uniform, Clock.of(5))
+    text = str(narrow.value)
+    assert narrow.value.exit_code == 3
+    assert "nor does any plan whose every stage sits on one node class with even shares" in text
+    assert "other plans whose stages or replicas differ are not searched" in text
+
 def every_zero(seed, **kw):
     """:func:`tight` with ZeRO stages 0, 1 and 2 to choose (the engine runs 2 only with pp = 1)."""
     inst = tight(seed, **kw)
