@@ -30,7 +30,7 @@ from amp_opt import parse_instance  # noqa: E402
 from amp_opt.bench.writers import commit, machine_info  # noqa: E402
 from amp_opt.model.generate import generate_instance  # noqa: E402
 from amp_opt.model.tables import Tables  # noqa: E402
-from amp_opt.search import class_bounds, class_stages, uneven  # noqa: E402
+from amp_opt.search import class_bounds, class_order, class_stages, uneven  # noqa: E402
 from amp_opt.search.options import solve_options  # noqa: E402
 
 GRIDS = (1, 2, 4, 8, 16, 64)
@@ -82,7 +82,7 @@ def main() -> None:
                 if times:
                     pairs.append((bounds, M, order, min(times)))
         for grid in GRIDS:
-            class_bounds.GRID = grid
+            class_order.GRID = grid
             start = time.perf_counter()
             ratios = np.array([b.ordered(M, order) / best for b, M, order, best in pairs])
             ms = (time.perf_counter() - start) / len(pairs) * 1e3

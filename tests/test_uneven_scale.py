@@ -13,7 +13,7 @@ import amp_opt
 from amp_opt import parse_instance
 from amp_opt.model.generate import generate_instance
 from amp_opt.model.tables import Tables
-from amp_opt.search import class_bounds, class_memory, class_stages, class_walk, uneven
+from amp_opt.search import class_bounds, class_memory, class_order, class_stages, class_walk, uneven
 from amp_opt.search.options import solve_options
 from amp_opt.search.uneven_space import Configuration
 
@@ -604,10 +604,10 @@ def test_s11s_program_bounds_every_partition_with_and_without_an_incumbent():
         best = min((max(w[s] * E[s][e[s], e[s + 1]] for s in range(p)) + fill * sum(E[s][e[s], e[s + 1]] for s in range(p))
                     + max(X[s][e[s], e[s + 1]] for s in range(p))
                     for inner in itertools.combinations(range(1, L), p - 1) for e in [(0, *inner, L)]), default=np.inf)
-        full = class_bounds.partitioned(E, X, w, fill)
+        full = class_order.partitioned(E, X, w, fill)
         assert full <= best * (1 + REL) or best == np.inf
         value = float(rng.random() * 2 * (full if np.isfinite(full) else 10.0))
-        given = class_bounds.partitioned(E, X, w, fill, value)
+        given = class_order.partitioned(E, X, w, fill, value)
         assert given <= best * (1 + REL) or best == np.inf
         sides[given < value] += 1
     assert sides[True] > 50 and sides[False] > 50

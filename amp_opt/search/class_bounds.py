@@ -7,7 +7,7 @@ reductions and optimizer steps), S10 ties the end to the work a block holds, S11
 order of the blocks, S12 rules out blocks whose stages cannot each hold a layer that fits, and
 S13 counts the runs of consecutive layers the blocks hold, S14 the layer a recomputing stage
 rebuilds.  :class:`Bounds` prices one configuration, with S9, S12 and S14 from
-:mod:`.class_memory` and S13 from :mod:`.class_windows`;
+:mod:`.class_memory`, S13 from :mod:`.class_windows` and S11's programs from :mod:`.class_order`;
 :func:`balanced`, :func:`with_end`, :func:`bottleneck`, :func:`heaviest`, :func:`spread` and
 :func:`ending` are the pieces the walk's key (:mod:`.class_walk`) relaxes.
 """
@@ -19,9 +19,10 @@ import numpy as np
 from ..model.classes import node_classes
 from ..model.costs.contract import library_priced
 from ..model.costs.iteration import pipeline_weights
-from ..model.ranges import INF, grid, min_max_chain, min_sum_step, range_table, start_row, weighted
+from ..model.ranges import INF, grid, range_table
 from ..model.plan import Candidate
 from .class_memory import BlockMemory
+from .class_order import block_weights, partitioned
 from .class_stages import Block, configuration, zero_stages
 from .class_windows import disjoint_windows
 
@@ -250,75 +251,11 @@ class Bounds:
         return max(best + self.end(order), coupled)
 
 
-def block_weights(weights, stages) -> list[float]:
-    """The least pipeline weight over each block's positions (blocks of ``stages`` stages in order):
-    the stage of a block holding its slowest layer is weighed at least that much.
-
-    >>> block_weights((10.0, 10.5, 11.0, 11.5), [1, 3])
-    [10.0, 10.5]
-    """
-    starts = np.cumsum([0] + list(stages))
-    return [min(weights[a:a + k]) for a, k in zip(starts, stages)]
-
-
 # Blocks whose S11 tables (two (L+1)^2 arrays each), and blocks and flights whose usable ranges
 # (one (L+1)^2 mask each), are kept at most: memory caps, past which they are built again as the
 # walk asks (a walk reads a few dozen blocks again and again).
 RANGE_TABLES = 128
 USABLE_MASKS = 2048
-
-GRID = 8  # thresholds of S11's parametric program: more is tighter and slower (each is one DP)
-
-
-def partitioned(E, X, weights, fill: float, value: float = INF) -> float:
-    """S11 over the partitions of L layers into the stages, in order: ``E[s]``, ``X[s]`` are
-    (L+1, L+1) matrices of stage s's seconds and end holding layers [k, l) (+inf where it cannot).
-    The larger of (a) min max_s w_s E_s + fill * min sum_s E_s + min max_s X_s, each over the
-    partitions apart, and (b) the least of T + fill * S(T) over T, S(T) the least sum_s E_s with
-    every w_s E_s + X_s at most T, taken on a grid of GRID steps from its least T up to
-    ``value`` (or twice the least T): for T between two steps, T is at least the lower and S(T)
-    at least S at the upper.  With a finite ``value`` the answer may be a weaker bound on the same
-    side of ``value`` (the caller only compares): (a) alone where it reaches ``value``, (a) and
-    the least T where some step goes below it.
-
-    Examples
-    --------
-    Two layers of 1 s and 2 s, two stages of weight 3 and 2 and no end: one layer each, the
-    slowest weighted stage 2 * 2 s, and 3 s in all.
-
-    >>> E = np.array([[np.inf, 1.0, 3.0], [np.inf, np.inf, 2.0], [np.inf] * 3])
-    >>> partitioned([E, E], [np.zeros((3, 3))] * 2, (3.0, 2.0), 1.0)
-    7.0
-    """
-    L = E[0].shape[0] - 1
-    heavy = [weighted(e, w) for w, e in zip(weights, E)]
-
-    def least_sum(limit: float = INF) -> float:
-        row = start_row(L)
-        for we, e, x in zip(heavy, E, X):
-            row = min_sum_step(row, e, None if limit == INF else we + x <= limit)
-        return float(row[L])
-
-    total = least_sum()
-    if total == INF:
-        return INF
-    apart = min_max_chain(heavy) + fill * total + min_max_chain(X)
-    if apart >= value:
-        return apart  # at the caller's incumbent already
-    low = min_max_chain([we + x for we, x in zip(heavy, X)])
-    high = value if low < value < INF else 2 * low
-    steps = [low + (high - low) * i / GRID for i in range(GRID + 1)]
-    joint, known = steps[-1] + fill * total, total  # known: S at the lowest step priced so far (S falls as T rises)
-    for i in range(GRID - 1, -1, -1):  # from the top: S(steps[i + 1]) >= known
-        if steps[i] + fill * known >= joint:
-            continue  # this step cannot lower the least
-        known = least_sum(steps[i + 1])
-        if known == INF:
-            break  # no partition within steps[i + 1], nor within any lower step
-        joint = min(joint, steps[i] + fill * known)
-        if joint < value < INF:
-            return max(apart, low)  # below the caller's incumbent: a weaker bound that says so too
-    return max(apart, joint)
 
 
 def bottleneck(seconds: np.ndarray, limits) -> float:
