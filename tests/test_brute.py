@@ -123,6 +123,26 @@ def test_every_solver_and_variant_equals_the_brute_force_slow(case, objective, v
         check(inst, solver, objective, truth=truth)
 
 
+def test_an_optimum_proven_a_hair_above_the_known_plan_stands():
+    """CBC proves this candidate's optimum at its own value of the warm-start plan, 3.7e-8 relative
+    above the evaluator's (its feasibility tolerance): the proof stands at the known plan (within
+    SAME) and the solve is OPTIMAL; a claimed optimum beaten by more than SAME is not trusted."""
+    from types import SimpleNamespace
+
+    from amp_opt.model.plan import Candidate
+    from amp_opt.search.mip.driver import Proofs, _record_proof
+    from amp_opt.search.result import SAME, Incumbent
+
+    check(tiny(1098, devices=4, layers=3, engine="megatron", idle=False), "cbc")
+    c = Candidate(1, 1, 2, 1)
+    inc = Incumbent(1.0, c, (0, 1, 2), None)
+    for claimed, bound, closed in ((1.0 + SAME / 2, 1.0, True), (1.0 + 2 * SAME, 0.5, False)):
+        proofs = Proofs()
+        _record_proof(proofs, c, SimpleNamespace(status="OPTIMAL", bound=claimed, objective=claimed), inc, 0.5,
+                      1e-9, None)
+        assert proofs.bound[c] == bound and proofs.closed is closed
+
+
 # -- the three reported cases ---------------------------------------------------------------------
 def _generated(seed, layers, batch):
     return parse_instance(generate_instance(seed, nodes=4, devices_per_node=1, device_types=2, layers=layers,

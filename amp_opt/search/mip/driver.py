@@ -354,9 +354,13 @@ def _record_proof(proofs: Proofs, c: Candidate, out, inc: Incumbent | None, lowe
     # bound, which may sit below a solution it accepted within its tolerances).
     proven = out.bound if out.status == "OPTIMAL" and out.bound is not None else out.objective
     if out.status == "OPTIMAL" and inc is not None and inc.value < proven - tol:
-        # A known plan beats the claimed optimum: do not trust the proof (numerics).
-        proofs.closed = False
-        proofs.bound[c] = lower
+        if inc.value >= proven * (1 - SAME):
+            # Beaten within the evaluator's resolution (a solver's feasibility tolerance moves the
+            # program's value of a plan by that much): the proof stands, at the known plan.
+            proofs.bound[c] = inc.value
+        else:  # a known plan beats the claimed optimum: do not trust the proof (numerics)
+            proofs.closed = False
+            proofs.bound[c] = lower
     elif out.status == "OPTIMAL":
         proofs.bound[c] = proven
     elif out.status == "INFEASIBLE":
