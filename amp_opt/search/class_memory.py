@@ -72,18 +72,15 @@ class BlockMemory:
     def kept(self, b: Block) -> np.ndarray:
         """S9: per layer, the least bytes of activations one micro-batch of the block's share keeps
         on a stage (the least over the search's sequence-parallel values and recomputation modes,
-        H7), in :meth:`room`'s parameters (divided by the least model-state bytes per parameter)."""
+        H7: the least over :meth:`ways`), in :meth:`room`'s parameters (divided by the least
+        model-state bytes per parameter)."""
         key = (b.tp, b.dp, b.share)
         if key not in self._kept:
-            space, factor = self.instance.search, self.instance.training.activation_factor
-            least = None
-            for sp in space.sequence_parallel:
-                modes = kept_bytes(self.tables.layer_arrays(b.tp, sp), factor)
-                for mode in space.recompute:
-                    least = modes[mode] if least is None else np.minimum(least, modes[mode])
+            ways = self.ways(b.tp)
             per_param = self._per_param(b.dp)
-            self._kept[key] = (np.zeros(self.instance.num_layers) if least is None or per_param <= 0
-                               else np.maximum(np.asarray(least, dtype=float), 0.0) * b.share / per_param)
+            self._kept[key] = (np.zeros(self.instance.num_layers) if not ways or per_param <= 0
+                               else np.maximum(np.min([kept for kept, _, _ in ways], axis=0), 0.0)
+                               * b.share / per_param)
         return self._kept[key]
 
     def ways(self, tp: int) -> list[tuple[np.ndarray, np.ndarray, bool]]:
