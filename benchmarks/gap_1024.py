@@ -4,13 +4,15 @@ Usage (from the project root, after `pip install .`):
 
     python benchmarks/gap_1024.py --seeds 0-9 --solvers cpsat,cbc > benchmarks/results/gap_1024.md
     python benchmarks/gap_1024.py --seeds 0-19 --solvers cpsat --engine amp_opt > benchmarks/results/gap_1024_uneven.md
+    python benchmarks/gap_1024.py --seeds 0-9 --device-types 2 --engine amp_opt > benchmarks/results/gap_1024_uneven_2types.md
 
 ``--engine amp_opt`` sets the generated instance's ``search.engine``, which opens the plans whose
-stages and replicas differ (``formulations/uneven-search.md``).
+stages and replicas differ (``formulations/uneven-search.md``); ``--device-types`` (default 4) the
+number of GPU types the generated clusters mix.
 
 For each seed it runs, as a child process,
 
-    python -m amp_opt generate --seed S --nodes 128 --devices-per-node 8 --device-types 4 --layers 96 -o FILE
+    python -m amp_opt generate --seed S --nodes 128 --devices-per-node 8 --device-types T --layers 96 -o FILE
     python -m amp_opt solve FILE --solver SOLVER --time-limit 60 --json
 
 and tabulates the solver block (status, wall time, objective, bound, gap), the solve
@@ -34,7 +36,8 @@ from amp_opt.bench.writers import commit, machine_info  # noqa: E402
 from amp_opt.bench.rows import plan_label  # noqa: E402
 from amp_opt.bench.runner import run_measured  # noqa: E402
 
-SHAPE = ["--nodes", "128", "--devices-per-node", "8", "--device-types", "4", "--layers", "96"]
+def shape(types: int) -> list[str]:
+    return ["--nodes", "128", "--devices-per-node", "8", "--device-types", str(types), "--layers", "96"]
 
 
 def seeds(text: str) -> list[int]:
@@ -45,9 +48,9 @@ def seeds(text: str) -> list[int]:
     return out
 
 
-def run(seed: int, solver: str, time_limit: float, folder: Path, engine: str | None = None) -> dict:
+def run(seed: int, solver: str, time_limit: float, folder: Path, engine: str | None = None, types: int = 4) -> dict:
     path = folder / f"g1024-s{seed}.json"
-    subprocess.run([sys.executable, "-m", "amp_opt", "generate", "--seed", str(seed), *SHAPE, "-o", str(path)],
+    subprocess.run([sys.executable, "-m", "amp_opt", "generate", "--seed", str(seed), *shape(types), "-o", str(path)],
                    check=True, capture_output=True, cwd=ROOT)
     if engine is not None:
         doc = json.loads(path.read_text())
@@ -72,15 +75,19 @@ def main() -> None:
     parser.add_argument("--solvers", default="cpsat")
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--engine", default=None, help="the instances' search.engine (amp_opt: the uneven plans too)")
+    parser.add_argument("--device-types", type=int, default=4, help="GPU types per generated cluster (1 to 10, the catalog's)")
     args = parser.parse_args()
+    if not 1 <= args.device_types <= 10:
+        parser.error("--device-types: must be 1 to 10")
     machine = machine_info()
-    print("# 1024 GPUs, 96 layers, 4 GPU types: gap after 60 s\n")
+    print(f"# 1024 GPUs, 96 layers, {args.device_types} GPU types: gap after {args.time_limit:g} s\n")
     print(f"Command: `python benchmarks/gap_1024.py --seeds {args.seeds} --solvers {args.solvers}"
           f"{'' if args.time_limit == 60 else f' --time-limit {args.time_limit:g}'}"
+          f"{'' if args.device_types == 4 else f' --device-types {args.device_types}'}"
           f"{'' if args.engine is None else f' --engine {args.engine}'}` (commit {commit(ROOT)})\n")
     print("Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()) + "\n")
     engine = "" if args.engine is None else f', with `"search": {{"engine": "{args.engine}"}}`'
-    print("Instance per seed: `python -m amp_opt generate --seed S " + " ".join(SHAPE) + f"`{engine}; "
+    print("Instance per seed: `python -m amp_opt generate --seed S " + " ".join(shape(args.device_types)) + f"`{engine}; "
           f"solve: `python -m amp_opt solve FILE --solver SOLVER --time-limit {args.time_limit:g}`.\n")
     print("| seed | solver | status | solve s | objective s | bound s | gap | peak MiB | plan |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -88,7 +95,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for seed in seeds(args.seeds):
             for solver in args.solvers.split(","):
-                row = run(seed, solver, args.time_limit, Path(folder), args.engine)
+                row = run(seed, solver, args.time_limit, Path(folder), args.engine, args.device_types)
                 rows.append(row)
                 if row["exit"] == 0:
                     print(f"| {seed} | {solver} | {row['status']} | {row['wall_time']:.1f} | {row['objective']:.6f} | "
