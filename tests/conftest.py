@@ -28,3 +28,16 @@ def rankings():
 
 def instance_dict(name: str) -> dict:
     return json.loads((INSTANCES / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def single_process(tmp_path_factory):
+    """One run of ``test_runtime_run``'s model as a single process, its gradients dumped: the
+    reference the runs of other layouts (uneven stages, several pipelines) must reproduce.
+    (record, folder of its gradients)."""
+    pytest.importorskip("torch")
+    from amp_opt.runtime.run import run_plan
+    from test_runtime_run import RUN, doc, plan
+
+    folder = tmp_path_factory.mktemp("single")
+    return run_plan(doc(devices=1), plan(), dump_grads=str(folder), **RUN), folder

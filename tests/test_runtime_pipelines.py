@@ -9,7 +9,7 @@ from amp_opt.errors import InputError  # noqa: E402
 from amp_opt.runtime.layout import pipelines_of  # noqa: E402
 from amp_opt.runtime.run import run_plan  # noqa: E402
 
-from test_runtime_run import MODEL, RUN, doc, plan  # noqa: E402
+from test_runtime_run import MODEL, RUN  # noqa: E402
 from test_runtime_uneven import amp_doc  # noqa: E402
 
 # pipeline 0: two stages (the embedding alone, then the rest), 3 micro-batches of 1; pipeline 1: one
@@ -20,13 +20,14 @@ TWO = {"pipelines": [
 
 
 @pytest.fixture(scope="module")
-def grads(tmp_path_factory):
-    return tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("pipelines")
+def grads(tmp_path_factory, single_process):
+    """The folders of the single process's gradients and of this module's run's."""
+    return single_process[1], tmp_path_factory.mktemp("pipelines")
 
 
 @pytest.fixture(scope="module")
-def single(grads):
-    return run_plan(doc(devices=1), plan(), dump_grads=str(grads[0]), **RUN)
+def single(single_process):
+    return single_process[0]
 
 
 @pytest.fixture(scope="module")

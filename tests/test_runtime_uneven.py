@@ -8,7 +8,7 @@ from amp_opt.runtime.layout import RUNNABLE, Layout  # noqa: E402
 from amp_opt.runtime.run import run_plan  # noqa: E402
 from amp_opt.errors import InputError  # noqa: E402
 
-from test_runtime_run import MODEL, RUN, doc, plan  # noqa: E402
+from test_runtime_run import MODEL, RUN, _refused, doc, plan  # noqa: E402
 
 # stage 0: two replicas at tp 1 taking 3 and 1 samples of each micro-batch of 4;
 # stage 1: one replica at tp 2 taking all 4
@@ -32,13 +32,14 @@ def two_cpu_types():
 
 
 @pytest.fixture(scope="module")
-def grads(tmp_path_factory):
-    return tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("uneven")
+def grads(tmp_path_factory, single_process):
+    """The folders of the single process's gradients and of this module's run's."""
+    return single_process[1], tmp_path_factory.mktemp("uneven")
 
 
 @pytest.fixture(scope="module")
-def single(grads):
-    return run_plan(doc(devices=1), plan(), dump_grads=str(grads[0]), **RUN)
+def single(single_process):
+    return single_process[0]
 
 
 @pytest.fixture(scope="module")
@@ -140,13 +141,6 @@ def test_uneven_run_measured_next_to_predicted(uneven):
     text = format_comparison(instance, uneven, evaluation, comparison)
     assert "tp=1,2 dp=2,1 pp=2" in text and "measured/predicted" in text
     assert "ran 4 processes on" in text and "threads by rank 1,1,2,2" in text
-
-
-def _refused(instance, bad_plan, match, **kw):
-    started = []
-    with pytest.raises(InputError, match=match):
-        run_plan(instance, bad_plan, on_start=started.append, **kw)
-    assert not started
 
 
 def test_every_runnable_setting_passes_the_refusal():
