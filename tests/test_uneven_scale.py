@@ -415,6 +415,28 @@ def test_most_held_is_the_linear_program_it_solves():
             assert got == pytest.approx(pulp.value(lp.objective), rel=1e-6, abs=1e-9)
 
 
+def test_the_key_under_a_limit_is_exact_below_it_and_lists_the_same_configurations(monkeypatch):
+    """With the caller's incumbent as ``limit``, a key stops at the first term that reaches it: its
+    value is the key where the key is below the limit, and between the limit and the key elsewhere;
+    the walk lists the same configurations below the limit, in the same order."""
+    inst = small(1, step=True)
+    bounds = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
+    full = [w for w in class_walk.ranked(inst, bounds) if w[2] is not None]
+    limit = sorted(k for k, _, _ in full)[len(full) // 2]
+    original, reached = class_walk._Walk.key, []
+
+    def spy(self, idx, last, limit=float("inf")):
+        value, exact = original(self, idx, last, limit), original(self, idx, last)
+        assert value == exact if exact < limit else limit <= value <= exact
+        reached.append(exact >= limit)
+        return value
+
+    monkeypatch.setattr(class_walk._Walk, "key", spy)
+    walked = [w for w in class_walk.ranked(inst, bounds, limit=lambda: limit) if w[2] is not None]
+    assert any(reached) and not all(reached)
+    assert [w for w in walked if w[0] < limit] == [w for w in full if w[0] < limit]
+
+
 def test_the_walk_lists_every_non_uniform_configuration_of_r_once_in_key_order():
     for seed in SEEDS:
         inst = small(seed)

@@ -57,7 +57,7 @@ def ranked(instance, bounds: Bounds, *, limit=None):
             for j in range(idx[-1], len(walk.order[-1])):
                 leaf = idx[:-1] + (j,)
                 if _used(walk, leaf, top) is not None:
-                    leaf_key = max(walk.key(leaf, n), key)  # its own program, every class kept
+                    leaf_key = max(walk.key(leaf, n, limit()), key)  # its own program, every class kept
                     if leaf_key < limit():
                         heapq.heappush(heap, (leaf_key, M, leaf, n))
                 if (j - idx[-1]) % YIELD_EVERY == YIELD_EVERY - 1:
@@ -67,7 +67,7 @@ def ranked(instance, bounds: Bounds, *, limit=None):
         for i in range(last, n):
             if idx[i] + 1 < len(walk.order[i]):
                 nxt = idx[:i] + (idx[i] + 1,) + idx[i + 1:]
-                nxt_key = max(walk.key(nxt, i), key)  # its combinations are some of this entry's
+                nxt_key = max(walk.key(nxt, i, limit()), key)  # its combinations are some of this entry's
                 if nxt_key < limit():  # INF: every combination it leads to has too many stages
                     heapq.heappush(heap, (nxt_key, M, nxt, i))
         used = _used(walk, idx, top)
@@ -195,23 +195,43 @@ class _Walk:
             tails.append(tail)
         return tails
 
-    def _floor(self, idx, kept: list, fixed: float) -> tuple[float, float]:
-        """S7's floor F over every combination an entry leads to, and the least E: per layer q, the
-        least seconds of the kept blocks and of the options left to the later classes; F is their
-        sum plus the kept blocks' add-on (:meth:`Bounds.consecutive`, S13) and the later classes' least
-        fixed seconds ``fixed``, and E is at least the largest q (the stage holding that layer) and
-        S13's slowest stage of the kept blocks."""
-        blocks = [self.options[c][i] for c, i in enumerate(kept) if self.options[c][i] is not None]
-        least = np.min([self.bounds.times(b)[0] for b in blocks]
+    def _least(self, idx, kept: list) -> np.ndarray | None:
+        """Per layer q, the least seconds of the kept blocks and of the options left to the later
+        classes (None where some layer has none: the entry leads to no configuration)."""
+        least = np.min([self.bounds.times(self.options[c][i])[0] for c, i in enumerate(kept)
+                        if self.options[c][i] is not None]
                        + [self.reach[c][idx[c]] for c in range(len(kept), len(idx))], axis=0)
-        if np.isinf(least).any():
-            return INF, INF  # a layer no option left can run: the entry leads to no configuration
+        return None if np.isinf(least).any() else least
+
+    def _floor(self, kept: list, least: np.ndarray, fixed: float) -> tuple[float, float]:
+        """S7's floor F over every combination an entry leads to, and the least E: F is the sum of
+        :meth:`_least`'s q plus the kept blocks' add-on (:meth:`Bounds.consecutive`, S13) and the
+        later classes' least fixed seconds ``fixed``, and E is at least the largest q (the stage
+        holding that layer) and S13's slowest stage of the kept blocks."""
+        blocks = [self.options[c][i] for c, i in enumerate(kept) if self.options[c][i] is not None]
         if not blocks:
             return float(least.sum()) + fixed, float(least.max())
         added, held = self.bounds.consecutive(blocks, least)  # S13 on the kept blocks
         return float(least.sum()) + added + fixed, max(float(least.max()), held)
 
-    def key(self, idx, last: int) -> float:
+    def _relaxed(self, reference, idx, last: int, kept: list, budget: list, fewest_p: int):
+        """One reference's groups of the relaxed program (S7) and S10's gamma per group, or None
+        where no option left to some class fits or no group holds work."""
+        groups, _, tops, _, tails = reference
+        L = len(self.reach[0][0])
+        own = [(groups[c][i], self.options[c][i].stages) for c, i in enumerate(kept) if groups[c][i] is not None]
+        relaxed = [(*g[:4], min(g[4], tops[min(L, L - fewest_p + k)])) for g, k in own]
+        ties = [g[5] for g, _ in own]  # S10's gamma per group (zeta: the reference's tied seconds)
+        for c in range(last, len(idx)):
+            cap, alpha, fixed, _, most, gamma = tails[c][idx[c], budget[c]].tolist()
+            if fixed == INF:
+                return None  # no option left to this class fits
+            if cap > 0:
+                relaxed.append((alpha, cap, 0.0, fixed, most))
+                ties.append(gamma)  # the least gamma of the options left (no block: R = 0, no term)
+        return (relaxed, ties) if relaxed else None
+
+    def key(self, idx, last: int, limit: float = INF) -> float:
         """The largest over the references of S7's program relaxed over every combination this
         heap entry leads to: a class before ``last`` keeps its option's group; a later one may
         still take any option from its position on that fits the stages the others leave it, so it
@@ -220,7 +240,8 @@ class _Walk:
         the iteration with each later class at the largest end capacity of those options; or, larger,
         S10's program for some group (a later class at the least gamma of those options).  INF
         where no combination it leads to has few enough stages, or fits in memory, or where the kept
-        blocks break S12."""
+        blocks break S12.  Once a term reaches ``limit`` the rest are not computed: the value
+        returned is then at least ``limit`` and at most the key (the caller drops the entry)."""
         kept = [self.order[c][idx[c]] for c in range(last)]
         left = self.top - sum(0 if self.options[c][i] is None else self.options[c][i].stages for c, i in enumerate(kept))
         left -= sum(self.fewest[c][idx[c]] for c in range(last, len(idx)))
@@ -230,32 +251,39 @@ class _Walk:
         ends = sum(self.ends[c][i] for c, i in enumerate(kept))
         ends += sum(float(self.plain[c][idx[c], budget[c], 3]) for c in range(last, len(idx)))
         fewest_p = self.top - left  # stages of every combination the entry leads to, at least
-        L = len(self.reach[0][0])
         later_fixed = sum(float(self.plain[c][idx[c], budget[c], 2]) for c in range(last, len(idx)))
         if later_fixed == INF:
             return INF  # no option left to some class fits
-        floor, slowest = self._floor(idx, kept, later_fixed)  # neither depends on the reference
-        if floor == INF:
+        least = self._least(idx, kept)  # it does not depend on the reference
+        if least is None:
             return INF
         if not self.bounds.holds:  # a caller's pricing: the layer tables bound nothing
             return 0.0
+        end = ending(self.spread, ends)
+        if limit < INF:  # first the cheap program: S13's add-on left out of F and E (smaller, a bound)
+            first = self._relaxed(self.references[0], idx, last, kept, budget, fewest_p)
+            if first is None:
+                return INF
+            quick = balanced(self.least, self.fill, self.references[0][1], first[0],
+                             float(least.sum()) + later_fixed, float(least.max()))
+            if quick + end >= limit:
+                return quick + end
         if self.bounds.memory.crowded(self.M, [self.options[c][i] for c, i in enumerate(kept)]):
             return INF  # S12 on the kept blocks: every combination adds stages to them
+        floor, slowest = self._floor(kept, least, later_fixed)
         best = coupled = 0.0
-        for groups, work, tops, zeta, tails in self.references:
-            own = [(groups[c][i], self.options[c][i].stages) for c, i in enumerate(kept) if groups[c][i] is not None]
-            relaxed = [(*g[:4], min(g[4], tops[min(L, L - fewest_p + k)])) for g, k in own]
-            ties = [g[5] for g, _ in own]  # S10's gamma per group (zeta: the reference's tied seconds)
-            for c in range(last, len(idx)):
-                cap, alpha, fixed, _, most, gamma = tails[c][idx[c], budget[c]].tolist()
-                if fixed == INF:
-                    return INF  # no option left to this class fits
-                if cap > 0:
-                    relaxed.append((alpha, cap, 0.0, fixed, most))
-                    ties.append(gamma)  # the least gamma of the options left (no block: R = 0, no term)
-            if not relaxed:
+        programs = []
+        for reference in self.references:
+            prepared = self._relaxed(reference, idx, last, kept, budget, fewest_p)
+            if prepared is None:
                 return INF
-            best = max(best, balanced(self.least, self.fill, work, relaxed, floor, slowest))
-            for j, gamma in enumerate(ties):  # S10 for each group
+            programs.append((reference[1], reference[3], *prepared))
+            best = max(best, balanced(self.least, self.fill, reference[1], prepared[0], floor, slowest))
+            if best + end >= limit:
+                return best + end
+        for work, zeta, relaxed, ties in programs:  # S10 for each group
+            for j, gamma in enumerate(ties):
                 coupled = max(coupled, with_end(self.least, self.fill, work, relaxed, floor, slowest, j, gamma, zeta))
-        return max(best + ending(self.spread, ends), coupled)
+                if coupled >= limit:
+                    return coupled
+        return max(best + end, coupled)
