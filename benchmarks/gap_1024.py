@@ -36,7 +36,9 @@ from amp_opt.bench.writers import commit, machine_info  # noqa: E402
 from amp_opt.bench.rows import plan_label  # noqa: E402
 from amp_opt.bench.runner import run_measured  # noqa: E402
 
+
 def shape(types: int) -> list[str]:
+    """The generator's options for one 1024-GPU instance of ``types`` GPU types."""
     return ["--nodes", "128", "--devices-per-node", "8", "--device-types", str(types), "--layers", "96"]
 
 
