@@ -260,10 +260,10 @@ class _Walk:
         if not self.bounds.holds:  # a caller's pricing: the layer tables bound nothing
             return 0.0
         end = ending(self.spread, ends)
+        first = self._relaxed(self.references[0], idx, last, kept, budget, fewest_p)
+        if first is None:
+            return INF
         if limit < INF:  # first the cheap program: S13's add-on left out of F and E (smaller, a bound)
-            first = self._relaxed(self.references[0], idx, last, kept, budget, fewest_p)
-            if first is None:
-                return INF
             quick = balanced(self.least, self.fill, self.references[0][1], first[0],
                              float(least.sum()) + later_fixed, float(least.max()))
             if quick + end >= limit:
@@ -273,8 +273,8 @@ class _Walk:
         floor, slowest = self._floor(kept, least, later_fixed)
         best = coupled = 0.0
         programs = []
-        for reference in self.references:
-            prepared = self._relaxed(reference, idx, last, kept, budget, fewest_p)
+        for i, reference in enumerate(self.references):
+            prepared = first if i == 0 else self._relaxed(reference, idx, last, kept, budget, fewest_p)
             if prepared is None:
                 return INF
             programs.append((reference[1], reference[3], *prepared))
