@@ -5,7 +5,8 @@ Exact on small clusters (``formulations/uneven-search.md``, S2): every configura
 every training setting is priced by the cost terms U1-U4
 (:class:`~amp_opt.model.costs.stages.UnevenCosts`); for each, the exact stage DP of
 :mod:`.partition` finds the best layer partition (and, in the setting PER_STAGE, each stage's
-recomputation mode: S2 step 3).  Past ``MAX_CONFIGURATIONS`` it narrows to the
+recomputation mode: S2 step 3); under a MIP solver one program over every configuration and setting
+(:mod:`.mip.graph_program`, S5) chooses them all at once.  Past ``MAX_CONFIGURATIONS`` it narrows to the
 class-stage space of :mod:`.class_stages` (S6), walked best bound first (:mod:`.class_walk`, S7-S14) and cut off at the
 incumbent, and the result says "OPTIMAL within plans of one pipeline (...); plans whose stages and
 replicas agree, or whose every stage sits on one node class with even shares" (on the engine that
@@ -32,11 +33,17 @@ from .result import SolverStats, SolveResult, status_of
 from . import class_stages
 from .class_bounds import Bounds
 from .class_walk import ranked
+from .mip import graph_program
+from .mip.backends import BACKENDS, Settings
 from .uneven_space import Configuration, configurations
 
 MAX_CONFIGURATIONS = 1_000  # uneven configurations searched at most (each with every setting and its DP)
 REL = 1e-9
 WARM_SHARE = 0.5  # of the class-stage search's time, for the uniform optimum's neighbours first
+# The program over configurations holds at most this many binaries (S5); past it the DP per configuration
+# searches.  benchmarks/results/uneven_program.md: programs of up to about 40,000 binaries took 1-3 times the
+# DP's seconds, growing with the binaries, so a program much larger would only be slower than the DP.
+PROGRAM_BINARIES = 50_000
 UNIFORM_SHARE = 0.85  # of the time limit, for the uniform search when the uneven one narrows to class stages
 
 
@@ -107,9 +114,20 @@ def _rate(instance, plan) -> float | None:
     return None if any(p is None for p in prices) else sum(prices)
 
 
-def _best_of(instance, options, tables, cache: dict, conf: Configuration, setting, kth: float, stop=None):
-    """The best plan of one configuration and setting below ``kth`` (objective units), or None;
-    ``stop()`` true ends the DP early (its best path so far, not proven: the caller knows)."""
+@dataclasses.dataclass(frozen=True)
+class _Priced:
+    """One configuration and setting priced: its stage graph, its plan in each mode the graph's
+    transitions stand for, and the objective's units per second of the plan (1, or USD per second)."""
+
+    graph: object
+    plans: tuple
+    modes: tuple
+    scale: float
+
+
+def _priced(instance, options, tables, cache: dict, conf: Configuration, setting, stop=None) -> _Priced | None:
+    """The stage graph of one configuration and setting, or None (an engine rule, over the budget,
+    or ``stop()`` turned true)."""
     sp, mode, layers, zero = setting
     L = instance.num_layers
     modes = PER_STAGE_MODES if mode == PER_STAGE else (mode,)
@@ -135,35 +153,96 @@ def _best_of(instance, options, tables, cache: dict, conf: Configuration, settin
             return None
         views.append(UnevenCosts(options.model, tables, plan, cache=cache))
     graph = _graph(views, L, stop)
-    if graph is None:
-        return None
-    found = optimal_path(graph, cutoff=kth / scale, stop=stop)
-    if found is None or found[0] * scale >= kth:
-        return None
-    chosen = tuple(modes[t] for t in found[1].transitions)
+    return None if graph is None else _Priced(graph, tuple(plans), modes, scale)
+
+
+def _plan_of(instance, options, tables, priced: _Priced, path) -> Evaluation | None:
+    """The plan of a path through a priced configuration's graph, scored by the evaluator (None if it
+    does not fit)."""
+    chosen = tuple(priced.modes[t] for t in path.transitions)
     recompute = chosen[0] if len(set(chosen)) == 1 else chosen
-    plan = dataclasses.replace(plans[0], partition=found[1].boundaries, recompute=recompute)
+    plan = dataclasses.replace(priced.plans[0], partition=path.boundaries, recompute=recompute)
     ev = evaluate(instance, plan, options.model, tables=tables)
     return ev if ev.feasible else None
+
+
+def _best_of(instance, options, tables, cache: dict, conf: Configuration, setting, kth: float, stop=None):
+    """The best plan of one configuration and setting below ``kth`` (objective units), or None;
+    ``stop()`` true ends the DP early (its best path so far, not proven: the caller knows)."""
+    priced = _priced(instance, options, tables, cache, conf, setting, stop)
+    if priced is None:
+        return None
+    found = optimal_path(priced.graph, cutoff=kth / priced.scale, stop=stop)
+    if found is None or found[0] * priced.scale >= kth:
+        return None
+    return _plan_of(instance, options, tables, priced, found[1])
 
 
 def _value(ev: Evaluation, objective: str) -> float:
     return ev.cost if objective == "cost" else ev.predicted_time
 
 
-def search_uneven(instance, options, tables, confs, *, cutoff: float, deadline: float):
-    """The best uneven plans (up to top_k, below ``cutoff``), and whether every configuration was
-    searched before ``deadline`` (``time.perf_counter()``)."""
+def search_uneven(instance, options, tables, confs, *, cutoff: float, clock):
+    """The best uneven plans (up to top_k, below ``cutoff``), whether every configuration was searched
+    before ``clock`` ran out, and by what: the stage DP per configuration and setting, or under a MIP
+    solver one program over all of them (S5, :mod:`.mip.graph_program`; the DP where that program
+    would have more than PROGRAM_BINARIES binaries)."""
     found: list[Evaluation] = []
     cache: dict = {}  # the cost views every configuration shares (UnevenCosts)
+    held: list | None = [] if options.backend in BACKENDS else None  # the program's (configuration, setting, part)
+    binaries = 0
     for conf in confs:
-        if time.perf_counter() > deadline:
-            return found, False
+        if clock.out_of_time():
+            return found, False, "DP" if held is None else "program"
         for setting in _settings(instance):
-            kth = _value(found[-1], options.objective) if len(found) >= options.top_k else cutoff
-            ev = _best_of(instance, options, tables, cache, conf, setting, kth)
-            if ev is not None:
-                found = sorted(found + [ev], key=lambda e: _value(e, options.objective))[:options.top_k]
+            if held is None:
+                found = _kept(found, options, _best_of(instance, options, tables, cache, conf, setting,
+                                                       _kth(found, options, cutoff)))
+                continue
+            priced = _priced(instance, options, tables, cache, conf, setting)
+            if priced is None:
+                continue
+            part = graph_program.columns(priced.graph, priced.scale)
+            held.append((conf, setting, dataclasses.replace(priced, graph=None), part))
+            binaries += part.binaries
+            if binaries > PROGRAM_BINARIES:  # too large a program: the DP, on what is held and on the rest
+                for c, st, _, _ in held:
+                    found = _kept(found, options, _best_of(instance, options, tables, cache, c, st,
+                                                           _kth(found, options, cutoff)))
+                held = None
+    if held is None:
+        return found, True, f"DP (a program of more than {PROGRAM_BINARIES} binaries)" if binaries else "DP"
+    found, done = _by_program(instance, options, tables, held, cutoff, clock)
+    return found, done, "program"
+
+
+def _kth(found: list[Evaluation], options, cutoff: float) -> float:
+    """What a new plan must beat: the k-th best value found, or the cutoff."""
+    return _value(found[-1], options.objective) if len(found) >= options.top_k else cutoff
+
+
+def _kept(found: list[Evaluation], options, ev: Evaluation | None = None) -> list[Evaluation]:
+    """The top_k of ``found`` with ``ev`` added."""
+    return sorted(found + ([] if ev is None else [ev]), key=lambda e: _value(e, options.objective))[:options.top_k]
+
+
+def _by_program(instance, options, tables, held: list, cutoff: float, clock):
+    """The top_k plans of the program over ``held`` (S5): one solve per plan, each excluding the graphs
+    of the plans before it (one plan per configuration and setting, as the DP keeps); whether it ended
+    with a proof."""
+    parts = [part for _, _, _, part in held]
+    settings = Settings(options.seed, options.workers)
+    found: list[Evaluation] = []
+    excluded: set[int] = set()
+    while len(found) < options.top_k:
+        out, solution, _ = graph_program.solve_graphs(parts, backend=options.backend, clock=clock, settings=settings,
+                                                      cutoff=cutoff, excluded=frozenset(excluded))
+        if solution is not None:
+            g, path = solution
+            excluded.add(g)
+            found = _kept(found, options, _plan_of(instance, options, tables, held[g][2], path))
+        if out.status != "OPTIMAL":
+            return found, out.status == "INFEASIBLE"
     return found, True
 
 
@@ -186,14 +265,12 @@ def _setting_of(instance, plan):
 
 def _visit(instance, options, tables, cache, conf, settings, found, cutoff, clock) -> list[Evaluation]:
     """``found`` with the best plan of each setting of one configuration added (top_k kept)."""
-    obj = options.objective
     for setting in settings:
         if clock.out_of_time():
             break
-        kth = _value(found[-1], obj) if len(found) >= options.top_k else cutoff
-        ev = _best_of(instance, options, tables, cache, conf, setting, kth, stop=clock.out_of_time)
-        if ev is not None:
-            found = sorted(found + [ev], key=lambda e: _value(e, obj))[:options.top_k]
+        ev = _best_of(instance, options, tables, cache, conf, setting, _kth(found, options, cutoff),
+                      stop=clock.out_of_time)
+        found = _kept(found, options, ev)
     UnevenCosts.forget_stage_views(cache)
     return found
 
@@ -289,9 +366,8 @@ def solve_with_uneven(instance, options, run, clock) -> SolveResult:
             f"(class stages: more than {MAX_CONFIGURATIONS} uneven configurations)")
         stats = {"space": "class stages", "searched_whole": done, "plans_found": len(found)}
     else:
-        found, done = search_uneven(instance, options, Tables(instance), confs, cutoff=cutoff,
-                                    deadline=clock.deadline if clock.deadline is not None else INF)
-        stats = {"configurations": len(confs), "searched_whole": done, "plans_found": len(found)}
+        found, done, by = search_uneven(instance, options, Tables(instance), confs, cutoff=cutoff, clock=clock)
+        stats = {"configurations": len(confs), "searched_whole": done, "plans_found": len(found), "by": by}
         rest = INF if done else 0.0  # no bound over the configurations not visited
     merged = sorted(top + found, key=lambda e: _value(e, obj))[:options.top_k]
     if not merged:
