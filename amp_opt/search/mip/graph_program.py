@@ -150,7 +150,7 @@ def solve_graphs(parts: list[Columns], *, backend: str, clock: Clock, settings: 
     ('OPTIMAL', (0, 1, 2), 9.0)
     """
     form = build(parts, excluded)
-    if not form.choices:  # no graph left, or none with a path
+    if not any(stage == 0 for _, stage, _, _, _ in form.choices.values()):  # no graph left with a first stage
         return Outcome("INFEASIBLE", None, None, None, 0.0), None, form
     delta = resolution_for(form.scale, form.model)
     tol = form.terms * delta + 1e-9 * form.scale
