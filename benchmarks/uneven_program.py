@@ -58,7 +58,7 @@ def run(inst, confs, solver: str):
     graph_program.solve_graphs = counted
     try:
         start = time.perf_counter()
-        found, done, by = uneven.search_uneven(inst, solve_options(solver=solver), Tables(inst), confs,
+        found, done, by, _ = uneven.search_uneven(inst, solve_options(solver=solver), Tables(inst), confs,
                                                cutoff=math.inf, clock=Clock.of(None))
         seconds = time.perf_counter() - start
     finally:

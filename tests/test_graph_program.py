@@ -83,7 +83,7 @@ def test_the_program_over_configurations_equals_the_brute_force_over_uneven_plan
     got = {}
     for name in (solver, "auto"):
         options = solve_options(solver=name, objective=objective)
-        found, done, by = uneven.search_uneven(inst, options, Tables(inst), confs, cutoff=math.inf,
+        found, done, by, _ = uneven.search_uneven(inst, options, Tables(inst), confs, cutoff=math.inf,
                                                clock=Clock.of(None))
         assert done and by == ("DP" if name == "auto" else "program")
         got[name] = None if not found else (found[0].cost if objective == "cost" else found[0].predicted_time)
@@ -100,7 +100,7 @@ def test_top_k_and_a_program_too_large_for_the_limit(monkeypatch):
     confs, _ = configurations(inst, limit=uneven.MAX_CONFIGURATIONS)
 
     def values(solver):
-        found, done, by = uneven.search_uneven(inst, solve_options(solver=solver, top_k=3), Tables(inst), confs,
+        found, done, by, _ = uneven.search_uneven(inst, solve_options(solver=solver, top_k=3), Tables(inst), confs,
                                                cutoff=math.inf, clock=Clock.of(None))
         return [e.predicted_time for e in found], by
 
@@ -112,3 +112,35 @@ def test_top_k_and_a_program_too_large_for_the_limit(monkeypatch):
     assert by == "DP (a program of more than 10 binaries)" and dp == pytest.approx(program, rel=1e-7)
     result = amp_opt.solve(inst, solver="cpsat")
     assert result.solver.extra["uneven"]["by"].startswith("DP (a program")
+
+
+def test_a_program_stopped_by_the_time_limit_keeps_a_bound_that_holds():
+    """Stopped early, the program's proven bound (less CP-SAT's rounding, at most the cutoff) enters the
+    solve's bound: FEASIBLE, and the bound no more than the optimum the DP finds without a limit (16
+    layers on 4 GPUs: 228 configurations, a program of 36,707 binaries, uneven_program.md)."""
+    from amp_opt.model.generate import generate_instance
+
+    doc = generate_instance(2, nodes=4, devices_per_node=1, device_types=2, layers=16, global_batch=8)
+    doc["search"].update({"engine": "amp_opt", "micro_batches": [1, 2, 4], "recompute": ["none", "full"],
+                          "zero_stages": [0, 1], "sequence_parallel": [False], "virtual_stages": [1], "idle": True})
+    inst = amp_opt.parse_instance(doc)
+    optimum = amp_opt.solve(inst).best.predicted_time
+    stopped = amp_opt.solve(inst, solver="cpsat", time_limit=2)  # the program alone takes about 5 s here
+    assert stopped.solver.extra["uneven"]["by"] == "program"
+    assert 0 <= stopped.solver.bound <= optimum * (1 + 1e-9) <= stopped.best.predicted_time * (1 + 2e-9)
+    if not stopped.solver.extra["uneven"]["searched_whole"]:  # (a machine fast enough ends it in time)
+        assert stopped.solver.status == "FEASIBLE"
+
+
+def test_what_a_solve_proved():
+    from amp_opt.search.mip.backends import Outcome
+    from amp_opt.search.mip.linear import LinearModel
+
+    form = graph_program.GraphProgram(LinearModel(), {}, 3, 1.0, cutoff=2.0)
+    infeasible = Outcome("INFEASIBLE", None, None, None, 0.0)
+    assert form.proven(infeasible) == 2.0  # no solution at most the cutoff
+    assert form.proven(Outcome("FEASIBLE", {}, 3.0, 2.5, 0.0), tol=0.1) == 2.0  # it bounds only what is below 2
+    assert form.proven(Outcome("FEASIBLE", {}, 3.0, 1.5, 0.0), tol=0.1) == pytest.approx(1.4)
+    assert form.proven(Outcome("UNKNOWN", None, None, None, 0.0)) == 0.0
+    form.cutoff = None
+    assert form.proven(infeasible) == math.inf

@@ -534,7 +534,7 @@ def test_an_infeasible_verdict_after_the_class_stages_names_the_space_it_covers(
         raise InfeasibleError("no plan fits in device memory")
 
     inst = small(1)
-    monkeypatch.setattr(uneven, "search_uneven", lambda *a, **k: ([], True, "DP"))
+    monkeypatch.setattr(uneven, "search_uneven", lambda *a, **k: ([], True, "DP", float("inf")))
     with pytest.raises(InfeasibleError) as whole:
         uneven.solve_with_uneven(inst, solve_options(time_limit=5), uniform, Clock.of(5))
     assert "nor does any plan whose stages or replicas differ" in str(whole.value)

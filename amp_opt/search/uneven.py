@@ -184,7 +184,8 @@ def _value(ev: Evaluation, objective: str) -> float:
 
 def search_uneven(instance, options, tables, confs, *, cutoff: float, clock):
     """The best uneven plans (up to top_k, below ``cutoff``), whether every configuration was searched
-    before ``clock`` ran out, and by what: the stage DP per configuration and setting, or under a MIP
+    before ``clock`` ran out, by what, and a lower bound on the plans not searched (INF when all were,
+    0 when nothing is proven).  By what: the stage DP per configuration and setting, or under a MIP
     solver one program over all of them (S5, :mod:`.mip.graph_program`; the DP where that program
     would have more than PROGRAM_BINARIES binaries)."""
     found: list[Evaluation] = []
@@ -193,7 +194,7 @@ def search_uneven(instance, options, tables, confs, *, cutoff: float, clock):
     binaries = 0
     for conf in confs:
         if clock.out_of_time():
-            return found, False, "DP" if held is None else "program"
+            return found, False, "DP" if held is None else "program", 0.0
         for setting in _settings(instance):
             if held is None:
                 found = _kept(found, options, _best_of(instance, options, tables, cache, conf, setting,
@@ -211,9 +212,9 @@ def search_uneven(instance, options, tables, confs, *, cutoff: float, clock):
                                                            _kth(found, options, cutoff)))
                 held = None
     if held is None:
-        return found, True, f"DP (a program of more than {PROGRAM_BINARIES} binaries)" if binaries else "DP"
-    found, done = _by_program(instance, options, tables, held, cutoff, clock)
-    return found, done, "program"
+        return found, True, f"DP (a program of more than {PROGRAM_BINARIES} binaries)" if binaries else "DP", INF
+    found, done, rest = _by_program(instance, options, tables, held, cutoff, clock)
+    return found, done, "program", rest
 
 
 def _kth(found: list[Evaluation], options, cutoff: float) -> float:
@@ -229,7 +230,7 @@ def _kept(found: list[Evaluation], options, ev: Evaluation | None = None) -> lis
 def _by_program(instance, options, tables, held: list, cutoff: float, clock):
     """The top_k plans of the program over ``held`` (S5): one solve per plan, each excluding the graphs
     of the plans before it (one plan per configuration and setting, as the DP keeps); whether it ended
-    with a proof."""
+    with a proof, and the least value left unsearched (INF when it did; what the last solve proved, else)."""
     parts = [part for _, _, _, part in held]
     settings = Settings(options.seed, options.workers)
     found: list[Evaluation] = []
@@ -241,9 +242,11 @@ def _by_program(instance, options, tables, held: list, cutoff: float, clock):
             g, path = solution
             excluded.add(g)
             found = _kept(found, options, _plan_of(instance, options, tables, held[g][2], path))
-        if out.status != "OPTIMAL":
-            return found, out.status == "INFEASIBLE"
-    return found, True
+        if out.status == "INFEASIBLE":
+            return found, True, INF
+        if out.status != "OPTIMAL":  # stopped: the plans not found are bounded by what it proved
+            return found, False, out.bound
+    return found, True, INF
 
 
 def _conf_rate(instance, conf: Configuration) -> float | None:
@@ -366,9 +369,8 @@ def solve_with_uneven(instance, options, run, clock) -> SolveResult:
             f"(class stages: more than {MAX_CONFIGURATIONS} uneven configurations)")
         stats = {"space": "class stages", "searched_whole": done, "plans_found": len(found)}
     else:
-        found, done, by = search_uneven(instance, options, Tables(instance), confs, cutoff=cutoff, clock=clock)
+        found, done, by, rest = search_uneven(instance, options, Tables(instance), confs, cutoff=cutoff, clock=clock)
         stats = {"configurations": len(confs), "searched_whole": done, "plans_found": len(found), "by": by}
-        rest = INF if done else 0.0  # no bound over the configurations not visited
     merged = sorted(top + found, key=lambda e: _value(e, obj))[:options.top_k]
     if not merged:
         if isinstance(why_none, NoPlanFound) or not done:

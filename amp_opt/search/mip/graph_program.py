@@ -70,6 +70,17 @@ class GraphProgram:
     choices: dict  # variable -> (graph, stage, transition, start, stop)
     terms: int  # time coefficients a path's objective sums at most (CP-SAT's rounding, cpsat.py)
     scale: float  # objective units: a lower bound of the program's optimum, positive
+    cutoff: float | None = None  # objective units: the solve's limit, its rounding allowance included
+
+    def proven(self, out: Outcome, tol: float = 0.0) -> float:
+        """What a solve proved below every solution (objective units; 0 without a bound): its bound
+        less the rounding ``tol``, at most the cutoff (under a cutoff the program bounds only the
+        solutions at most that good)."""
+        if out.status == "INFEASIBLE":
+            return np.inf if self.cutoff is None else self.cutoff
+        if out.bound is None:
+            return 0.0
+        return max(0.0, min(out.bound - tol, np.inf if self.cutoff is None else self.cutoff))
 
     def decode(self, values: dict) -> tuple[int, Path]:
         """The graph a solution takes and its path through it."""
@@ -132,7 +143,7 @@ def solve_graphs(parts: list[Columns], *, backend: str, clock: Clock, settings: 
                  ) -> tuple[Outcome, tuple[int, Path] | None, GraphProgram]:
     """Solve the program of ``parts`` with ``backend`` by ``clock``: the outcome, the graph and path of
     its solution (None without one) and the program.  ``cutoff`` (objective units): only solutions at
-    most that good.
+    most that good.  The outcome's ``bound`` is what the solve proved (:meth:`GraphProgram.proven`).
 
     Examples
     --------
@@ -151,9 +162,10 @@ def solve_graphs(parts: list[Columns], *, backend: str, clock: Clock, settings: 
     """
     form = build(parts, excluded)
     if not any(stage == 0 for _, stage, _, _, _ in form.choices.values()):  # no graph left with a first stage
-        return Outcome("INFEASIBLE", None, None, None, 0.0), None, form
+        return Outcome("INFEASIBLE", None, None, np.inf, 0.0), None, form
     delta = resolution_for(form.scale, form.model)
     tol = form.terms * delta + 1e-9 * form.scale
-    limit = cutoff * (1 + 1e-9) + tol if cutoff is not None and np.isfinite(cutoff) else None
-    out = run_backend(backend, Program(form.model, form.scale, delta, limit), clock, settings)
+    form.cutoff = cutoff * (1 + 1e-9) + tol if cutoff is not None and np.isfinite(cutoff) else None
+    out = run_backend(backend, Program(form.model, form.scale, delta, form.cutoff), clock, settings)
+    out.bound = form.proven(out, tol)
     return out, (form.decode(out.values) if out.values is not None else None), form
