@@ -164,12 +164,12 @@ def path_terms(g: StageGraph, path: Path):
     kinds = [g.transitions[s][t][1] for s, t in enumerate(path.transitions)]
     compute = [float(g.compute[kinds[s], b[s], b[s + 1]]) for s in range(g.stages)]
     allreduce = [float(g.allreduce[kinds[s], b[s], b[s + 1]]) for s in range(g.stages)]
-    p2p = [float(g.transitions[s + 1][path.transitions[s + 1]][2].seconds(_boundary(g, s + 1)[b[s + 1]]))
+    p2p = [float(g.transitions[s + 1][path.transitions[s + 1]][2].seconds(boundary_volume(g, s + 1)[b[s + 1]]))
            for s in range(g.stages - 1)]
     return compute, p2p + [0.0], allreduce
 
 
-def _boundary(g: StageGraph, s: int) -> np.ndarray:
+def boundary_volume(g: StageGraph, s: int) -> np.ndarray:
     """The p2p volume of the boundary before stage s, per position."""
     return g.volume[s] if g.volume.ndim == 2 else g.volume
 
@@ -206,7 +206,7 @@ def _sweep(g: StageGraph, T: np.ndarray, U: np.ndarray, pointers: bool = False):
                 ok = g.feasible[s, kind, ks, ls][None] & (lead[None] <= T[:, None, None])
                 ok &= g.allreduce[kind, ks, ls][None] <= U[:, None, None]
                 masked[kind] = np.where(ok, C[None] * g.fill, INF)
-            start = values[src][:, ks] + factor.seconds(_boundary(g, s)[ks]) * r
+            start = values[src][:, ks] + factor.seconds(boundary_volume(g, s)[ks]) * r
             cand = start[:, :, None] + masked[kind]
             row = np.full((batch, L + 1), INF)
             row[:, ls] = cand.min(axis=1)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..clock import Clock
-from ..partition import Path, StageGraph, _boundary
+from ..partition import Path, StageGraph, boundary_volume
 from .backends import Outcome, Program, Settings, resolution_for, run_backend
 from .linear import BIN, TIME, LinearModel
 
@@ -46,7 +46,7 @@ def columns(graph: StageGraph, scale: float = 1.0) -> Columns:
     w, fill, r = graph.pipeline.bottleneck, graph.pipeline.fill, graph.pipeline.p2p
     ranges, lead, reduce, summed = [], [], [], []
     for s in range(p):
-        hops = _boundary(graph, s)
+        hops = boundary_volume(graph, s)
         for t, (src, kind, hop, dst) in enumerate(graph.transitions[s]):
             if s == 0 and src != 0:  # the path starts in state 0 (the DP's start row)
                 continue
@@ -116,7 +116,8 @@ def build(parts: list[Columns], excluded: frozenset = frozenset()) -> GraphProgr
         for (s, state, j), into in ends.items():
             if s < p - 1:
                 out = starts.get((s + 1, state, j), [])
-                mdl.add({**{v: 1.0 for v in into}, **{v: -1.0 for v in out}}, "==", 0, "count", f"flow[{g},{s},{state},{j}]")
+                mdl.add({**{v: 1.0 for v in into}, **{v: -1.0 for v in out}}, "==", 0, "count",
+                        f"flow[{g},{s},{state},{j}]")
         for (s, state, j), out in starts.items():
             if s > 0 and (s - 1, state, j) not in ends:  # nothing leads there
                 mdl.add({v: 1.0 for v in out}, "==", 0, "count", f"flow[{g},{s - 1},{state},{j}]")
