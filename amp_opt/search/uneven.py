@@ -294,8 +294,9 @@ def search_class_stages(instance, options, tables, *, cutoff: float, clock, near
                 break
             conf = class_stages.configuration(instance, M, order)
             found = _visit(instance, options, tables, cache, conf, [_setting_of(instance, near)], found, cutoff, warm)
-    def incumbent() -> float:
-        return _value(found[-1], obj) if len(found) >= options.top_k else cutoff
+
+    def incumbent() -> float:  # read by the walk as it goes: ``found`` grows
+        return _kth(found, options, cutoff)
 
     zeros = class_stages.zero_stages(instance)  # R's configurations have two stages or more
     settings = [s for s in _settings(instance) if s[3] in zeros]
@@ -371,7 +372,7 @@ def solve_with_uneven(instance, options, run, clock) -> SolveResult:
     else:
         found, done, by, rest = search_uneven(instance, options, Tables(instance), confs, cutoff=cutoff, clock=clock)
         stats = {"configurations": len(confs), "searched_whole": done, "plans_found": len(found), "by": by}
-    merged = sorted(top + found, key=lambda e: _value(e, obj))[:options.top_k]
+    merged = _kept(top + found, options)
     if not merged:
         if isinstance(why_none, NoPlanFound) or not done:
             proven = (f"no plan whose stages and replicas agree fits ({why_none}), and the class stages were not "
