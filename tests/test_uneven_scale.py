@@ -13,7 +13,7 @@ import amp_opt
 from amp_opt import parse_instance
 from amp_opt.model.generate import generate_instance
 from amp_opt.model.tables import Tables
-from amp_opt.search import class_bounds, class_memory, class_order, class_stages, class_walk, uneven
+from amp_opt.search import class_bounds, class_memory, class_order, class_reach, class_stages, class_walk, uneven
 from amp_opt.search.options import solve_options
 from amp_opt.search.uneven_space import Configuration
 
@@ -633,3 +633,53 @@ def test_s11s_program_bounds_every_partition_with_and_without_an_incumbent():
         assert given <= best * (1 + REL) or best == np.inf
         sides[given < value] += 1
     assert sides[True] > 50 and sides[False] > 50
+
+
+def reach_verdicts(make, seed, share):
+    """Per M: (whether some configuration of R at M has a plan that fits, S15's verdict)."""
+    inst = make(seed, share=share)
+    tables, cache = Tables(inst), {}
+    bounds = class_bounds.Bounds(inst, tables, solve_options().model)
+    fits: dict = {}
+    for M, order in every_r(inst):
+        plan = best_of_configuration(inst, class_stages.configuration(inst, M, order), tables, cache)
+        fits[M] = fits.get(M, False) or plan is not None
+    return {M: (fits[M], class_reach.reaches(bounds, M, class_stages.blocks(inst, M), class_stages.depth(inst)))
+            for M in fits}
+
+
+REACH_CASES = [(crowded, 1, 0.5), (crowded, 2, 0.5), (crowded, 2, 0.8), (tight, 1, 0.3), (tight, 2, 0.3)]
+
+
+def test_the_memory_reach_keeps_every_micro_batch_with_a_plan_and_drops_the_others():
+    """S15 is a theorem: where it says no configuration at M fits, none has a plan (every
+    configuration's exact DP); on these instances, where memory decides which M hold a plan, it
+    drops every M without one."""
+    verdicts = [v for case in REACH_CASES for v in reach_verdicts(*case).values()]
+    assert all(reached or not fits for fits, reached in verdicts)
+    assert [fits for fits, _ in verdicts] == [reached for _, reached in verdicts]
+    assert sum(not fits for fits, _ in verdicts) >= 5 and sum(fits for fits, _ in verdicts) >= 5
+
+
+def test_the_memory_reach_with_every_stage_holding_every_micro_batch_is_caught(monkeypatch):
+    """Counting n micro-batches in flight on every stage (instead of min(p - s, n) from the end)
+    would drop micro-batches that hold a plan: the test above catches it."""
+    monkeypatch.setattr(class_reach, "_flight", lambda from_end, n: n)
+    verdicts = [v for case in REACH_CASES for v in reach_verdicts(*case).values()]
+    assert any(fits and not reached for fits, reached in verdicts)
+
+
+def test_the_class_stage_search_proves_r_infeasible_by_the_memory_reach(monkeypatch):
+    """Where no M holds a plan (S15 drops each when the walk reaches it), the class-stage search
+    ends whole with nothing found, before listing any configuration."""
+    inst = tight(2, share=0.3)
+    assert not any(fits for fits, _ in reach_verdicts(tight, 2, 0.3).values())
+    listed = []
+    original = class_stages.configuration
+    monkeypatch.setattr(class_stages, "configuration", lambda *a: listed.append(a) or original(*a))
+    from amp_opt.search.clock import Clock
+
+    clock = Clock.of(None)
+    found, whole, rest = uneven.search_class_stages(inst, solve_options(), Tables(inst), cutoff=float("inf"),
+                                                    clock=clock)
+    assert (found, whole, rest, listed) == ([], True, float("inf"), [])

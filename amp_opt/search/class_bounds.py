@@ -40,7 +40,7 @@ class Bounds:
         self._times: dict = {}
         self._factors: dict = {}
         self._ranges: dict = {}  # S11's tables per block (:meth:`_range_tables`)
-        self._fits: dict = {}  # S11's usable ranges per block and flight (:meth:`_usable`)
+        self._fits: dict = {}  # S11's usable ranges per block and flight (:meth:`usable`)
         self.memory = BlockMemory(instance, tables, model, self.classes, self.holds)  # S9, S12
         self._last: tuple = (None, (0.0, None))
 
@@ -173,7 +173,7 @@ class Bounds:
             key = (b.cls, b.tp, b.dp, b.share, flight)
             if key not in ranges:
                 seconds, end = self._range_tables(b)
-                usable = self._usable(b, flight)
+                usable = self.usable(b, flight)
                 ranges[key] = (np.where(usable, seconds, INF), np.where(usable, end, INF))
             per_stage.append(ranges[key])
         return partitioned([e for e, _ in per_stage], [x for _, x in per_stage], pipe.bottleneck, pipe.fill,
@@ -193,9 +193,10 @@ class Bounds:
             self._ranges[key] = (range_table(t) + sigma, np.where(g.nonempty, self.end_factor(b) * params, INF))
         return self._ranges[key]
 
-    def _usable(self, b: Block, flight: int) -> np.ndarray:
-        """S11: the ranges a stage of the block with ``flight`` micro-batches in flight may hold:
-        its parameters per rank and its activations' least bytes (S14) within its room (S9)."""
+    def usable(self, b: Block, flight: int) -> np.ndarray:
+        """S11 (and S15): the ranges [k, l) (rows k, columns l) a stage of the block with ``flight``
+        micro-batches in flight may hold: its parameters per rank and its activations' least bytes
+        (S14) within its room (S9); the block's stage count is not read."""
         key = (b.cls, b.tp, b.dp, b.share, flight)
         if key not in self._fits:
             if len(self._fits) >= USABLE_MASKS:

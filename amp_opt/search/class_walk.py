@@ -1,4 +1,4 @@
-"""The walk over the class-stage space R: its configurations best bound first (S7-S14).
+"""The walk over the class-stage space R: its configurations best bound first (S7-S15).
 
 A heap over the product of the node classes' options (no block, or a block) per pipeline
 micro-batch M, keyed by a relaxation of :mod:`.class_bounds`' program that holds for every
@@ -16,6 +16,7 @@ import numpy as np
 from ..model.costs.iteration import pipeline_weights
 from ..model.ranges import INF
 from .class_bounds import Bounds, balanced, ending, heaviest, with_end
+from .class_reach import reaches
 from .class_stages import Block, blocks, depth
 
 # Options of the last class keyed (one program each) between two chances for the caller to read its
@@ -36,7 +37,8 @@ def ranked(instance, bounds: Bounds, *, limit=None):
     last (expanded into one entry per option left), yield (key, M, None), so that the caller can
     stop (key, clock) between any two.  ``limit()``: the caller's incumbent, which only falls;
     entries whose key is at or above it are not kept (the caller stops there anyway), which keeps
-    the heap small."""
+    the heap small.  A micro-batch M at which no configuration fits in memory (S15,
+    :func:`.class_reach.reaches`) is dropped whole when the walk first reaches it."""
     limit = (lambda: INF) if limit is None else limit
     batch = instance.training.global_batch
     top = depth(instance)
@@ -53,6 +55,11 @@ def ranked(instance, bounds: Bounds, *, limit=None):
     while heap:
         key, M, idx, last = heapq.heappop(heap)
         walk, n = per_m[M], len(idx)
+        if walk.fits is None:  # S15, once per M, when the walk first reaches it (its root entry)
+            walk.fits = reaches(bounds, M, walk.options, top)
+            if not walk.fits:  # no configuration at M fits: the entry and all it leads to are dropped
+                yield key, M, None  # the caller may stop here
+                continue
         if last == n - 1:  # only the last class open: each option left becomes an entry of its own
             for j in range(idx[-1], len(walk.order[-1])):
                 leaf = idx[:-1] + (j,)
@@ -146,6 +153,7 @@ class _Walk:
 
     def __init__(self, M: int, options, references, bounds: Bounds, least: float, fill: float, top: int):
         self.M, self.options, self.bounds, self.spread = M, options, bounds, bounds.spread
+        self.fits = None  # S15's verdict on M (:func:`.class_reach.reaches`), once the walk reaches M
         self.least, self.fill, self.top = least, fill, top
         self.ends = [[0.0 if b is None else bounds.end_capacity(b) for b in opts] for opts in options]
         first = references[0][0]
