@@ -683,3 +683,12 @@ def test_the_class_stage_search_proves_r_infeasible_by_the_memory_reach(monkeypa
     found, whole, rest = uneven.search_class_stages(inst, solve_options(), Tables(inst), cutoff=float("inf"),
                                                     clock=clock)
     assert (found, whole, rest, listed) == ([], True, float("inf"), [])
+
+
+def test_the_memory_reach_cut_short_by_the_clock_drops_nothing():
+    """Stopped by the caller's clock, S15 claims nothing: it keeps the M it would have dropped."""
+    inst = tight(2, share=0.3)
+    bounds = class_bounds.Bounds(inst, Tables(inst), solve_options().model)
+    M, top = 1, class_stages.depth(inst)
+    assert not class_reach.reaches(bounds, M, class_stages.blocks(inst, M), top)
+    assert class_reach.reaches(bounds, M, class_stages.blocks(inst, M), top, stop=lambda: True)

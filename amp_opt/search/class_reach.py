@@ -22,11 +22,12 @@ def _flight(from_end: int, n: int) -> int:
     return min(from_end, n)
 
 
-def reaches(bounds, M: int, options, top: int) -> bool:
+def reaches(bounds, M: int, options, top: int, *, stop=None) -> bool:
     """Whether some order of some combination of ``options`` (per node class its blocks at M, None
     for no block: :func:`.class_stages.blocks`) of at most ``top`` stages has a partition of the
     layers whose every stage holds at least a layer and passes S11's memory test
     (:meth:`.class_bounds.Bounds.usable`).  False proves that no plan of R at M fits (S15).
+    ``stop()`` (the caller's clock) ends it early with True, which proves nothing.
 
     Examples
     --------
@@ -54,13 +55,13 @@ def reaches(bounds, M: int, options, top: int) -> bool:
     least[0, L] = 0
     for S in range(1 << len(options)):
         row = least[S]
-        if S and row[0] < over:
-            return True
         for q in np.unique(row[row < over]).tolist():  # fewer stages after these layers dominate (S15)
             start = row == q
             for c in (c for c in kinds if not S >> c & 1):
                 T = S | 1 << c
                 for (cls, tp, dp, share), counts in kinds[c].items():
+                    if stop is not None and stop():
+                        return True
                     b, held = Block(cls, 1, tp, dp, share), start
                     for k in range(1, min(max(counts), top - q) + 1):
                         # the k-th stage of the block from its end may start at l when it can hold [l, m)
@@ -70,4 +71,6 @@ def reaches(bounds, M: int, options, top: int) -> bool:
                             break
                         if k in counts:
                             least[T] = np.where(held, np.minimum(least[T], q + k), least[T])
-    return bool((least[1:, 0] < over).any())
+                            if held[0]:
+                                return True  # these blocks hold every layer within the stages allowed
+    return False

@@ -29,7 +29,7 @@ def _orders(blocks_used: tuple[Block, ...]):
     return itertools.permutations(blocks_used)
 
 
-def ranked(instance, bounds: Bounds, *, limit=None):
+def ranked(instance, bounds: Bounds, *, limit=None, stop=None):
     """Every non-uniform configuration of R as (key, M, blocks in stage order), in non-decreasing
     key, lazily; the key (S7's and S8's program over every combination the heap entry leads to) is at most
     the iteration seconds of every plan of that configuration and of every one listed after it.  A
@@ -38,7 +38,8 @@ def ranked(instance, bounds: Bounds, *, limit=None):
     stop (key, clock) between any two.  ``limit()``: the caller's incumbent, which only falls;
     entries whose key is at or above it are not kept (the caller stops there anyway), which keeps
     the heap small.  A micro-batch M at which no configuration fits in memory (S15,
-    :func:`.class_reach.reaches`) is dropped whole when the walk first reaches it."""
+    :func:`.class_reach.reaches`) is dropped whole when the walk first reaches it; ``stop()`` (the
+    caller's clock) cuts that check short, which then drops nothing."""
     limit = (lambda: INF) if limit is None else limit
     batch = instance.training.global_batch
     top = depth(instance)
@@ -56,7 +57,7 @@ def ranked(instance, bounds: Bounds, *, limit=None):
         key, M, idx, last = heapq.heappop(heap)
         walk, n = per_m[M], len(idx)
         if walk.fits is None:  # S15, once per M, when the walk first reaches it (its root entry)
-            walk.fits = reaches(bounds, M, walk.options, top)
+            walk.fits = reaches(bounds, M, walk.options, top, stop=stop)
             if not walk.fits:  # no configuration at M fits: the entry and all it leads to are dropped
                 yield key, M, None  # the caller may stop here
                 continue

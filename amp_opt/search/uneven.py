@@ -301,7 +301,8 @@ def search_class_stages(instance, options, tables, *, cutoff: float, clock, near
     zeros = class_stages.zero_stages(instance)  # R's configurations have two stages or more
     settings = [s for s in _settings(instance) if s[3] in zeros]
 
-    for key, M, order in ranked(instance, bounds, limit=incumbent if obj == "time" else None):
+    for key, M, order in ranked(instance, bounds, limit=incumbent if obj == "time" else None,
+                               stop=clock.out_of_time):
         kth = incumbent()
         if order is None:  # no configuration: only the stops apply
             if obj == "time" and key >= kth:
