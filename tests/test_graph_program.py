@@ -32,6 +32,7 @@ def _least(graphs, scales):
        n=st.sampled_from([1, 2, 8]), schedule=st.sampled_from(["closed", "1f1b", "random"]),
        graphs=st.integers(1, 3), backend=st.sampled_from(sorted(BACKENDS)))
 @example(seed=96601, L=2, p=2, states=1, n=1, schedule="closed", graphs=1, backend="cpsat")  # no first stage fits
+@example(seed=313, L=2, p=2, states=2, n=1, schedule="closed", graphs=3, backend="cbc")  # bounds at a coefficient
 def test_the_program_equals_every_path_of_every_graph(seed, L, p, states, n, schedule, graphs, backend):
     """Graphs of several states and transitions (free grouping's form), of different depths, weighed
     by different scales (the cost objective's rates): the program's optimum is the least scaled value
@@ -47,6 +48,17 @@ def test_the_program_equals_every_path_of_every_graph(seed, L, p, states, n, sch
     assert out.status == "OPTIMAL"
     g, path = solution
     assert scales[g] * path_value(gs[g], path) == pytest.approx(truth, rel=1e-7)
+
+
+@pytest.mark.slow
+@settings(max_examples=2000, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 10**6), L=st.integers(1, 5), p=st.integers(1, 3), states=st.integers(1, 3),
+       n=st.sampled_from([1, 2, 8]), schedule=st.sampled_from(["closed", "1f1b", "random"]),
+       graphs=st.integers(1, 3), backend=st.sampled_from(sorted(BACKENDS)))
+def test_the_program_equals_every_path_on_many_graphs(seed, L, p, states, n, schedule, graphs, backend):
+    """The test above on many more examples (a bound at a coefficient showed on a few per thousand)."""
+    test_the_program_equals_every_path_of_every_graph.hypothesis.inner_test(seed, L, p, states, n, schedule,
+                                                                            graphs, backend)
 
 
 def test_an_excluded_graph_is_not_chosen_and_a_cutoff_below_every_path_is_infeasible():

@@ -584,3 +584,22 @@ def test_phase_1b_builds_a_rounds_plans_from_the_candidates_its_first_bounds_rea
     with pytest.raises(Done):
         phase.refine({}, lower, best, 1e-9)
     assert planned == cands[:refine.POLISHED]  # not the stale ones, whose bounds are lower now
+
+
+@pytest.mark.parametrize("bound", [2.6, 3.4e8 + 0.6])
+def test_a_byte_count_bounded_at_a_fractional_coefficient_still_reaches_it(bound):
+    """A stage's largest buffer (a BYTES variable) is bounded by its largest coefficient, which a
+    calibrated activation factor makes fractional; CP-SAT rounds the rows' coefficients to the
+    nearest integer, so its variable's domain is rounded outwards: every backend keeps x = 1."""
+    from amp_opt.search.clock import Clock
+    from amp_opt.search.mip.backends import BACKENDS, Program, Settings, run_backend
+    from amp_opt.search.mip.linear import BIN, BYTES, TIME, LinearModel
+
+    lm = LinearModel()
+    x, y, t = lm.var("x", 0, 1, BIN), lm.var("y", 0, bound, BYTES), lm.var("t", 0, 10, TIME)
+    lm.add({y: 1.0, x: -bound}, ">=", 0, "bytes", "buffer")  # y holds the buffer of x
+    lm.add({t: 1.0, x: 1.0}, ">=", 1, "time", "pay")  # t >= 1 - x: taking x is cheaper
+    lm.objective[t] = 1.0
+    for backend in sorted(BACKENDS):
+        out = run_backend(backend, Program(lm, 1.0, 1e-6, None), Clock.of(None), Settings())
+        assert out.status == "OPTIMAL" and out.values[x] == pytest.approx(1.0), backend

@@ -42,8 +42,9 @@ def _cpsat_model(lm: LinearModel, delta: float, cutoff: float | None, clock: Clo
     for v in lm.vars:
         if v.kind == TIME:
             xs.append(model.new_int_var(math.floor(v.lb / delta), math.ceil(v.ub / delta) + 1, v.name))
-        else:
-            xs.append(model.new_int_var(int(v.lb), int(v.ub), v.name))
+        else:  # rounded outwards: a row's coefficients are rounded to the nearest integer, and a byte
+            # count's bound equal to one of them (a stage's largest buffer) must still reach it
+            xs.append(model.new_int_var(math.floor(v.lb), math.ceil(v.ub), v.name))
     for n, row in enumerate(lm.rows):
         if n % 256 == 0 and clock.out_of_time():
             raise _NoTime

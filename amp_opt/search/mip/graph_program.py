@@ -22,6 +22,14 @@ from .backends import Outcome, Program, Settings, resolution_for, run_backend
 from .linear import BIN, TIME, LinearModel
 
 
+# The seconds variables' upper bounds stand above the largest value they take (a coefficient, or the sum
+# of a graph's): a bound equal to a binary's coefficient lets a presolve, once the rows are scaled and
+# written with finite digits, find that binary unable to reach 1 and fix it to 0.  CBC did so and
+# called a worse path optimal (tests/test_graph_program.py, seed 313); the uniform programs keep the
+# same slack (formulation.py).
+SLACK = 1 + 1e-6
+
+
 @dataclass(frozen=True)
 class Columns:
     """One graph's part of the program, all the program reads of it (memory in proportion to its
@@ -124,13 +132,13 @@ def build(parts: list[Columns], excluded: frozenset = frozenset()) -> GraphProgr
         # (G3) the bottleneck and the allreduce maxima, per stage; (G4) the sum: 0 where graph g is not taken
         for name, coef in (("T", part.lead), ("U", part.reduce)):
             if max(coef) > 0:
-                y = mdl.var(f"{name}[{g}]", 0.0, max(coef), TIME)
+                y = mdl.var(f"{name}[{g}]", 0.0, max(coef) * SLACK, TIME)
                 mdl.objective[y] = 1.0
                 for s in range(p):
                     row = {v: -c for v, c, rg in zip(xs, coef, part.ranges) if rg[0] == s and c > 0}
                     if row:
                         mdl.add({y: 1.0, **row}, ">=", 0, "time", f"{name}[{g},{s}]")
-        total = mdl.var(f"S[{g}]", 0.0, sum(part.summed), TIME)
+        total = mdl.var(f"S[{g}]", 0.0, sum(part.summed) * SLACK, TIME)
         mdl.objective[total] = 1.0
         mdl.add({total: 1.0, **{v: -c for v, c in zip(xs, part.summed)}}, ">=", 0, "time", f"S[{g}]")
         terms = max(terms, 3 * p)
