@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .class_bounds import Bounds
 from .class_stages import Block
 
 
@@ -22,7 +23,7 @@ def _flight(from_end: int, n: int) -> int:
     return min(from_end, n)
 
 
-def reaches(bounds, M: int, options, top: int, *, stop=None) -> bool:
+def reaches(bounds: Bounds, M: int, options, top: int, *, stop=None) -> bool:
     """Whether some order of some combination of ``options`` (per node class its blocks at M, None
     for no block: :func:`.class_stages.blocks`) of at most ``top`` stages has a partition of the
     layers whose every stage holds at least a layer and passes S11's memory test
