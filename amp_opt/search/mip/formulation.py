@@ -26,7 +26,7 @@ from ...model.costs.terms import stage_order
 from .grouping_rows import FreeGrouping, class_terms
 from .assignment import AssignmentLayers
 from .layers import PrefixLayers
-from .linear import BIN, BYTES, TIME, LinearModel, lin
+from .linear import BIN, BYTES, TIME, LinearModel, above, lin
 
 
 @dataclass
@@ -208,7 +208,7 @@ class Program:
         for s, (a, b) in enumerate(_bottleneck_rows(pipe.bottleneck)):
             mdl.add(lin((a, {self.Emax: 1}), (-b, {E[s]: 1})), ">=", 0, "time", f"bottleneck[{s}]")
         for v, key in [(self.Emax, "E"), (self.ARmax, "AR")] + [(x, "E") for x in E] + [(x, "P") for x in P]:
-            mdl.vars[v].ub = self.ub[key] * (1 + 1e-6) + 1e-12  # slack for float round-off in hints
+            mdl.vars[v].ub = above(self.ub[key])
         v = self.cand.virtual_stages
         mdl.objective = lin({self.Emax: float(w)}, *[{x: 1 / v} for x in E], *[{x: pipe.p2p} for x in P],
                             {self.ARmax: 1.0})

@@ -19,15 +19,7 @@ import numpy as np
 from ..clock import Clock
 from ..partition import Path, StageGraph, boundary_volume
 from .backends import Outcome, Program, Settings, resolution_for, run_backend
-from .linear import BIN, TIME, LinearModel
-
-
-# The seconds variables' upper bounds stand above the largest value they take (a coefficient, or the sum
-# of a graph's): a bound equal to a binary's coefficient lets a presolve, once the rows are scaled and
-# written with finite digits, find that binary unable to reach 1 and fix it to 0.  CBC did so and
-# called a worse path optimal (tests/test_graph_program.py, seed 313); the uniform programs keep the
-# same slack (formulation.py).
-SLACK = 1 + 1e-6
+from .linear import BIN, TIME, LinearModel, above
 
 
 @dataclass(frozen=True)
@@ -132,13 +124,13 @@ def build(parts: list[Columns], excluded: frozenset = frozenset()) -> GraphProgr
         # (G3) the bottleneck and the allreduce maxima, per stage; (G4) the sum: 0 where graph g is not taken
         for name, coef in (("T", part.lead), ("U", part.reduce)):
             if max(coef) > 0:
-                y = mdl.var(f"{name}[{g}]", 0.0, max(coef) * SLACK, TIME)
+                y = mdl.var(f"{name}[{g}]", 0.0, above(max(coef)), TIME)
                 mdl.objective[y] = 1.0
                 for s in range(p):
                     row = {v: -c for v, c, rg in zip(xs, coef, part.ranges) if rg[0] == s and c > 0}
                     if row:
                         mdl.add({y: 1.0, **row}, ">=", 0, "time", f"{name}[{g},{s}]")
-        total = mdl.var(f"S[{g}]", 0.0, sum(part.summed) * SLACK, TIME)
+        total = mdl.var(f"S[{g}]", 0.0, above(sum(part.summed)), TIME)
         mdl.objective[total] = 1.0
         mdl.add({total: 1.0, **{v: -c for v, c in zip(xs, part.summed)}}, ">=", 0, "time", f"S[{g}]")
         terms = max(terms, 3 * p)

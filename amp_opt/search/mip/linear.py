@@ -64,6 +64,14 @@ class LinearModel:
         }
 
 
+def above(bound: float) -> float:
+    """The upper bound of a variable that takes at most ``bound`` (seconds), set a little above it: a
+    bound equal to a binary's coefficient lets a presolve, once the rows are scaled and written with
+    finite digits, find that binary unable to reach 1 and fix it to 0 (CBC did, on the program over
+    configurations: tests/test_graph_program.py, seed 313), and a hint's float round-off may pass it."""
+    return bound * (1 + 1e-6) + 1e-12
+
+
 def lin(*terms) -> dict[int, float]:
     """Sum linear expressions given as dicts or (coefficient, dict) pairs."""
     out: dict[int, float] = {}
