@@ -204,11 +204,14 @@ class KindModel:
         starts = np.arange(self.L + 1)[:, None] - 1 - np.arange(room)[None, :]
         valid = starts >= 0
         take = (slice(None), np.where(valid, starts, 0), np.arange(self.L + 1)[:, None])
-        self._compute_band = np.where(valid, self.compute[take], INF)
+        # Each band is (end l, length - 1, kind), the kind innermost: the cheapest kind of a cell is
+        # a reduction over contiguous memory, and a cell searched again reads its kinds in one row.
+        band = lambda table: np.ascontiguousarray(np.moveaxis(table, 0, -1))  # noqa: E731 (gathers: (K, L+1, room))
+        self._compute_band = band(np.where(valid, self.compute[take], INF))
         self._least_band = _weighted(self._compute_band, self._least)
-        self._allreduce_band = np.where(valid, self.allreduce[take], INF)
-        self._fitting_band = self.fitting[take] & valid
-        self._rank_band = np.where(valid, self.fit_rank[take], 0)
+        self._allreduce_band = band(np.where(valid, self.allreduce[take], INF))
+        self._fitting_band = band(self.fitting[take] & valid)
+        self._rank_band = band(np.where(valid, self.fit_rank[take], 0))
         # In-flight counts of the same weight that fit the same ranges (no kind's rank falls between
         # them) share their arcs.
         ranks = np.unique(self.fit_rank)
@@ -325,29 +328,29 @@ class KindModel:
         y = np.broadcast_to(y, (batch, self.dims))
         prices = np.array([self.prices(row) for row in y])  # (batch, K)
         Tq, Uq = T[:, None, None, None], U[:, None, None, None]
-        # Ranges (batch, K, end l, length - 1) within the thresholds at the least weight and in the
+        # Ranges (batch, end l, length - 1, K) within the thresholds at the least weight and in the
         # memory of some stage, which holds every range some stage can use.
         timely = (self._least_band[None] <= Tq) & (self._allreduce_band[None] <= Uq) & self._fitting_band[None]
         arcs, which = {}, {}
-        room = self._rank_band.shape[-1]
-        spans = timely.any(axis=(0, 2))  # (K, length - 1): some batch and end use the kind's length
+        room, K = self._rank_band.shape[1:]
+        spans = timely.any(axis=(0, 1))  # (length - 1, K): some batch and end use the kind's length
         for b in range(B):
             kinds = self._level_kinds[b]
-            lengths = np.flatnonzero(spans[kinds].any(axis=0))
+            lengths = np.flatnonzero(spans[:, kinds].any(axis=1))
             width = int(lengths[-1]) + 1 if len(lengths) else 1  # up to the longest usable range
-            # Per kind (batch, kinds, L+1, width): usable at the least weight in some stage's memory,
+            # Per kind (batch, L+1, width, kinds): usable at the least weight in some stage's memory,
             # and its cost; the cheapest such kind per cell.
-            compute = self._compute_band[kinds, :, :width]
-            loose = timely[:, kinds, :, :width]
-            cost = np.where(loose, compute[None] * self.fill + prices[:, kinds, None, None], INF)
-            first = cost.argmin(axis=1)  # (batch, L+1, width)
-            best = np.take_along_axis(cost, first[:, None], axis=1)[:, 0]
+            compute = self._compute_band[:, :width][..., kinds]
+            loose = timely[:, :, :width][..., kinds]
+            cost = np.where(loose, compute[None] * self.fill + prices[:, None, None, kinds], INF)
+            first = cost.argmin(axis=-1)  # (batch, L+1, width)
+            best = np.take_along_axis(cost, first[..., None], axis=-1)[..., 0]
             open_ = np.isfinite(best)
             base = np.where(open_, best, INF)
             base_kind = kinds[first].astype(np.int16)
-            chosen = np.take_along_axis(np.broadcast_to(compute[None], cost.shape), first[:, None], axis=1)[:, 0]
-            # Where each cell's cheapest kind sits in the flattened (K, L+1, room) rank band.
-            flat = (kinds[first] * (L + 1) + np.arange(L + 1)[:, None]) * room + np.arange(width)
+            chosen = np.take_along_axis(compute[None], first[..., None], axis=-1)[..., 0]
+            # Where each cell's cheapest kind sits in the flattened (L+1, room, K) rank band.
+            flat = (np.arange(L + 1)[:, None] * room + np.arange(width)) * K + kinds[first]
             # Per group of in-flight counts (G, batch, L+1, width): where the cheapest kind is
             # usable at the group's memory and weight it is the group's cheapest; elsewhere search again.
             usable = self._rank_band.reshape(-1).take(flat)[None] >= self._group_rank[:, None, None, None]
@@ -359,12 +362,11 @@ class KindModel:
             if again.any():
                 rows, kind = np.repeat(base[None], len(usable), axis=0), np.repeat(base_kind[None], len(usable), axis=0)
                 g, j, l, w = np.nonzero(again)
-                ok = loose[j, :, l, w] & (self._rank_band[kinds[None, :], l[:, None], w[:, None]]
-                                          >= self._group_rank[g][:, None])
+                ok = loose[j, l, w] & (self._rank_band[l[:, None], w[:, None], kinds] >= self._group_rank[g][:, None])
                 t = tight[g]
                 if t.any():
-                    ok[t] &= self._group_weight[g[t]][:, None] * compute[:, l[t], w[t]].T <= T[j[t], None]
-                options = np.where(ok, cost[j, :, l, w], INF)
+                    ok[t] &= self._group_weight[g[t]][:, None] * compute[l[t], w[t]] <= T[j[t], None]
+                options = np.where(ok, cost[j, l, w], INF)
                 pick = options.argmin(axis=1)
                 rows[g, j, l, w] = options[np.arange(len(g)), pick]
                 kind[g, j, l, w] = kinds[pick]
