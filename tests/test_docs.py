@@ -15,7 +15,9 @@ MODULES = [
     "amp_opt.model.evaluate", "amp_opt.model.calibration", "amp_opt.search.options", "amp_opt.search.solve",
     "amp_opt.calibrate.runs", "amp_opt.calibrate.metrics", "amp_opt.calibrate.predict", "amp_opt.calibrate.fit",
     "amp_opt.bench.runner", "amp_opt.bench.suites", "amp_opt.model.profile_instance", "amp_opt.search.kbest",
-    "amp_opt.search.class_order", "amp_opt.search.class_reach", "amp_opt.search.mip.graph_program", "amp_opt.calibrate.params", "amp_opt.calibrate.lsq", "amp_opt.calibrate.crossval", "amp_opt._lazy",
+    "amp_opt.search.class_order", "amp_opt.search.class_reach", "amp_opt.search.class_program",
+    "amp_opt.search.mip.graph_program", "amp_opt.calibrate.params", "amp_opt.calibrate.lsq",
+    "amp_opt.calibrate.crossval", "amp_opt._lazy",
 ]
 
 

@@ -13,7 +13,8 @@ import amp_opt
 from amp_opt import parse_instance
 from amp_opt.model.generate import generate_instance
 from amp_opt.model.tables import Tables
-from amp_opt.search import class_bounds, class_memory, class_order, class_reach, class_stages, class_walk, uneven
+from amp_opt.search import (class_bounds, class_memory, class_order, class_program, class_reach, class_stages,
+                            class_walk, uneven)
 from amp_opt.search.options import solve_options
 from amp_opt.search.uneven_space import Configuration
 
@@ -143,7 +144,7 @@ def test_the_program_of_s7_is_the_linear_program_it_solves():
             lp += r <= cap * (E - sigma)
         lp += z >= pulp.lpSum(g[0] * r for r, g in zip(R, groups)) + sum(g[3] for g in groups)
         assert lp.solve(_cbc_command()) == 1
-        got = class_bounds.balanced(least, fill, work, groups, floor, slowest)
+        got = class_program.balanced(least, fill, work, groups, floor, slowest)
         assert got == pytest.approx(pulp.value(lp.objective), rel=1e-6, abs=1e-9)
 
 
@@ -161,7 +162,7 @@ def test_the_bottleneck_is_the_least_e_of_every_assignment():
         truth = min(max(seconds[b, l] for l, b in enumerate(assign))
                     for assign in itertools.product(range(C), repeat=L)
                     if all(assign.count(b) <= limits[b] for b in range(C)))
-        assert class_bounds.bottleneck(seconds, limits) == truth
+        assert class_program.bottleneck(seconds, limits) == truth
 
 
 def test_disjoint_windows_is_the_least_over_every_family_of_windows():
@@ -374,6 +375,34 @@ def test_the_end_coupled_to_the_work_raises_the_bound_and_fifteen_percent_too_st
                         lambda self, b, ref: (1.15 * coupling(self, b, ref)[0], coupling(self, b, ref)[1]))
     compared, bad = bound_violations([1], step=True, make=tight)
     assert compared > 20 and bad
+
+
+def test_the_stages_positions_raise_the_bound_and_every_stage_at_the_largest_weight_is_caught(monkeypatch):
+    """S16 raises the bound of some configurations and lowers none (the bound with it holds on every
+    configuration: the tests above) and raises the walk's keys; every stage taken at the pipeline's
+    largest weight (rho(k) = k * least / w_max, not a bound) is above the optimum of a two-stage
+    configuration."""
+    raised = 0
+    for seed in SEEDS:
+        inst = small(seed)
+        on, off = (class_bounds.Bounds(inst, Tables(inst), solve_options().model) for _ in range(2))
+        off.positions = False
+        for M, order in every_r(inst):
+            with_s16, without = on(M, order), off(M, order)
+            assert with_s16 >= without * (1 - REL), (M, order)
+            raised += with_s16 > without * (1 + 1e-6)
+        keys_on = [k for k, _, o in class_walk.ranked(inst, on) if o is not None]
+        keys_off = [k for k, _, o in class_walk.ranked(inst, off) if o is not None]
+        assert len(keys_on) == len(keys_off) and sum(keys_on) > sum(keys_off)
+    assert raised > 10
+
+    def largest(pipe):
+        w = np.asarray(pipe.bottleneck, dtype=float)
+        return None if pipe.least <= 0 else pipe.least * np.arange(len(w) + 1) / w.max()
+
+    monkeypatch.setattr(class_bounds, "positions", largest)
+    compared, bad = bound_violations(SEEDS)
+    assert compared > 30 and bad and all(sum(b.stages for b in order) > 1 for _, _, order, _, _ in bad)
 
 
 @pytest.mark.parametrize("make, step, overlap", [(small, False, False), (small, True, True), (tight, True, False)])

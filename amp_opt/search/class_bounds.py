@@ -1,4 +1,4 @@
-"""Lower bounds on every plan of a configuration of the class-stage space R (S7-S14).
+"""Lower bounds on every plan of a configuration of the class-stage space R (S7-S14, S16).
 
 ``formulations/uneven-search.md``: S7 bounds the pipeline's compute (a fractional knapsack of the
 layers' reference seconds over the blocks, with a floor, each block's limit in layers and in
@@ -6,10 +6,10 @@ memory (S9) and the least seconds of the slowest stage), S8 the end of the itera
 reductions and optimizer steps), S10 ties the end to the work a block holds, S11 prices one
 order of the blocks, S12 rules out blocks whose stages cannot each hold a layer that fits, and
 S13 counts the runs of consecutive layers the blocks hold, S14 the layer a recomputing stage
-rebuilds.  :class:`Bounds` prices one configuration, with S9, S12 and S14 from
-:mod:`.class_memory`, S13 from :mod:`.class_windows` and S11's programs from :mod:`.class_order`;
-:func:`balanced`, :func:`with_end`, :func:`bottleneck`, :func:`heaviest`, :func:`spread` and
-:func:`ending` are the pieces the walk's key (:mod:`.class_walk`) relaxes.
+rebuilds, and S16 the pipeline positions a block's stages can take.  :class:`Bounds` prices one
+configuration, with S7's, S8's, S10's and S16's pieces from :mod:`.class_program` (which the walk's
+key, :mod:`.class_walk`, relaxes), S9, S12 and S14 from :mod:`.class_memory`, S13 from
+:mod:`.class_windows` and S11's programs from :mod:`.class_order`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from ..model.ranges import INF, grid, range_table
 from ..model.plan import Candidate
 from .class_memory import BlockMemory
 from .class_order import block_weights, partitioned
+from .class_program import balanced, bottleneck, ending, heaviest, positioned, positions, spread, with_end
 from .class_stages import Block, configuration, zero_stages
 from .class_windows import disjoint_windows
 
 
 class Bounds:
-    """Lower bounds (S7-S14) on the iteration seconds of every plan of an R configuration under a
+    """Lower bounds (S7-S14, S16) on the iteration seconds of every plan of an R configuration under a
     cost ``model`` (hetero).  They read the layer tables, which a caller's own pricing may not
     follow: under such a model (``holds`` false) every bound is 0."""
 
@@ -43,6 +44,7 @@ class Bounds:
         self._fits: dict = {}  # S11's usable ranges per block and flight (:meth:`usable`)
         self.memory = BlockMemory(instance, tables, model, self.classes, self.holds)  # S9, S12
         self._last: tuple = (None, (0.0, None))
+        self.positions = True  # S16 in the program (a switch for the tests that compare with it off)
 
     def times(self, b: Block) -> tuple[np.ndarray, float]:
         """Per layer, the seconds of one micro-batch at the block's (type, link, tp, share) without
@@ -238,14 +240,18 @@ class Bounds:
             slowest = float(least_t.max()) + min(r[1] for r in rows)  # the stage holding the slowest layer
         slowest = max(slowest, held)
         best = coupled = pipe.fill * floor
+        room = positions(pipe) if self.positions else None
+        total = INF if room is None else float(room[-1])
         for ref in t:
             if not (ref > 0).any():
                 continue
             tops = heaviest(ref)
             groups = [(*self.group(b, ref), min(tops[n], self.memory.held(b, ref))) for b, n in zip(order, limits)]
+            if room is not None:  # S16
+                groups = [positioned(g, b.stages, room[b.stages]) for g, b in zip(groups, order)]
             if all(g[0] > 0 for g in groups):
                 work = float(ref.sum())
-                best = max(best, balanced(pipe.least, pipe.fill, work, groups, floor, slowest))
+                best = max(best, balanced(pipe.least, pipe.fill, work, groups, floor, slowest, total))
                 for j, b in enumerate(order):
                     coupled = max(coupled, with_end(pipe.least, pipe.fill, work, groups, floor, slowest, j,
                                                     *self.coupling(b, ref)))
@@ -257,154 +263,3 @@ class Bounds:
 # walk asks (a walk reads a few dozen blocks again and again).
 RANGE_TABLES = 128
 USABLE_MASKS = 2048
-
-
-def bottleneck(seconds: np.ndarray, limits) -> float:
-    """The least E such that every layer sits on a block (``seconds``: a row per block, its seconds
-    per layer with its step seconds) within E, block b taking at most ``limits[b]`` layers: a
-    bipartite b-matching, decided by Hall's condition over every set of blocks (a set S must be
-    able to take the layers no block outside S can run within E), by bisection over the seconds.
-    The stage holding a layer has at least that layer's seconds on its block, so the slowest stage
-    has at least E.  Blocks beyond 12 fall back to the largest of each layer's least seconds.
-
-    Examples
-    --------
-    Two layers, a fast block that holds one and a slow one: the slow block runs one of them.
-
-    >>> bottleneck(np.array([[1.0, 2.0], [3.0, 5.0]]), [1, 2])
-    3.0
-    """
-    C, L = seconds.shape
-    if C > 12:
-        return float(seconds.min(axis=0).max())
-    sets = np.arange(1 << C)
-    caps = np.array([sum(limits[b] for b in range(C) if S >> b & 1) for S in sets])
-    weights = (1 << np.arange(C))[:, None]
-
-    def fits(E: float) -> bool:
-        within = np.bincount(((seconds <= E) * weights).sum(axis=0), minlength=1 << C)
-        for b in range(C):  # within[S]: layers whose blocks within E are all in S
-            has = (sets >> b & 1) == 1
-            within[has] += within[sets[has] ^ (1 << b)]
-        return bool((within <= caps).all())
-
-    values = np.unique(seconds)
-    lo, hi = int(np.searchsorted(values, seconds.min(axis=0).max())), len(values) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(values[mid]):
-            hi = mid
-        else:
-            lo = mid + 1
-    return float(values[lo])
-
-
-def heaviest(ref: np.ndarray) -> np.ndarray:
-    """tops[n]: the sum of the n largest entries of ``ref`` (the most reference seconds n layers
-    hold; a block of k stages among p holds at most L - p + k layers, every other stage one), and
-    INF from n = L on (all of them: no limit)."""
-    tops = np.concatenate([[0.0], np.cumsum(np.sort(ref)[::-1])])
-    tops[len(ref):] = INF
-    return tops
-
-
-def spread(instance, tables) -> float:
-    """S8's W_X: the least, over the tp degrees of ``search.tp``, of tp * parameters per rank per
-    layer, summed, less each tie group's shared tensor for all members but one at the most it holds
-    at any of those degrees (times tp): a bound on sum_s tp_s * (parameters per rank of stage s)."""
-    sums = [(m, tables.layer_sums(m)) for m in instance.search.tp]
-    total = float(np.min([m * s.params for m, s in sums], axis=0).sum())
-    for i, (members, _) in enumerate(sums[0][1].ties):
-        total -= (len(members) - 1) * max(m * s.ties[i][1] for m, s in sums)
-    return max(total, 0.0)
-
-
-def ending(spread: float, capacity: float) -> float:
-    """S8: the least max_s (c_s / tp_s) y_s over y_s >= 0 summing to ``spread`` (``capacity``: the
-    sum of tp_s / c_s over the stages), a bound on the slowest stage's end of the iteration.
-
-    Examples
-    --------
-    >>> ending(6.0, 3.0), ending(6.0, float("inf"))
-    (2.0, 0.0)
-    """
-    return spread / capacity if capacity > 0 else INF
-
-
-def with_end(least: float, fill: float, work: float, groups, floor: float, slowest: float, j: int,
-             gamma: float, zeta: float) -> float:
-    """S10: S7's program with the end of the iteration of group ``j`` priced in: at least
-    gamma * (R_j - zeta), which raises group j's alpha by gamma / fill (``groups`` as for
-    :func:`balanced`); 0 where gamma is 0.
-
-    Examples
-    --------
-    One stage holding 3 s of work, 4 micro-batches, its end 0.5 s per reference second:
-    :func:`balanced`'s 12 s and 1.5 s more.
-
-    >>> with_end(3.0, 1.0, 3.0, [(1.0, 1.0, 0.0, 0.0)], 0.0, 0.0, 0, 0.5, 0.0)
-    13.5
-    """
-    if gamma <= 0 or fill <= 0:
-        return 0.0
-    raised = list(groups)
-    raised[j] = (groups[j][0] + gamma / fill, *groups[j][1:])
-    return balanced(least, fill, work, raised, floor, slowest) - gamma * zeta
-
-
-def balanced(least: float, fill: float, work: float, groups, floor: float, slowest: float = 0.0) -> float:
-    """S7's program: min over E >= every sigma and >= ``slowest`` of least * E + fill * max(g(E),
-    floor), where g(E) is the fixed seconds plus the least sum of alpha * R over shares R of
-    ``work``, each group holding at most capacity * (E - sigma) and at most its limit (``groups``:
-    (alpha, capacity, sigma, fixed[, limit]) each, no limit when left out).  g is convex,
-    piecewise linear and non-increasing in E, so the least is at a kink of g (a group reaching
-    its limit, or the first j groups holding the work exactly) or where g meets the floor.
-
-    Examples
-    --------
-    One stage holding 3 s of work, 4 micro-batches (least 3, fill 1): 3 * 3 + 3.
-
-    >>> balanced(3.0, 1.0, 3.0, [(1.0, 1.0, 0.0, 0.0)], 0.0)
-    12.0
-    """
-    # (alpha, capacity, sigma, fixed, the E at which the group reaches its limit)
-    groups = sorted((*g[:4], g[2] + g[4] / g[1] if len(g) > 4 and g[4] < INF and g[1] > 0 else INF) for g in groups)
-    fixed = sum(g[3] for g in groups)
-    base = max(max(g[2] for g in groups), slowest)
-    saturate = sorted({full for *_, full in groups if full < INF})
-
-    def held(E: float, upto: int) -> float:
-        return sum(cap * (min(E, full) - sigma) for _, cap, sigma, _, full in groups[:upto])
-
-    def holds_all(upto: int) -> float:
-        """The least E >= base at which the first ``upto`` groups hold the work (INF: never):
-        held is piecewise linear, with kinks where groups reach their limits."""
-        lo = base
-        for hi in [e for e in saturate if e > base] + [INF]:
-            h_lo = held(lo, upto)
-            if h_lo >= work * (1 - 1e-12):
-                return lo
-            rate = sum(cap for _, cap, _, _, full in groups[:upto] if full > lo)
-            if rate > 0 and lo + (work - h_lo) / rate <= hi:
-                return lo + (work - h_lo) / rate
-            lo = hi
-        return INF
-
-    def g(E: float) -> float:
-        left, cost = work, fixed
-        for alpha, cap, sigma, _, full in groups:
-            take = min(left, cap * (min(E, full) - sigma))
-            cost, left = cost + alpha * take, left - take
-        return cost
-
-    ends = [holds_all(j) for j in range(1, len(groups) + 1)]
-    low = ends[-1]  # below it the groups cannot hold the work
-    if low == INF:
-        return INF
-    points = sorted({low, *(e for e in ends + saturate if low < e < INF)})
-    values = [g(e) for e in points]
-    for (a, ga), (b, gb) in zip(zip(points, values), zip(points[1:], values[1:])):
-        if ga >= floor >= gb and ga > gb:  # g meets the floor on this piece, where it is linear
-            points.append(a + (b - a) * (ga - floor) / (ga - gb))
-            values.append(floor)
-    return min(least * e + fill * max(v, floor) for e, v in zip(points, values))

@@ -6,7 +6,7 @@ nodes of one node class, the stages of one class form one block with one tp and 
 class) and even shares M / dp, each block takes its class's tensor-parallel groups in node order,
 and the blocks follow each other in any order.  This module holds the space (its blocks, the
 configuration of an order of blocks, the neighbours of a uniform plan); :mod:`.class_bounds`
-bounds a configuration's plans (S7-S14), :mod:`.class_reach` drops the micro-batches at which none
+bounds a configuration's plans (S7-S14, S16), :mod:`.class_reach` drops the micro-batches at which none
 fits (S15) and :mod:`.class_walk` lists the configurations best bound first.
 """
 

@@ -1,4 +1,4 @@
-"""The walk over the class-stage space R: its configurations best bound first (S7-S15).
+"""The walk over the class-stage space R: its configurations best bound first (S7-S16).
 
 A heap over the product of the node classes' options (no block, or a block) per pipeline
 micro-batch M, keyed by a relaxation of :mod:`.class_bounds`' program that holds for every
@@ -15,7 +15,8 @@ import numpy as np
 
 from ..model.costs.iteration import pipeline_weights
 from ..model.ranges import INF
-from .class_bounds import Bounds, balanced, ending, heaviest, with_end
+from .class_bounds import Bounds
+from .class_program import balanced, ending, heaviest, positioned, positions, with_end
 from .class_reach import reaches
 from .class_stages import Block, blocks, depth
 
@@ -50,7 +51,7 @@ def ranked(instance, bounds: Bounds, *, limit=None, stop=None):
             continue
         pipe = pipeline_weights(batch // M, top, 1, bounds.schedule)
         options = _weightiest_first(bounds, options, pipe.least, pipe.fill)
-        per_m[M] = _Walk(M, options, _references(bounds, options), bounds, pipe.least, pipe.fill, top)
+        per_m[M] = _Walk(M, options, _references(bounds, options), bounds, pipe.fill, top)
         start = (0,) * len(options)
         heapq.heappush(heap, (per_m[M].key(start, 0), M, start, 0))
     while heap:
@@ -152,30 +153,43 @@ class _Walk:
     and the largest end capacity of S8), per class and position the least seconds of each layer
     over the options from there on (``reach``), and the options' fewest stages (``fewest``)."""
 
-    def __init__(self, M: int, options, references, bounds: Bounds, least: float, fill: float, top: int):
+    def __init__(self, M: int, options, references, bounds: Bounds, fill: float, top: int):
         self.M, self.options, self.bounds, self.spread = M, options, bounds, bounds.spread
         self.fits = None  # S15's verdict on M (:func:`.class_reach.reaches`), once the walk reaches M
-        self.least, self.fill, self.top = least, fill, top
+        self.fill, self.top = fill, top
+        self._weights: dict = {}  # stage count -> its pipeline's least weight and S16's rooms (:meth:`depth_of`)
         self.ends = [[0.0 if b is None else bounds.end_capacity(b) for b in opts] for opts in options]
         first = references[0][0]
         self.order = [sorted(range(len(o)), key=lambda i, g=g: (-(0.0 if g[i] is None else g[i][1]), i))
                       for o, g in zip(options, first)]
-        self.fewest, self.reach = [], []
+        self.fewest, self.most, self.reach = [], [], []
         L = bounds.instance.num_layers
         for c, order in enumerate(self.order):
-            fewest, least_k = [0] * len(order), INF
+            fewest, most, least_k, most_k = [0] * len(order), [0] * len(order), INF, 0
             reach, least_t = np.empty((len(order), L)), np.full(L, INF)
             for pos in range(len(order) - 1, -1, -1):
                 b = options[c][order[pos]]
                 least_k = min(least_k, 0 if b is None else b.stages)
-                fewest[pos] = least_k
+                most_k = max(most_k, 0 if b is None else b.stages)
+                fewest[pos], most[pos] = least_k, most_k
                 if b is not None:
                     least_t = np.minimum(least_t, bounds.times(b)[0])
                 reach[pos] = least_t
             self.fewest.append(fewest)
+            self.most.append(most)
             self.reach.append(reach)
         self.references = [(groups, work, tops, zeta, self._tails(groups)) for groups, work, tops, zeta in references]
         self.plain = self._tails(None)  # the columns that do not depend on the reference
+
+    def depth_of(self, stages: int) -> tuple[float, np.ndarray | None]:
+        """For every pipeline of at most ``stages`` stages at this M: a least weight no larger than
+        its own (the least weight only falls as the pipeline deepens, H13; constant in the closed
+        form) and S16's rooms no smaller (:func:`.class_program.positions`: each 1/w only rises)."""
+        if stages not in self._weights:
+            n = self.bounds.instance.training.global_batch // self.M
+            pipe = pipeline_weights(n, max(1, stages), 1, self.bounds.schedule)
+            self._weights[stages] = (pipe.least, positions(pipe) if self.bounds.positions else None)
+        return self._weights[stages]
 
     def _tails(self, groups) -> list[np.ndarray]:
         """Per class an array [position, K, (capacity, alpha, fixed, end capacity, memory limit,
@@ -223,13 +237,16 @@ class _Walk:
         added, held = self.bounds.consecutive(blocks, least)  # S13 on the kept blocks
         return float(least.sum()) + added + fixed, max(float(least.max()), held)
 
-    def _relaxed(self, reference, idx, last: int, kept: list, budget: list, fewest_p: int):
+    def _relaxed(self, reference, idx, last: int, kept: list, budget: list, fewest_p: int, room):
         """One reference's groups of the relaxed program (S7) and S10's gamma per group, or None
-        where no option left to some class fits or no group holds work."""
+        where no option left to some class fits or no group holds work; a kept block's k stages
+        hold at most S16's ``room[k]`` (None: k)."""
         groups, _, tops, _, tails = reference
         L = len(self.reach[0][0])
         own = [(groups[c][i], self.options[c][i].stages) for c, i in enumerate(kept) if groups[c][i] is not None]
         relaxed = [(*g[:4], min(g[4], tops[min(L, L - fewest_p + k)])) for g, k in own]
+        if room is not None:
+            relaxed = [positioned(g, k, room[k]) for g, (_, k) in zip(relaxed, own)]
         ties = [g[5] for g, _ in own]  # S10's gamma per group (zeta: the reference's tied seconds)
         for c in range(last, len(idx)):
             cap, alpha, fixed, _, most, gamma = tails[c][idx[c], budget[c]].tolist()
@@ -252,14 +269,19 @@ class _Walk:
         blocks break S12.  Once a term reaches ``limit`` the rest are not computed: the value
         returned is then at least ``limit`` and at most the key (the caller drops the entry)."""
         kept = [self.order[c][idx[c]] for c in range(last)]
-        left = self.top - sum(0 if self.options[c][i] is None else self.options[c][i].stages for c, i in enumerate(kept))
-        left -= sum(self.fewest[c][idx[c]] for c in range(last, len(idx)))
+        held = sum(0 if self.options[c][i] is None else self.options[c][i].stages for c, i in enumerate(kept))
+        left = self.top - held - sum(self.fewest[c][idx[c]] for c in range(last, len(idx)))
         if left < 0:
             return INF
         budget = [min(self.top, left + self.fewest[c][idx[c]]) for c in range(len(idx))]
         ends = sum(self.ends[c][i] for c, i in enumerate(kept))
         ends += sum(float(self.plain[c][idx[c], budget[c], 3]) for c in range(last, len(idx)))
         fewest_p = self.top - left  # stages of every combination the entry leads to, at least
+        # ... and at most: the kept blocks' and, per later class, its largest option left that fits
+        # the stages the others leave it; the least weight at that depth holds for all of them.
+        weight, room = self.depth_of(min(self.top, held + sum(min(budget[c], self.most[c][idx[c]])
+                                                             for c in range(last, len(idx)))))
+        total = INF if room is None else float(room[-1])
         later_fixed = sum(float(self.plain[c][idx[c], budget[c], 2]) for c in range(last, len(idx)))
         if later_fixed == INF:
             return INF  # no option left to some class fits
@@ -269,12 +291,12 @@ class _Walk:
         if not self.bounds.holds:  # a caller's pricing: the layer tables bound nothing
             return 0.0
         end = ending(self.spread, ends)
-        first = self._relaxed(self.references[0], idx, last, kept, budget, fewest_p)
+        first = self._relaxed(self.references[0], idx, last, kept, budget, fewest_p, room)
         if first is None:
             return INF
         if limit < INF:  # first the cheap program: S13's add-on left out of F and E (smaller, a bound)
-            quick = balanced(self.least, self.fill, self.references[0][1], first[0],
-                             float(least.sum()) + later_fixed, float(least.max()))
+            quick = balanced(weight, self.fill, self.references[0][1], first[0],
+                             float(least.sum()) + later_fixed, float(least.max()), total)
             if quick + end >= limit:
                 return quick + end
         if self.bounds.memory.crowded(self.M, [self.options[c][i] for c, i in enumerate(kept)]):
@@ -283,16 +305,16 @@ class _Walk:
         best = coupled = 0.0
         programs = []
         for i, reference in enumerate(self.references):
-            prepared = first if i == 0 else self._relaxed(reference, idx, last, kept, budget, fewest_p)
+            prepared = first if i == 0 else self._relaxed(reference, idx, last, kept, budget, fewest_p, room)
             if prepared is None:
                 return INF
             programs.append((reference[1], reference[3], *prepared))
-            best = max(best, balanced(self.least, self.fill, reference[1], prepared[0], floor, slowest))
+            best = max(best, balanced(weight, self.fill, reference[1], prepared[0], floor, slowest, total))
             if best + end >= limit:
                 return best + end
         for work, zeta, relaxed, ties in programs:  # S10 for each group
             for j, gamma in enumerate(ties):
-                coupled = max(coupled, with_end(self.least, self.fill, work, relaxed, floor, slowest, j, gamma, zeta))
+                coupled = max(coupled, with_end(weight, self.fill, work, relaxed, floor, slowest, j, gamma, zeta))
                 if coupled >= limit:
                     return coupled
         return max(best + end, coupled)

@@ -7,7 +7,7 @@ every training setting is priced by the cost terms U1-U4
 :mod:`.partition` finds the best layer partition (and, in the setting PER_STAGE, each stage's
 recomputation mode: S2 step 3); under a MIP solver one program over every configuration and setting
 (:mod:`.mip.graph_program`, S5) chooses them all at once.  Past ``MAX_CONFIGURATIONS`` it narrows to the
-class-stage space of :mod:`.class_stages` (S6), walked best bound first (:mod:`.class_walk`, S7-S15) and cut off at the
+class-stage space of :mod:`.class_stages` (S6), walked best bound first (:mod:`.class_walk`, S7-S16) and cut off at the
 incumbent, and the result says "OPTIMAL within plans of one pipeline (...); plans whose stages and
 replicas agree, or whose every stage sits on one node class with even shares" (on the engine that
 runs them, plans of several pipelines are priced but not searched: X6 of formulations/exactness.md).  The uniform plans are searched by the
@@ -279,7 +279,7 @@ def _visit(instance, options, tables, cache, conf, settings, found, cutoff, cloc
 
 
 def search_class_stages(instance, options, tables, *, cutoff: float, clock, near=None):
-    """The best plans of the class-stage space R (S6) below ``cutoff``, best bound first (S7-S15):
+    """The best plans of the class-stage space R (S6) below ``cutoff``, best bound first (S7-S16):
     (plans, whether R was searched whole, the least bound over R's configurations not searched).
     ``near``: a uniform plan whose neighbours in R (:func:`.class_stages.neighbours`) are tried
     first, in its own setting, for an early incumbent."""
