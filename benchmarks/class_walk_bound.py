@@ -12,9 +12,9 @@ bounds every configuration not yet listed, and is what the search reports over R
 the time ends there (the search also prices what it lists, so it gets less far).  Each instance
 runs twice in this process, with S16 (the stages' positions in the pipeline, the default) and
 without it (``Bounds.positions`` off); a walk that ends before the time is up has proven every
-configuration of R at or above the incumbent (bound: the incumbent).  Both runs take the least
-pipeline weight at the deepest pipeline each heap entry leads to (S16, "In the walk's key"), which
-is not switched off.  Prints a Markdown table.
+configuration of R at or above the incumbent (bound: the incumbent).  Without S16 the walk's key
+also takes the least pipeline weight at the deepest pipeline allowed, as before S16 (with it, at
+the deepest one each heap entry leads to).  Prints a Markdown table.
 """
 
 from __future__ import annotations

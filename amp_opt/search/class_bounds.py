@@ -44,7 +44,7 @@ class Bounds:
         self._fits: dict = {}  # S11's usable ranges per block and flight (:meth:`usable`)
         self.memory = BlockMemory(instance, tables, model, self.classes, self.holds)  # S9, S12
         self._last: tuple = (None, (0.0, None))
-        self.positions = True  # S16 in the program (a switch for the tests that compare with it off)
+        self.positions = True  # S16 here and in the walk's key (a switch for the tests and benchmark that compare)
 
     def times(self, b: Block) -> tuple[np.ndarray, float]:
         """Per layer, the seconds of one micro-batch at the block's (type, link, tp, share) without

@@ -278,9 +278,10 @@ class _Walk:
         ends += sum(float(self.plain[c][idx[c], budget[c], 3]) for c in range(last, len(idx)))
         fewest_p = self.top - left  # stages of every combination the entry leads to, at least
         # ... and at most: the kept blocks' and, per later class, its largest option left that fits
-        # the stages the others leave it; the least weight at that depth holds for all of them.
-        weight, room = self.depth_of(min(self.top, held + sum(min(budget[c], self.most[c][idx[c]])
-                                                             for c in range(last, len(idx)))))
+        # the stages the others leave it; the least weight at that depth holds for all of them (S16;
+        # without it, the deepest pipeline allowed).
+        deepest = min(self.top, held + sum(min(budget[c], self.most[c][idx[c]]) for c in range(last, len(idx))))
+        weight, room = self.depth_of(deepest if self.bounds.positions else self.top)
         total = INF if room is None else float(room[-1])
         later_fixed = sum(float(self.plain[c][idx[c], budget[c], 2]) for c in range(last, len(idx)))
         if later_fixed == INF:
