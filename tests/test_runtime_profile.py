@@ -51,10 +51,13 @@ def test_identical_blocks_take_the_same_time_within_their_spread(profiles):
 
 
 def test_time_grows_with_the_micro_batch(profiles):
-    one, eight = profiles
+    # The fastest of the repeats (the spread's minimum): what another process on the machine adds to
+    # a run only delays it, so the minimum is the least disturbed (a loaded 2-core machine once gave
+    # medians only 1.50 times apart for eight times the work).
+    one, eight = (p.spread["min"] for p in profiles)
     for i in range(1, 4):
-        assert eight.layer_times[i] > 1.5 * one.layer_times[i]
-    assert sum(eight.layer_times) > 1.5 * sum(one.layer_times)
+        assert eight[i] > 1.5 * one[i]
+    assert sum(eight) > 1.5 * sum(one)
 
 
 def test_activation_memory_matches_the_accounting(profiles):
