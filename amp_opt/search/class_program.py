@@ -123,8 +123,8 @@ def positions(pipe) -> np.ndarray | None:
     least = pipe.least
     if least <= 0:
         return None
-    inverse = np.sort(1.0 / np.asarray(pipe.bottleneck, dtype=float))[::-1]
-    return least * np.concatenate([[0.0], np.cumsum(inverse)])
+    shares = np.sort(least / np.asarray(pipe.bottleneck, dtype=float))[::-1]  # least / least is exactly 1
+    return np.concatenate([[0.0], np.cumsum(shares)])
 
 
 def positioned(group: tuple, stages: int, room: float) -> tuple:
