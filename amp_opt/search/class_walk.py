@@ -151,7 +151,8 @@ class _Walk:
     memory limit (S9) and least alpha, fixed seconds and S10's gamma of the class's options from
     there on with at most K stages (``tails``, and ``plain`` for the columns no reference changes: fixed seconds
     and the largest end capacity of S8), per class and position the least seconds of each layer
-    over the options from there on (``reach``), and the options' fewest stages (``fewest``)."""
+    over the options from there on (``reach``), and the options' fewest and most stages (``fewest``,
+    ``most``)."""
 
     def __init__(self, M: int, options, references, bounds: Bounds, fill: float, top: int):
         self.M, self.options, self.bounds, self.spread = M, options, bounds, bounds.spread
