@@ -129,8 +129,8 @@ def positions(pipe) -> np.ndarray | None:
 
 def positioned(group: tuple, stages: int, room: float) -> tuple:
     """A group of S7 whose k = ``stages`` stages take at most ``room`` (:func:`positions`' entry
-    for k) seconds of E between them: capacity room / alpha, sigma k sigma / room (its fixed
-    seconds and limit as they are)."""
+    for k) seconds of E between them: capacity room / alpha and step seconds k sigma / room, so that
+    capacity * (E - sigma) is room * E - k sigma (its fixed seconds and limit as they are)."""
     alpha, capacity, sigma, *rest = group
     if room >= stages or alpha <= 0:
         return group
