@@ -94,11 +94,12 @@ def test_generate_says_when_no_plan_fits(tmp_path):
     it (exit 0) and says so; seed 12 fits and generate says nothing; --check 0 skips the check.
     The checks get 60 s, not the default 10: proving seed 11 infeasible took 9-10 s alone on a 2-core
     machine, so beside the suite's other process it once ended "not settled"."""
-    args = ("--nodes", "3", "--devices-per-node", "2", "--check", "60")
+    shape = ("--nodes", "3", "--devices-per-node", "2")
+    args = (*shape, "--check", "60")
     none = cli("generate", "--seed", "11", *args, "-o", str(tmp_path / "a.json"))
     assert none.returncode == 0 and "note: no plan fits this instance: no plan fits in device memory" in none.stderr
     fits = cli("generate", "--seed", "12", *args, "-o", str(tmp_path / "b.json"))
     assert fits.returncode == 0 and fits.stderr == ""
-    unchecked = cli("generate", "--seed", "11", *args[:4], "--check", "0", "-o", str(tmp_path / "c.json"))
+    unchecked = cli("generate", "--seed", "11", *shape, "--check", "0", "-o", str(tmp_path / "c.json"))
     assert unchecked.returncode == 0 and unchecked.stderr == ""
     assert (tmp_path / "a.json").read_text() == (tmp_path / "c.json").read_text()
